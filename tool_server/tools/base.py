@@ -1,0 +1,92 @@
+"""The tool plugin interface.
+
+A tool is one Python file in ``tool_server/tools/`` that defines a subclass of
+:class:`BaseTool` with a unique ``name``. The server discovers it by scanning that folder;
+nothing else needs editing. See ``docs/adding_a_tool.md``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional, Union
+
+# An observation is either a plain string or a dict with at least "obs": str and
+# optionally "image" (data URL), "reward", "metrics", "invalid_reason".
+Observation = Union[str, dict]
+
+
+@dataclass
+class ToolSettings:
+    """Server-wide settings every tool sees (set from the command line)."""
+
+    timeout_s: float = 10.0            # per-call wall-clock limit
+    max_obs_chars: int = 8192          # observations longer than this are truncated
+    state_ttl_s: float = 600.0         # idle per-trajectory state is freed after this
+    unsafe_no_sandbox: bool = False    # run code without bubblewrap (loud warning)
+    workdir: str = "/tmp/verltool_jax_tools"  # scratch root for sandboxes/workspaces
+    extra: dict = field(default_factory=dict)  # tool-specific options ("--tool-opt k=v")
+
+
+class BaseTool:
+    """Base class of every tool.
+
+    Subclasses set ``name`` and ``usage`` and implement :meth:`parse_action` and
+    :meth:`conduct_action` (sync or ``async``). Per-trajectory state lives in
+    ``self.env`` through :meth:`load_env`, :meth:`save_env` and :meth:`delete_env`;
+    override :meth:`on_delete` to release external resources (processes, dirs).
+    """
+
+    name: ClassVar[str] = ""
+    usage: ClassVar[str] = ""
+    # Concurrency bound for this tool (None: only the server-wide bound applies).
+    max_concurrency: ClassVar[Optional[int]] = None
+
+    def __init__(self, settings: Optional[ToolSettings] = None) -> None:
+        self.settings = settings or ToolSettings()
+        self.env: dict[str, dict] = {}
+        self._last_used: dict[str, float] = {}
+
+    # --- the plugin contract -------------------------------------------------------
+    def parse_action(self, action: str) -> tuple[Any, bool]:
+        """Return ``(parsed, True)`` if this tool handles ``action``, else ``(None, False)``."""
+        raise NotImplementedError
+
+    def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
+                       ) -> tuple[Observation, bool, bool]:
+        """Run ``parsed`` for one trajectory; return ``(observation, done, valid)``.
+
+        May be ``async def``. Blocking sync implementations are run in a thread by the
+        server. Errors the model caused must be observations, never exceptions.
+        """
+        raise NotImplementedError
+
+    # --- per-trajectory state helpers ---------------------------------------------
+    def load_env(self, trajectory_id: str) -> dict:
+        """The trajectory's state dict (created empty on first use)."""
+        self._last_used[trajectory_id] = time.monotonic()
+        return self.env.setdefault(trajectory_id, {})
+
+    def save_env(self, trajectory_id: str, env: dict) -> None:
+        self._last_used[trajectory_id] = time.monotonic()
+        self.env[trajectory_id] = env
+
+    def delete_env(self, trajectory_id: str) -> None:
+        """Free everything this tool holds for the trajectory (idempotent)."""
+        env = self.env.pop(trajectory_id, None)
+        self._last_used.pop(trajectory_id, None)
+        if env is not None:
+            self.on_delete(trajectory_id, env)
+
+    def on_delete(self, trajectory_id: str, env: dict) -> None:
+        """Hook: release external resources held in ``env``."""
+
+    def expired(self, now: Optional[float] = None) -> list[str]:
+        """Trajectory ids idle for longer than ``settings.state_ttl_s``."""
+        now = time.monotonic() if now is None else now
+        ttl = self.settings.state_ttl_s
+        return [t for t, last in list(self._last_used.items()) if now - last > ttl]
+
+    def close(self) -> None:
+        """Called once at server shutdown: free every trajectory's state."""
+        for tid in list(self.env):
+            self.delete_env(tid)

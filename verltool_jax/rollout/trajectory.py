@@ -1,0 +1,51 @@
+"""The record of one finished (or failed) trajectory, as the trainer consumes it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class Trajectory:
+    """One agent trajectory: the prompt, then the response (model turns + observations).
+
+    ``response_ids``, ``loss_mask``, ``logprobs`` and ``versions`` have the same length.
+    ``loss_mask[i]`` is 1 for tokens the policy sampled and 0 for observation tokens;
+    ``logprobs[i]`` is the sampler's logprob (0.0 for observation tokens);
+    ``versions[i]`` is the policy version that sampled token i (-1 for observations).
+    """
+
+    trajectory_id: str
+    group_id: str                       # all samples of one prompt share it
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    num_turns: int = 0
+    tool_calls: int = 0
+    invalid_tool_calls: int = 0
+    termination: str = ""               # "eos" | "done" | "max_turns" | "budget" | "error"
+    tool_latencies: list[float] = field(default_factory=list)
+    extras: list[dict] = field(default_factory=list)   # observations' payloads (image, reward, ...)
+    actions: list[str] = field(default_factory=list)   # for reports: each turn's action text
+    observations: list[str] = field(default_factory=list)
+    reward: Optional[float] = None
+    reward_info: dict = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # the data row (ground truth, data_source, ...)
+    wall_time_s: float = 0.0
+    error: Optional[str] = None
+
+    def check(self) -> None:
+        """Raise ValueError if the per-token lists disagree in length."""
+        n = len(self.response_ids)
+        for name in ("loss_mask", "logprobs", "versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Trajectory.{name} has length {len(getattr(self, name))}, "
+                                 f"response_ids has {n}")
+
+    @property
+    def min_version(self) -> int:
+        """Oldest policy version that sampled any token (-1 if none were sampled)."""
+        sampled = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return min(sampled) if sampled else -1

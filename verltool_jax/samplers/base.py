@@ -1,0 +1,67 @@
+"""The sampler interface: token ids in, token ids + logprobs out.
+
+Every backend (vLLM, JAX) implements :class:`Sampler`. Prompts are token ids, never
+text; the returned ``token_ids`` are exactly what was sampled and ``logprobs[i]`` is the
+log-probability of ``token_ids[i]`` under the sampling distribution at temperature T
+(logits / T, before top-p/top-k truncation), so the trainer can compare its own logprobs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1                     # -1: disabled
+    stop: tuple[str, ...] = ()          # stop strings, kept in the output
+    stop_token_ids: tuple[int, ...] = ()
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError("SamplingParams.stop must be a tuple of non-empty strings")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError("SamplingParams.stop_token_ids must be non-negative ints")
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str                  # "stop" (stop string / stop id / EOS) or "length"
+    stop_string: Optional[str] = None   # the stop string that ended it, if any
+    policy_version: int = 0             # weights version that produced every token
+    metrics: dict = field(default_factory=dict)
+
+
+class SamplerError(RuntimeError):
+    """A sampler failed (bad request, dead engine); the message says what to do."""
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    version: int
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+                       request_id: Optional[str] = None) -> Completion:
+        """Sample one completion. ``request_id`` (e.g. the trajectory id) enables sticky routing."""
+        ...
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Install new policy weights (Flax params pytree of the policy) as ``version``."""
+        ...
+
+    def close(self) -> None:
+        ...

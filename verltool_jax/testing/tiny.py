@@ -1,0 +1,150 @@
+"""Tiny models and tokenizers built locally (nothing is downloaded).
+
+``build_tokenizer`` trains a byte-level BPE tokenizer with the ``tokenizers`` library on
+text we generate, with digits split one per token and a ChatML chat template;
+``build_tiny_hf`` writes a random-initialised HF checkpoint (config.json +
+safetensors + tokenizer) of the given family that transformers, vLLM and our Flax
+loader all read. Used by tests, benchmarks and the tiny main job.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Iterable, Optional
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Frequent agent markup gets one token each, so tiny models learn the format quickly.
+MARKUP_TOKENS = ["<python>", "</python>", "<answer>", "</answer>", "<search>", "</search>",
+                 "<sql>", "</sql>", "<tool_call>", "</tool_call>", "<result>", "</result>",
+                 "<information>", "</information>", "<think>", "</think>", "<bash>", "</bash>"]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+FAMILIES = ("qwen2", "qwen3", "llama")
+
+
+def default_corpus(n: int = 4000, seed: int = 0) -> list[str]:
+    """English-ish text, arithmetic, code and agent markup for tokenizer training."""
+    rng = random.Random(seed)
+    words = ("the a of to and in is was for on that with as by at from what which who "
+             "compute product sum answer question result python print search sql select "
+             "from where table count image crop zoom file bash test run output error value "
+             "number multiply add subtract divide solve find name city country year").split()
+    out = []
+    for i in range(n):
+        a, b = rng.randint(0, 9999), rng.randint(0, 9999)
+        sent = " ".join(rng.choice(words) for _ in range(rng.randint(4, 14)))
+        out.append(f"{sent.capitalize()}. What is {a} * {b}?")
+        out.append(f"<python>print({a} * {b})</python><result>{a * b}</result>"
+                   f"<answer>{a * b}</answer>")
+        out.append(f"<search>{sent}</search> <sql>SELECT name FROM t WHERE id = {a};</sql>")
+        out.append(f"def f(x):\n    return x + {b}\n\nprint(f({a}))  # {sent}")
+    return out
+
+
+def build_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512,
+                    corpus: Optional[Iterable[str]] = None, model_max_length: int = 2048):
+    """Train a byte-level BPE tokenizer and save it as a HF ``PreTrainedTokenizerFast``.
+
+    Digits are split into single tokens; ``SPECIAL_TOKENS`` and ``MARKUP_TOKENS`` are
+    atomic. Returns the loaded transformers tokenizer.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + MARKUP_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(corpus) if corpus is not None else default_corpus(),
+                            trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        bos_token=None, unk_token=None, model_max_length=model_max_length,
+        additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = CHATML_TEMPLATE
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def tiny_config_dict(family: str, vocab_size: int, hidden_size: int = 128,
+                     num_layers: int = 2, num_heads: int = 2, num_kv_heads: int = 1,
+                     head_dim: int = 64, intermediate_size: int = 256,
+                     max_position_embeddings: int = 2048, tie_word_embeddings: bool = True,
+                     eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None,
+                     rope_theta: float = 10000.0) -> dict:
+    """HF ``config.json`` fields of a tiny model of ``family`` (qwen2 | qwen3 | llama)."""
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    cfg = dict(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-6, rope_theta=rope_theta, tie_word_embeddings=tie_word_embeddings,
+        hidden_act="silu", initializer_range=0.02, eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id, bos_token_id=None, torch_dtype="float32",
+        attention_dropout=0.0, use_cache=True,
+    )
+    if family == "qwen2":
+        cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"],
+                   use_sliding_window=False, max_window_layers=num_layers)
+        if head_dim * num_heads != hidden_size:
+            raise ValueError("qwen2 derives head_dim = hidden_size / num_heads; "
+                             f"{hidden_size}/{num_heads} != {head_dim}")
+    elif family == "qwen3":
+        cfg.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=head_dim,
+                   attention_bias=False, use_sliding_window=False, max_window_layers=num_layers)
+    else:
+        cfg.update(model_type="llama", architectures=["LlamaForCausalLM"], head_dim=head_dim,
+                   attention_bias=False, mlp_bias=False,
+                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 256})
+    return cfg
+
+
+def build_tiny_hf(out_dir: str | os.PathLike, family: str = "qwen2", vocab_size: int = 512,
+                  seed: int = 0, tokenizer_dir: Optional[str | os.PathLike] = None,
+                  **config_kwargs) -> Path:
+    """Write a random-initialised tiny HF checkpoint (and tokenizer) to ``out_dir``.
+
+    The tokenizer is trained here unless ``tokenizer_dir`` points at one to copy.
+    Uses transformers (PyTorch) to initialise and save, so the files are exactly what
+    the HF ecosystem produces.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer_dir is not None:
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tok.save_pretrained(out)
+    else:
+        tok = build_tokenizer(out, vocab_size=vocab_size)
+    vocab = max(vocab_size, len(tok))
+    cfg_dict = tiny_config_dict(family, vocab, eos_token_id=tok.eos_token_id,
+                                pad_token_id=tok.pad_token_id, **config_kwargs)
+    with open(out / "config.json", "w") as f:
+        json.dump(cfg_dict, f, indent=2)
+    config = AutoConfig.from_pretrained(out)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    with open(out / "generation_config.json", "w") as f:
+        json.dump({"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}, f)
+    return out
