@@ -143,7 +143,7 @@ def build_tiny_hf(out_dir: str | os.PathLike, family: str = "qwen2", vocab_size:
         json.dump(cfg_dict, f, indent=2)
     config = AutoConfig.from_pretrained(out)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     with open(out / "generation_config.json", "w") as f:
         json.dump({"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}, f)
