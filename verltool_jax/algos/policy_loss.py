@@ -1,0 +1,165 @@
+"""Policy-gradient losses: PPO clipped ratio (clip-higher, dual clip) and GSPO.
+
+Per token, with A the advantage (per sequence, broadcast over the response tokens),
+logp the current policy's logprob and old the behaviour logprob:
+
+* ``ppo`` (also ``grpo``/``vanilla``, DAPO clip-higher via separate eps):
+    ratio = exp(clamp(logp - old, -20, 20))
+    l1 = -A * ratio,  l2 = -A * clip(ratio, 1 - eps_low, 1 + eps_high)
+    l  = max(l1, l2)
+    dual clip, for A < 0 only:  l = min(l, -A * c)   (c = ``dual_clip_c`` > 1; None = off)
+* ``gspo`` (sequence-level ratio, GSPO-token form):
+    s_b = exp(sum_t m*(logp - old) / n_b)                   (geometric mean ratio)
+    ratio_{b,t} = sg(s_b) * exp(logp - sg(logp))           (value s_b, gradient of logp)
+    l = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
+
+Truncated importance weight (off-policy data from an asynchronous sampler): when
+``is_weights`` is given (see :func:`truncated_is_weights`) each token's loss is
+multiplied by it (no gradient through the weight).
+
+The token losses are aggregated by :func:`verltool_jax.algos.aggregation.aggregate`.
+Each loss returns ``(loss, metrics)``; metric values are additive over micro-batches
+(token means with the mini-batch :class:`Normaliser`), except keys ending in ``_max``
+/ ``_min`` which combine by max / min. Metrics: ``pg_loss``, ``pg_clipfrac`` (the clip
+bound is active), ``pg_clipfrac_lower`` (dual clip active), ``ppo_kl`` (mean of
+old - logp), ``ratio_mean``, ``ratio_max``, ``ratio_min``.
+Select by name with :func:`get_policy_loss` (config ``algo.policy_loss``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from verltool_jax.algos.aggregation import (Normaliser, aggregate, check_agg_mode,
+                                            normaliser_for, token_mean)
+from verltool_jax.algos.registry import Registry
+
+LOG_RATIO_CLAMP = 20.0
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """Knobs of the policy losses (``algo.*`` config fields of the same names)."""
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2          # DAPO clip-higher: e.g. 0.28
+    dual_clip_c: Optional[float] = 3.0    # None or 0 disables the dual clip
+    loss_agg_mode: str = "token-mean"
+    loss_norm_constant: Optional[float] = None   # C of seq-mean-token-sum-norm (default T)
+
+    def __post_init__(self):
+        if not (0.0 <= self.clip_ratio_low < 1.0):
+            raise ValueError(f"algo.clip_ratio_low must be in [0, 1), got {self.clip_ratio_low}")
+        if self.clip_ratio_high < 0.0:
+            raise ValueError(f"algo.clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
+        if self.dual_clip_c and self.dual_clip_c <= 1.0:
+            raise ValueError(f"algo.dual_clip_c must be > 1 (or None to disable), "
+                             f"got {self.dual_clip_c}")
+        if self.loss_norm_constant is not None and self.loss_norm_constant <= 0:
+            raise ValueError(f"algo.loss_norm_constant must be > 0 or None, "
+                             f"got {self.loss_norm_constant}")
+        check_agg_mode(self.loss_agg_mode)
+
+
+LossOut = tuple[jax.Array, dict[str, jax.Array]]
+PolicyLossFn = Callable[..., LossOut]
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algo.policy_loss")
+
+
+def truncated_is_weights(old_logp: jax.Array, sampler_logp: jax.Array, cap: float) -> jax.Array:
+    """Truncated importance weight w = min(exp(clamp(old - sampler, -20, 20)), cap), no gradient.
+
+    Corrects for the sampler (e.g. vLLM, possibly some versions stale) differing from the
+    trainer's behaviour policy ``old``.
+    """
+    if cap <= 0:
+        raise ValueError(f"algo.tis_cap must be > 0 (or None to disable), got {cap}")
+    d = jnp.clip(old_logp - sampler_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return jax.lax.stop_gradient(jnp.minimum(jnp.exp(d), cap))
+
+
+def _clipped_objective(ratio, adv, cfg: PolicyLossConfig):
+    """max(-A r, -A clip(r)) and the dual clip; returns (loss, clipped?, dual-clipped?)."""
+    l1 = -adv * ratio
+    l2 = -adv * jnp.clip(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    loss = jnp.maximum(l1, l2)
+    clipped = (l2 > l1).astype(jnp.float32)
+    if cfg.dual_clip_c:
+        l3 = -adv * cfg.dual_clip_c
+        dual = jnp.minimum(loss, l3)
+        lower = ((adv < 0) & (loss > l3)).astype(jnp.float32)
+        loss = jnp.where(adv < 0, dual, loss)
+    else:
+        lower = jnp.zeros_like(loss)
+    return loss, clipped, lower
+
+
+def _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights) -> LossOut:
+    m = mask.astype(jnp.float32)
+    if norm is None:
+        norm = normaliser_for(m)
+    if is_weights is not None:
+        loss_tok = loss_tok * is_weights
+    loss = aggregate(loss_tok, m, cfg.loss_agg_mode, norm, cfg.loss_norm_constant)
+    valid = m > 0
+    metrics = {
+        "pg_loss": loss,
+        "pg_clipfrac": token_mean(clipped, m, norm),
+        "pg_clipfrac_lower": token_mean(lower, m, norm),
+        "ppo_kl": token_mean(-log_ratio, m, norm),
+        "ratio_mean": token_mean(ratio, m, norm),
+        "ratio_max": jnp.max(jnp.where(valid, ratio, 0.0)),
+        "ratio_min": jnp.min(jnp.where(valid, ratio, jnp.inf)),
+    }
+    if is_weights is not None:
+        metrics["tis_weight_mean"] = token_mean(is_weights, m, norm)
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("ppo", "grpo", "vanilla", "dapo")
+def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
+                  mask: jax.Array, cfg: PolicyLossConfig = PolicyLossConfig(),
+                  norm: Optional[Normaliser] = None,
+                  is_weights: Optional[jax.Array] = None) -> LossOut:
+    """PPO clipped-ratio loss with low/high clip and dual clip (module docstring).
+
+    Shapes: ``logp, old_logp, mask, is_weights`` [B,T]; ``advantages`` [B] or [B,T].
+    """
+    adv = advantages.astype(jnp.float32)
+    if adv.ndim == 1:
+        adv = jnp.broadcast_to(adv[:, None], logp.shape)
+    log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    loss_tok, clipped, lower = _clipped_objective(ratio, adv, cfg)
+    return _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
+              mask: jax.Array, cfg: PolicyLossConfig = PolicyLossConfig(dual_clip_c=None),
+              norm: Optional[Normaliser] = None,
+              is_weights: Optional[jax.Array] = None) -> LossOut:
+    """GSPO: sequence-level (length-normalised) ratio, clipped per sequence (docstring).
+
+    The dual clip is not applied (GSPO has none). Shapes as :func:`ppo_clip_loss`.
+    """
+    m = mask.astype(jnp.float32)
+    adv = advantages.astype(jnp.float32)
+    if adv.ndim == 1:
+        adv = jnp.broadcast_to(adv[:, None], logp.shape)
+    diff = jnp.where(m > 0, logp - old_logp, 0.0)
+    seq_log_ratio = diff.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
+    log_ratio = jax.lax.stop_gradient(seq_log_ratio)[:, None] + logp - jax.lax.stop_gradient(logp)
+    log_ratio = jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    no_dual = PolicyLossConfig(cfg.clip_ratio_low, cfg.clip_ratio_high, None,
+                               cfg.loss_agg_mode, cfg.loss_norm_constant)
+    loss_tok, clipped, lower = _clipped_objective(ratio, adv, no_dual)
+    return _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights)
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    """The loss registered as ``name`` (ppo | gspo and aliases)."""
+    return POLICY_LOSSES.get(name)
