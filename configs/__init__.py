@@ -1,0 +1,1 @@
+"""Experiment configs: one file per family, each with ``get_config(arg)``."""

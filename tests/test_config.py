@@ -1,0 +1,100 @@
+"""Config loading and command-line overrides: real files, real ConfigDicts."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from verltool_jax.cli import ConfigError, load_config, parse_command_line, validate_config
+
+TINY = "configs/tiny_math.py"
+
+
+def test_tiny_math_variants_load_and_validate():
+    for arg in ("", "sync", "smoke", "smoke,sync"):
+        cfg = load_config(f"{TINY}:{arg}" if arg else TINY)
+        validate_config(cfg)
+        assert cfg.task.name == "tiny_math"
+        assert cfg.rollout.mode == ("sync" if "sync" in arg else "async")
+    assert load_config(f"{TINY}:smoke").trainer.steps <= 3
+    assert load_config(TINY).trainer.steps > load_config(f"{TINY}:smoke").trainer.steps
+
+
+def test_unknown_variant_names_it():
+    with pytest.raises(ValueError, match="unknown variant.*'fast'"):
+        load_config(f"{TINY}:fast")
+
+
+def test_overrides_are_typed():
+    cl = parse_command_line([
+        "--config", f"{TINY}:smoke", "--config.rollout.max_turns=3",
+        "--config.optimizer.lr", "3e-4", "--config.optimizer.warmup_steps=5",
+        "--config.optimizer.lr=1", "--config.data.shuffle=false",
+        "--config.rollout.action_stop_strings=</python>,</answer>",
+        "--config.mesh_shape=(1, 2, 4)", "--config.rollout.max_action_tokens=9",
+        "--config.trainer.out_dir=/tmp/x y", "--config.data.train_files=a.parquet,b.jsonl"])
+    c = cl.config
+    assert c.rollout.max_turns == 3 and isinstance(c.rollout.max_turns, int)
+    assert c.optimizer.lr == 1.0 and isinstance(c.optimizer.lr, float)   # int text -> float
+    assert c.data.shuffle is False
+    assert c.rollout.action_stop_strings == ("</python>", "</answer>")
+    assert c.mesh_shape == (1, 2, 4)
+    assert c.rollout.max_action_tokens == 9                                 # placeholder(int)
+    assert c.trainer.out_dir == "/tmp/x y"
+    assert c.data.train_files == ("a.parquet", "b.jsonl")
+    assert cl.overrides[0] == ("rollout.max_turns", "3")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.rollout.max_turn=3", r"rollout\.max_turn: unknown key 'max_turn'; did you mean 'max_turns'"),
+    ("--config.rolout.max_turns=3", r"unknown key 'rolout'"),
+    ("--config.rollout.max_turns=three", r"rollout\.max_turns='three': expected an int"),
+    ("--config.optimizer.lr=fast", r"optimizer\.lr='fast': expected a float"),
+    ("--config.data.shuffle=maybe", r"data\.shuffle='maybe': expected a bool"),
+    ("--config.mesh_shape=(1, x)", r"mesh_shape.*not a valid tuple literal"),
+    ("--config.mesh_shape=1,2,x", r"mesh_shape\[2\]='x': expected an int"),
+    ("--config.rollout=3", r"rollout is a section"),
+    ("--config.rollout.max_turns.x=3", r"'rollout.max_turns' is a value, not a section"),
+    ("--config.algo.adv_estimator=ppo", r"algo\.adv_estimator='ppo' must be one of"),
+    ("--config.rollout.top_p=1.5", r"rollout\.top_p=1\.5 must be in \(0, 1\]"),
+    ("--config.mesh_shape=(-1, -1, 1)", r"mesh_shape=.*3 ints"),
+    ("--config.rollout.n_samples=1", r"n_samples=1 must be >= 2"),
+    ("--config.rollout.obs_template=no placeholder", r"obs_template.*\{obs\} once"),
+    ("--checkpoint=x", r"unknown flag --checkpoint"),
+])
+def test_bad_overrides_fail_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_command_line(["--config", TINY, override])
+
+
+def test_locked_and_missing_things():
+    cfg = load_config(TINY)
+    with pytest.raises(AttributeError):
+        cfg.rollout.new_field = 1
+    with pytest.raises(ConfigError, match="missing --config"):
+        parse_command_line(["--config.rollout.max_turns=3"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("configs/nope.py")
+    with pytest.raises(ConfigError, match="missing required flag.*--checkpoint"):
+        parse_command_line(["--config", TINY], flags={"checkpoint": None})
+    cl = parse_command_line(["--config", TINY, "--checkpoint", "ck/5", "--dry_run"],
+                            flags={"checkpoint": None, "dry_run": "false", "split": "eval"})
+    assert cl.flags == {"checkpoint": "ck/5", "dry_run": "true", "split": "eval"}
+
+
+def test_config_file_outside_repo(tmp_path):
+    d = tmp_path / "exp"
+    d.mkdir()
+    (d / "noarg.py").write_text(textwrap.dedent("""
+        import ml_collections
+        def get_config():
+            c = ml_collections.ConfigDict()
+            c.x = 1
+            return c
+    """))
+    assert load_config(str(d / "noarg.py")).x == 1
+    with pytest.raises(ConfigError, match="takes no argument"):
+        load_config(f"{d / 'noarg.py'}:foo")
+    (d / "bad.py").write_text("def get_config(arg=''):\n    return {'x': 1}\n")
+    with pytest.raises(ConfigError, match="expected an ml_collections.ConfigDict"):
+        load_config(str(d / "bad.py"))

@@ -1,0 +1,104 @@
+"""Semantic checks of a loaded config, run before any work starts.
+
+Each rule names a dotted key and what it must be; a key the config does not have is
+skipped (config families need not carry every section). Errors are collected and raised
+together as one :class:`ConfigError` naming every bad key and its allowed values.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import ml_collections
+
+from verltool_jax.cli.config_loader import ConfigError
+
+_MISSING = object()
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "stage": ("rl", "sft"),
+    "rollout.mode": ("async", "sync"),
+    "rollout.obs_truncate_side": ("head", "tail"),
+    "algo.adv_estimator": ("grpo", "drgrpo", "rloo"),
+    "algo.policy_loss": ("ppo", "gspo"),
+    "algo.kl_estimator": ("k1", "k2", "k3"),
+    "algo.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                           "seq-mean-token-sum-norm"),
+    "optimizer.schedule": ("constant", "cosine", "linear"),
+    "sampler.backend": ("vllm", "jax"),
+    "sampler.dtype": ("float32", "bfloat16", "float16"),
+    "data.format": ("auto", "parquet", "jsonl"),
+}
+
+# key -> (predicate, what it must be)
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "rollout.max_turns": (lambda v: v >= 0, ">= 0"),
+    "rollout.max_response_tokens": (lambda v: v >= 1, ">= 1"),
+    "rollout.max_obs_tokens": (lambda v: v >= 1, ">= 1"),
+    "rollout.n_samples": (lambda v: v >= 1, ">= 1"),
+    "rollout.max_staleness": (lambda v: v >= 0, ">= 0"),
+    "rollout.temperature": (lambda v: v >= 0, ">= 0"),
+    "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.top_k": (lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"),
+    "rollout.obs_template": (lambda v: v.count("{obs}") == 1, "a string containing {obs} once"),
+    "algo.clip_ratio_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "algo.clip_ratio_high": (lambda v: v >= 0, ">= 0"),
+    "algo.dual_clip_c": (lambda v: v > 1, "> 1"),
+    "algo.kl_coef": (lambda v: v >= 0, ">= 0"),
+    "algo.entropy_coef": (lambda v: v >= 0, ">= 0"),
+    "algo.ppo_epochs": (lambda v: v >= 1, ">= 1"),
+    "algo.mini_batch_size": (lambda v: v >= 1, ">= 1"),
+    "algo.micro_batch_size": (lambda v: v >= 1, ">= 1"),
+    "algo.tis_cap": (lambda v: v >= 0, ">= 0 (0 disables truncated importance sampling)"),
+    "optimizer.lr": (lambda v: v > 0, "> 0"),
+    "optimizer.warmup_steps": (lambda v: v >= 0, ">= 0"),
+    "optimizer.weight_decay": (lambda v: v >= 0, ">= 0"),
+    "optimizer.max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
+    "sampler.num_engines": (lambda v: v >= 1, ">= 1"),
+    "sampler.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "trainer.steps": (lambda v: v >= 0, ">= 0"),
+    "trainer.batch_groups": (lambda v: v >= 1, ">= 1"),
+    "trainer.log_every": (lambda v: v >= 1, ">= 1"),
+    "trainer.ckpt_every": (lambda v: v >= 0, ">= 0 (0: only at the end)"),
+    "trainer.keep_ckpts": (lambda v: v >= 1, ">= 1"),
+    "trainer.eval_every": (lambda v: v >= 0, ">= 0 (0: only at the end)"),
+    "reward.timeout_s": (lambda v: v > 0, "> 0"),
+    "reward.num_workers": (lambda v: v >= 0, ">= 0 (0: in-process)"),
+    "mesh_shape": (lambda v: len(v) == 3 and all(isinstance(x, int) and (x >= 1 or x == -1)
+                                                 for x in v) and list(v).count(-1) <= 1,
+                   "3 ints (data, fsdp, tp), each >= 1 or one -1 meaning 'the rest'"),
+}
+
+
+def get_path(config: ml_collections.ConfigDict, key: str, default: Any = _MISSING) -> Any:
+    """The value at dotted ``key``, or ``default`` if a part is absent."""
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Raise :class:`ConfigError` listing every key whose value is not allowed."""
+    problems = []
+    for key, choices in CHOICES.items():
+        value = get_path(config, key)
+        if value is not _MISSING and value not in choices:
+            problems.append(f"{key}={value!r} must be one of {list(choices)}")
+    for key, (ok, what) in RANGES.items():
+        value = get_path(config, key)
+        if value is _MISSING or value is None:
+            continue
+        try:
+            good = bool(ok(value))
+        except TypeError:
+            good = False
+        if not good:
+            problems.append(f"{key}={value!r} must be {what}")
+    n, est = get_path(config, "rollout.n_samples"), get_path(config, "algo.adv_estimator")
+    if n is not _MISSING and est in ("grpo", "rloo") and n < 2:
+        problems.append(f"rollout.n_samples={n} must be >= 2 for algo.adv_estimator="
+                        f"{est!r} (a group of one has advantage 0, so nothing is learned)")
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
