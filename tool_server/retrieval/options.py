@@ -1,0 +1,50 @@
+"""The tool options that select and tune a retrieval service (shared by the tools that
+search a local index: ``search_retrieval`` and the local ``web_search`` backend).
+
+``--tool-opt`` keys (environment fallback in brackets):
+``retrieval_index`` [VERLTOOL_RETRIEVAL_INDEX] the index folder;
+``retrieval_encoder`` [VERLTOOL_RETRIEVAL_ENCODER] a sentence-transformers folder for
+dense queries (default: the one the index was built with);
+``retrieval_batch_ms`` (5) how long a batch waits for more queries;
+``retrieval_max_batch`` (64) the largest batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from tool_server.tools._options import tool_option
+
+from .service import RetrievalService, get_service
+
+
+class RetrievalNotConfigured(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class RetrievalOptions:
+    index_dir: Optional[str]
+    encoder: Optional[str] = None
+    batch_ms: float = 5.0
+    max_batch: int = 64
+
+    @classmethod
+    def from_extra(cls, extra: Optional[dict]) -> "RetrievalOptions":
+        return cls(
+            index_dir=tool_option(extra, "retrieval_index", str, None,
+                                  env="VERLTOOL_RETRIEVAL_INDEX"),
+            encoder=tool_option(extra, "retrieval_encoder", str, None,
+                                env="VERLTOOL_RETRIEVAL_ENCODER"),
+            batch_ms=tool_option(extra, "retrieval_batch_ms", float, 5.0, minimum=0),
+            max_batch=tool_option(extra, "retrieval_max_batch", int, 64, minimum=1),
+        )
+
+    def service(self) -> RetrievalService:
+        """The shared service of this index (opened on first use; errors say what to fix)."""
+        if not self.index_dir:
+            raise RetrievalNotConfigured(
+                "no retrieval index is configured; start the tool server with "
+                "--tool-opt retrieval_index=<index folder> (or set VERLTOOL_RETRIEVAL_INDEX); "
+                "build one with `python -m tool_server.retrieval build`")
+        return get_service(self.index_dir, self.encoder, self.batch_ms, self.max_batch)
