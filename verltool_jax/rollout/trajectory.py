@@ -27,6 +27,9 @@ class Trajectory:
     invalid_tool_calls: int = 0
     termination: str = ""               # "eos" | "done" | "max_turns" | "budget" | "error"
     tool_latencies: list[float] = field(default_factory=list)
+    gen_latencies: list[float] = field(default_factory=list)  # sampler wall time per turn
+    gen_tokens: list[int] = field(default_factory=list)       # tokens sampled per turn
+    obs_truncated: int = 0              # observations cut to max_obs_tokens
     extras: list[dict] = field(default_factory=list)   # observations' payloads (image, reward, ...)
     actions: list[str] = field(default_factory=list)   # for reports: each turn's action text
     observations: list[str] = field(default_factory=list)

@@ -1,0 +1,139 @@
+"""Asynchronous rollout: one asyncio task per trajectory.
+
+Each trajectory asks the sampler for its next turn, and the moment that turn ends on an
+action it sends exactly that turn's text to the tool server, appends the observation
+(tokenized on its own, truncated in tokens, loss mask 0) and goes on, never waiting for
+the rest of the batch. An error in one trajectory (tool server down, sampler error)
+ends that trajectory with ``termination="error"``; the others go on.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.rollout.observation import ObservationFormatter
+from verltool_jax.rollout.queue import TrajectoryQueue
+from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.rollout.turns import TrajectoryBuilder
+from verltool_jax.samplers.base import Sampler
+from verltool_jax.tools_client import ToolClient
+
+
+@dataclass
+class PromptItem:
+    """One prompt: its token ids, the data row (ground truth, extra_fields, ...), a group id."""
+
+    prompt_ids: list[int]
+    data: dict = field(default_factory=dict)
+    group_id: Optional[str] = None
+
+
+PromptLike = Union[PromptItem, Sequence[int], dict]
+
+
+def as_prompt_item(p: PromptLike, index: int) -> PromptItem:
+    """Accept a PromptItem, a list of token ids, or a dict with ``prompt_ids``."""
+    if isinstance(p, PromptItem):
+        item = p
+    elif isinstance(p, dict):
+        if "prompt_ids" not in p:
+            raise ValueError(f"prompt {index}: a dict prompt needs 'prompt_ids' (token ids); "
+                             f"got keys {sorted(p)}")
+        item = PromptItem(list(p["prompt_ids"]), dict(p.get("data", {})), p.get("group_id"))
+    else:
+        item = PromptItem(list(p))
+    if not item.prompt_ids or not all(isinstance(t, int) for t in item.prompt_ids):
+        raise ValueError(f"prompt {index}: prompt_ids must be a non-empty list of ints")
+    if item.group_id is None:
+        item.group_id = f"g{index}"
+    return item
+
+
+def make_formatter(tokenizer: Any, cfg: RolloutConfig) -> ObservationFormatter:
+    return ObservationFormatter(tokenizer, cfg.obs_template, cfg.max_obs_tokens,
+                                cfg.obs_truncate_side, cfg.obs_truncate_marker)
+
+
+async def rollout_trajectory(builder: TrajectoryBuilder, sampler: Sampler,
+                             tool_client: ToolClient) -> Trajectory:
+    """Run one trajectory to its end; never raises (errors end it with "error")."""
+    t0 = time.perf_counter()
+    tid = builder.traj.trajectory_id
+    try:
+        while True:
+            req = builder.request()
+            if req is None:
+                break
+            ids, params = req
+            g0 = time.perf_counter()
+            comp = await sampler.generate(ids, params, request_id=tid)
+            action = builder.apply_completion(comp, time.perf_counter() - g0)
+            if action is None:
+                break
+            res = await tool_client.get_observation(tid, action, builder.extra_field,
+                                                    is_last_step=builder.is_last_tool_turn)
+            builder.apply_observation(res)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one trajectory's failure must not end the batch
+        builder.fail(f"{type(e).__name__}: {e}")
+    if builder.traj.tool_calls or builder.pending_action is not None:
+        try:
+            await tool_client.finish(tid)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            builder.traj.data.setdefault("finish_error", f"{type(e).__name__}: {e}")
+    builder.traj.wall_time_s = time.perf_counter() - t0
+    return builder.traj
+
+
+async def rollout_group(item: PromptItem, n_samples: int, sampler: Sampler,
+                        tool_client: ToolClient, tokenizer: Any, cfg: RolloutConfig,
+                        formatter: Optional[ObservationFormatter] = None,
+                        semaphore: Optional[asyncio.Semaphore] = None) -> list[Trajectory]:
+    """Roll out ``n_samples`` trajectories of one prompt concurrently; return the group."""
+    formatter = formatter or make_formatter(tokenizer, cfg)
+
+    async def one(k: int) -> Trajectory:
+        b = TrajectoryBuilder(f"{item.group_id}-{k}", item.group_id, item.prompt_ids, cfg,
+                              tokenizer, formatter, item.data)
+        if semaphore is None:
+            return await rollout_trajectory(b, sampler, tool_client)
+        async with semaphore:
+            return await rollout_trajectory(b, sampler, tool_client)
+
+    return list(await asyncio.gather(*(one(k) for k in range(n_samples))))
+
+
+async def run_rollout(prompts: Sequence[PromptLike], n_samples: int, sampler: Sampler,
+                      tool_client: ToolClient, tokenizer: Any, cfg: RolloutConfig,
+                      queue: Optional[TrajectoryQueue] = None) -> list[list[Trajectory]]:
+    """Asynchronously roll out every prompt ``n_samples`` times.
+
+    Every trajectory is its own task (at most ``cfg.max_concurrency`` at once). A group
+    goes into ``queue`` (if given) the moment its last trajectory ends, after
+    ``queue.admit()`` allowed it to start. Returns the groups in prompt order.
+    """
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    items = [as_prompt_item(p, i) for i, p in enumerate(prompts)]
+    gids = [it.group_id for it in items]
+    if len(set(gids)) != len(gids):
+        raise ValueError("prompts have duplicate group_id values; each prompt needs its own")
+    formatter = make_formatter(tokenizer, cfg)
+    sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+
+    async def group_task(item: PromptItem) -> list[Trajectory]:
+        if queue is not None:
+            await queue.admit()
+        group = await rollout_group(item, n_samples, sampler, tool_client, tokenizer, cfg,
+                                    formatter, sem)
+        if queue is not None:
+            await queue.put_group(group)
+        return group
+
+    return list(await asyncio.gather(*(group_task(it) for it in items)))

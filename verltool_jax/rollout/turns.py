@@ -1,0 +1,156 @@
+"""The per-trajectory state machine shared by the asynchronous loop and the sync baseline.
+
+A :class:`TrajectoryBuilder` owns one :class:`Trajectory` and knows, turn by turn, what
+to ask the sampler, whether a finished turn is an action for the tool server, how to
+append the observation, and when to stop. The two schedulers (one asyncio task per
+trajectory in ``agent_loop``; batch-by-batch in ``sync_baseline``) only decide *when*
+each step runs, so both produce the same records.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Optional
+
+from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.rollout.observation import ObservationFormatter, encode
+from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.samplers.base import Completion, SamplingParams
+from verltool_jax.tools_client import ToolResult
+
+
+def derive_seed(seed: int, trajectory_id: str, turn: int) -> int:
+    """A 31-bit seed from ``(seed, trajectory_id, turn)`` (stable across processes)."""
+    h = hashlib.sha256(f"{seed}:{trajectory_id}:{turn}".encode()).digest()
+    return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+class TrajectoryBuilder:
+    """Build one trajectory token by token (token-in, token-out).
+
+    Sampled ids are appended as sampled (loss mask 1, the sampler's logprobs, the
+    completion's policy version); observation ids are tokenized on their own and
+    appended with loss mask 0, logprob 0.0 and version -1.
+    """
+
+    def __init__(self, trajectory_id: str, group_id: str, prompt_ids: list[int],
+                 cfg: RolloutConfig, tokenizer: Any, formatter: ObservationFormatter,
+                 data: Optional[dict] = None) -> None:
+        if not prompt_ids:
+            raise ValueError(f"trajectory {trajectory_id}: prompt_ids is empty; give the "
+                             f"tokenized prompt")
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.formatter = formatter
+        self.traj = Trajectory(trajectory_id=trajectory_id, group_id=group_id,
+                               prompt_ids=list(prompt_ids), data=dict(data or {}))
+        self._close_ids = (encode(tokenizer, cfg.close_action_on_length)
+                           if cfg.close_action_on_length else [])
+        self.pending_action: Optional[str] = None
+
+    # --- state ------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return bool(self.traj.termination)
+
+    @property
+    def remaining(self) -> int:
+        return self.cfg.max_response_tokens - len(self.traj.response_ids)
+
+    @property
+    def is_last_tool_turn(self) -> bool:
+        return self.traj.tool_calls + 1 >= self.cfg.max_turns
+
+    @property
+    def extra_field(self) -> dict:
+        ef = self.traj.data.get("extra_fields", self.traj.data.get("extra_field", {}))
+        return dict(ef) if isinstance(ef, dict) else {}
+
+    def _end(self, reason: str) -> None:
+        if not self.traj.termination:
+            self.traj.termination = reason
+
+    def _append(self, ids: list[int], mask: int, logprobs: list[float], version: int) -> None:
+        t = self.traj
+        t.response_ids.extend(ids)
+        t.loss_mask.extend([mask] * len(ids))
+        t.logprobs.extend(logprobs)
+        t.versions.extend([version] * len(ids))
+
+    # --- one turn ---------------------------------------------------------------------
+    def request(self) -> Optional[tuple[list[int], SamplingParams]]:
+        """The next sampler request ``(token ids so far, params)``, or None if finished."""
+        if self.finished:
+            return None
+        if self.remaining <= 0:
+            self._end("budget")
+            return None
+        n = self.remaining
+        if self.cfg.max_action_tokens is not None:
+            n = min(n, self.cfg.max_action_tokens)
+        seed = (derive_seed(self.cfg.seed, self.traj.trajectory_id, self.traj.num_turns)
+                if self.cfg.seed is not None else None)
+        return self.traj.prompt_ids + self.traj.response_ids, self.cfg.sampling_params(n, seed)
+
+    def apply_completion(self, comp: Completion, latency_s: float = 0.0) -> Optional[str]:
+        """Append a model turn; return the action text to run, or None if it ended.
+
+        A turn is an action if it stopped on one of ``action_stop_strings`` (or was cut by
+        ``max_action_tokens`` with ``close_action_on_length`` set). Otherwise it ended on
+        EOS (``"eos"``) or on the token budget (``"budget"``).
+        """
+        if len(comp.token_ids) != len(comp.logprobs):
+            raise ValueError(f"sampler returned {len(comp.token_ids)} tokens but "
+                             f"{len(comp.logprobs)} logprobs")
+        t = self.traj
+        t.num_turns += 1
+        t.gen_latencies.append(float(latency_s))
+        t.gen_tokens.append(len(comp.token_ids))
+        self._append(list(comp.token_ids), 1, [float(x) for x in comp.logprobs],
+                     int(comp.policy_version))
+        is_action = (comp.finish_reason == "stop" and comp.stop_string is not None
+                     and comp.stop_string in self.cfg.action_stop_strings)
+        forced = False
+        if (not is_action and comp.finish_reason == "length" and self._close_ids
+                and self.remaining >= len(self._close_ids)):
+            # Cut mid-action by the per-turn cap: close the tag (not sampled: mask 0).
+            self._append(self._close_ids, 0, [0.0] * len(self._close_ids), -1)
+            is_action = forced = True
+        if not is_action:
+            self._end("eos" if comp.finish_reason == "stop" else "budget")
+            return None
+        if t.tool_calls >= self.cfg.max_turns:
+            self._end("max_turns")
+            return None
+        # Decoding is used only for the text sent to the tool, never for training ids.
+        text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=False)
+        if forced:
+            text += self.cfg.close_action_on_length
+        t.actions.append(text)
+        self.pending_action = text
+        return text
+
+    def apply_observation(self, res: ToolResult) -> None:
+        """Append the tool's answer to the pending action (loss mask 0)."""
+        t = self.traj
+        self.pending_action = None
+        t.tool_calls += 1
+        if not res.valid:
+            t.invalid_tool_calls += 1
+        t.tool_latencies.append(float(res.latency_s))
+        t.observations.append(res.observation)
+        if res.extra:
+            t.extras.append({"turn": t.num_turns, **res.extra})
+        ids, truncated = self.formatter(res.observation)
+        t.obs_truncated += int(truncated)
+        if len(ids) > self.remaining:
+            self._end("budget")        # the observation does not fit: stop before it
+            return
+        self._append(ids, 0, [0.0] * len(ids), -1)
+        if res.done:
+            self._end("done")
+
+    def fail(self, message: str) -> None:
+        """End this trajectory with ``termination="error"`` (the batch goes on)."""
+        self.traj.termination = "error"
+        self.traj.error = message
+        self.pending_action = None
