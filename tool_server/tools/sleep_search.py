@@ -1,12 +1,12 @@
 """``sleep_search``: a stand-in search tool with heavy-tailed latency, for experiments.
 
 It answers ``<search>query</search>`` with a fixed fake passage after sleeping for a
-latency drawn from a lognormal distribution with mean ``mean_s`` (default 1 s) and log
-standard deviation ``sigma`` (default 0.8): ``latency = mean_s * exp(sigma * z - sigma^2/2)``,
-``z ~ N(0, 1)``. The draw is a pure function of ``(seed, trajectory_id, call index)``, so
-the synchronous and asynchronous runs of an ablation see the same latencies. Options
-(``ToolSettings.extra``): ``sleep_search_mean_s``, ``sleep_search_sigma``,
-``sleep_search_seed``. Not a retrieval tool: it returns no real documents.
+latency drawn from a lognormal distribution with mean ``sleep_search_mean_s`` (1 s) and
+log standard deviation ``sleep_search_sigma`` (0.8):
+``latency = mean_s * exp(sigma * z - sigma^2 / 2)``, ``z ~ N(0, 1)``. The draw is a pure
+function of ``(sleep_search_seed, trajectory_id, call index)``, so the synchronous and
+asynchronous runs of an ablation see the same latencies. Options come through
+``--tool-opt`` (``ToolSettings.extra``). Not a retrieval tool: no real documents.
 """
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import asyncio
 import hashlib
 import math
 import random
-import re
+from typing import Any, Optional
 
-from tool_server.tools.base import BaseTool
-
-_SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+from tool_server.tools._options import tool_option
+from tool_server.tools._tags import last_tag_body
+from tool_server.tools.base import BaseTool, Observation, ToolSettings
 
 
 def lognormal_latency(mean_s: float, sigma: float, seed: int, trajectory_id: str,
@@ -33,19 +33,24 @@ class SleepSearchTool(BaseTool):
     name = "sleep_search"
     usage = "<search>query</search> (experiments only: sleeps, then returns a fake passage)"
 
-    def parse_action(self, action: str):
-        m = _SEARCH_RE.findall(action or "")
-        return (m[-1].strip(), True) if m else (None, False)
+    def __init__(self, settings: Optional[ToolSettings] = None) -> None:
+        super().__init__(settings)
+        extra = self.settings.extra
+        self.mean_s: float = tool_option(extra, "sleep_search_mean_s", float, 1.0, minimum=0.0)
+        self.sigma: float = tool_option(extra, "sleep_search_sigma", float, 0.8, minimum=0.0)
+        self.seed: int = tool_option(extra, "sleep_search_seed", int, 0)
 
-    async def conduct_action(self, trajectory_id, parsed, extra_field):
-        ex = self.settings.extra
+    def parse_action(self, action: str) -> tuple[Any, bool]:
+        query = last_tag_body(action, "search")
+        return (query, True) if query is not None else (None, False)
+
+    async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
+                             ) -> tuple[Observation, bool, bool]:
         env = self.load_env(trajectory_id)
         k = env.get("calls", 0)
         env["calls"] = k + 1
         self.save_env(trajectory_id, env)
-        lat = lognormal_latency(float(ex.get("sleep_search_mean_s", 1.0)),
-                                float(ex.get("sleep_search_sigma", 0.8)),
-                                int(ex.get("sleep_search_seed", 0)), trajectory_id, k)
+        lat = lognormal_latency(self.mean_s, self.sigma, self.seed, trajectory_id, k)
         await asyncio.sleep(lat)
-        obs = {"obs": f"Doc 1: results for '{parsed[:64]}'.", "metrics": {"latency_s": lat}}
-        return obs, False, True
+        return ({"obs": f"Doc 1: results for '{parsed[:64]}'.", "metrics": {"latency_s": lat}},
+                False, True)
