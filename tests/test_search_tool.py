@@ -1,0 +1,90 @@
+"""search_retrieval tool: parsing, observations, errors, batching; then end to end
+through the real tool server (when the server core is present)."""
+import asyncio
+import os
+
+import pytest
+
+from tool_server.retrieval.synthetic import synthetic_index, town_name
+from tool_server.tools.base import ToolSettings
+from tool_server.tools.search_retrieval import SearchRetrievalTool
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def tool():
+    t = SearchRetrievalTool(ToolSettings(extra={"retrieval_index": synthetic_index("bm25"),
+                                                "topk": "2"}))
+    yield t
+    t.close()
+
+
+def run(tool, action, tid="t0"):
+    parsed, ok = tool.parse_action(action)
+    assert ok
+    return asyncio.run(tool.conduct_action(tid, parsed, {}))
+
+
+def test_parse_takes_the_last_search():
+    t = SearchRetrievalTool(ToolSettings())
+    assert t.parse_action("I think.<search>first</search> then <search>\n second \n</search>") \
+        == ("second", True)
+    assert t.parse_action("<answer>42</answer>") == (None, False)
+    assert t.parse_action("<search>unclosed") == (None, False)
+    assert t.parse_action("<search></search>") == ("", True)
+
+
+def test_observation_lists_topk_documents(tool):
+    obs, done, valid = run(tool, "<search>magnetic needle north market</search>")
+    assert (done, valid) == (False, True)
+    assert obs.startswith("<information>Doc 1 (Title: Compass) A magnetic compass has a needle")
+    assert obs.endswith("</information>")
+    assert obs.count("\nDoc ") == 1  # topk "2" from the option string -> 2 documents
+    obs, _, _ = run(tool, "<search>which town was founded in the year 1287</search>")
+    assert obs.startswith(f"<information>Doc 1 (Title: {town_name(11)})")
+
+
+def test_no_match_and_empty_query_are_observations(tool):
+    obs, done, valid = run(tool, "<search>xylophone quasar</search>")
+    assert obs == "<information>No results found for the query: xylophone quasar</information>"
+    assert valid
+    obs, done, valid = run(tool, "<search>  </search>")
+    assert "query is empty" in obs and "<search>your query</search>" in obs
+    assert (done, valid) == (False, False)
+
+
+def test_missing_or_broken_index_is_an_observation(tmp_path):
+    t = SearchRetrievalTool(ToolSettings())
+    obs, done, valid = run(t, "<search>chess</search>")
+    assert obs.startswith("Retrieval error: no retrieval index is configured")
+    assert "--tool-opt retrieval_index=" in obs and valid is False
+    t = SearchRetrievalTool(ToolSettings(extra={"retrieval_index": str(tmp_path)}))
+    obs, _, valid = run(t, "<search>chess</search>")
+    assert obs.startswith("Retrieval error:") and "no meta.json" in obs and not valid
+
+
+def test_bad_option_is_a_clear_error():
+    with pytest.raises(ValueError, match="tool option 'topk' must be an integer"):
+        SearchRetrievalTool(ToolSettings(extra={"topk": "three"}))
+    with pytest.raises(ValueError, match="'topk' must be >= 1"):
+        SearchRetrievalTool(ToolSettings(extra={"topk": 0}))
+
+
+def test_dense_index_and_concurrent_trajectories_share_batches():
+    t = SearchRetrievalTool(ToolSettings(extra={"retrieval_index": synthetic_index("dense"),
+                                                "topk": 1, "retrieval_batch_ms": 20}))
+    questions = ["how do plants make food from sunlight", "what guides ships at night",
+                 "a game with a king and sixteen pieces", "ice that moves slowly down a valley"]
+
+    async def go():
+        return await asyncio.gather(*(
+            t.conduct_action(f"t{i}", t.parse_action(f"<search>{q}</search>")[0], {})
+            for i, q in enumerate(questions)))
+
+    svc = t.retrieval.service()
+    svc.batch_sizes.clear()
+    out = asyncio.run(go())
+    titles = [o[0].split("(Title: ")[1].split(")")[0] for o in out]
+    assert titles == ["Photosynthesis", "Lighthouse", "Chess", "Glacier"]
+    assert list(svc.batch_sizes) == [4]  # one encoder pass answered all four

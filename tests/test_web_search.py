@@ -1,0 +1,270 @@
+"""web_search: backends (a Serper-style HTTP API served by a local aiohttp server, and
+the local retrieval backend), retries with backoff, the disk cache, the key never
+logged, and the tool's observations."""
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+
+import pytest
+from aiohttp import web
+
+from tool_server.retrieval.options import RetrievalOptions
+from tool_server.retrieval.synthetic import synthetic_index
+from tool_server.tools.base import ToolSettings
+from tool_server.tools.web_search import WebSearchTool
+from tool_server.websearch import (CachedBackend, LocalBackend, Result, SearchCache,
+                                   SearchError, SerperBackend, backoff_delay)
+from tool_server.websearch.cache import cache_key
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+KEY = "sk-test-SECRET-1234567890"
+
+
+class FakeSerper:
+    """A local HTTP server speaking the Serper JSON API, in its own thread and loop.
+
+    ``fail_with`` is a list of status codes to answer before succeeding; ``delay_s``
+    holds each answer back; every request is recorded with its headers."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.fail_with: list[int] = []
+        self.retry_after: str | None = None
+        self.delay_s = 0.0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/search"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    async def _handle(self, request):
+        body = await request.json()
+        self.requests.append({"body": body, "key": request.headers.get("X-API-KEY")})
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if request.headers.get("X-API-KEY") != KEY:
+                return web.json_response({"message": "Unauthorized"}, status=403)
+            if self.fail_with:
+                status = self.fail_with.pop(0)
+                headers = {"Retry-After": self.retry_after} if self.retry_after else {}
+                return web.Response(status=status, text="try later", headers=headers)
+            q = body["q"]
+            organic = [{"title": f"{q} result {i}", "link": f"https://example.org/{i}",
+                        "snippet": f"About {q}: fact number {i}.", "position": i}
+                       for i in range(1, 11)]
+            return web.json_response({"searchParameters": {"q": q}, "organic": organic})
+        finally:
+            self.in_flight -= 1
+
+    def _serve(self):
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/search", self._handle)
+        runner = web.AppRunner(app)
+        self._loop.run_until_complete(runner.setup())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        self._runner = runner
+        self._ready.set()
+        self._loop.run_forever()
+
+    def close(self):
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        fut.result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def serper():
+    s = FakeSerper()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def api(serper, monkeypatch):
+    serper.requests.clear()
+    serper.fail_with = []
+    serper.retry_after = None
+    serper.delay_s = 0.0
+    serper.max_in_flight = 0
+    monkeypatch.setenv("TEST_SERPER_KEY", KEY)
+    return serper
+
+
+def backend(api, **kw):
+    kw.setdefault("backoff_s", 0.01)
+    return SerperBackend(url=api.url, api_key_env="TEST_SERPER_KEY", **kw)
+
+
+def test_backoff_delay_doubles_and_caps():
+    assert [backoff_delay(a, 0.5) for a in range(4)] == [0.5, 1.0, 2.0, 4.0]
+    assert backoff_delay(10, 0.5, cap_s=8.0) == 8.0
+    assert backoff_delay(0, 0.5, retry_after_s=3.0) == 3.0
+    with pytest.raises(ValueError):
+        backoff_delay(-1, 0.5)
+
+
+def test_http_backend_speaks_the_api(api):
+    results = asyncio.run(backend(api).search("tallest mountain", 3))
+    assert results == [Result(f"tallest mountain result {i}", f"https://example.org/{i}",
+                              f"About tallest mountain: fact number {i}.") for i in (1, 2, 3)]
+    assert api.requests == [{"body": {"q": "tallest mountain", "num": 3}, "key": KEY}]
+
+
+def test_http_backend_retries_500_then_succeeds(api, caplog):
+    api.fail_with = [500, 503]
+    b = backend(api, retries=3)
+    caplog.set_level(logging.DEBUG)
+    t0 = time.perf_counter()
+    results = asyncio.run(b.search("q1", 2))
+    assert len(results) == 2 and len(api.requests) == 3 and b.requests_made == 3
+    assert time.perf_counter() - t0 >= 0.01 + 0.02  # backoff 0.01 then 0.02 s
+    assert "retry 1/3" in caplog.text and "HTTP 500" in caplog.text
+    assert KEY not in caplog.text
+
+
+def test_http_backend_429_honours_retry_after(api):
+    api.fail_with = [429]
+    api.retry_after = "0.3"
+    t0 = time.perf_counter()
+    asyncio.run(backend(api, retries=1).search("q", 1))
+    assert time.perf_counter() - t0 >= 0.3
+
+
+def test_http_backend_gives_up_after_retries(api, caplog):
+    api.fail_with = [502, 502, 502]
+    with pytest.raises(SearchError, match=r"failed after 3 attempt\(s\): HTTP 502") as e:
+        asyncio.run(backend(api, retries=2).search("q", 1))
+    assert len(api.requests) == 3 and KEY not in str(e.value)
+
+
+def test_http_backend_does_not_retry_auth_errors(api, monkeypatch):
+    monkeypatch.setenv("TEST_SERPER_KEY", "wrong-key")
+    with pytest.raises(SearchError, match=r"HTTP 403 \(check the API key\)") as e:
+        asyncio.run(backend(api, retries=3).search("q", 1))
+    assert len(api.requests) == 1 and "wrong-key" not in str(e.value)
+
+
+def test_http_backend_missing_key_and_unreachable(api, monkeypatch):
+    monkeypatch.delenv("TEST_SERPER_KEY")
+    with pytest.raises(SearchError, match="environment variable TEST_SERPER_KEY"):
+        asyncio.run(backend(api).search("q", 1))
+    assert api.requests == []
+    monkeypatch.setenv("TEST_SERPER_KEY", KEY)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/search"
+    b = SerperBackend(url=dead, api_key_env="TEST_SERPER_KEY", retries=1, backoff_s=0.01)
+    with pytest.raises(SearchError, match="ClientConnectorError"):
+        asyncio.run(b.search("q", 1))
+    assert KEY not in repr(b)
+
+
+def test_http_backend_concurrency_limit(api):
+    api.delay_s = 0.05
+    b = backend(api, concurrency=2)
+
+    async def go():
+        return await asyncio.gather(*(b.search(f"q{i}", 1) for i in range(6)))
+
+    out = asyncio.run(go())
+    assert len(out) == 6 and api.max_in_flight == 2
+
+
+def test_cache_hit_makes_no_request(api, tmp_path):
+    cache = SearchCache(str(tmp_path / "c.sqlite"))
+    b = CachedBackend(backend(api), cache)
+    first = asyncio.run(b.search("deep  sea fish", 2))
+    assert len(api.requests) == 1
+    again = asyncio.run(b.search(" deep sea   fish ", 2))  # same query, other spacing
+    assert again == first and len(api.requests) == 1 and cache.hits == 1
+    asyncio.run(b.search("deep sea fish", 3))  # another k is another entry
+    assert len(api.requests) == 2
+    # The cache is on disk: a new process (here: a new cache object) still hits.
+    b2 = CachedBackend(backend(api), SearchCache(str(tmp_path / "c.sqlite")))
+    assert asyncio.run(b2.search("deep sea fish", 2)) == first and len(api.requests) == 2
+    # Keys separate backends.
+    assert cache_key("serper:a", "q", 1) != cache_key("local:a", "q", 1)
+
+
+def test_cache_failures_are_not_stored_and_entries_expire(api, tmp_path):
+    cache = SearchCache(str(tmp_path / "c.sqlite"), ttl_s=0.3)
+    b = CachedBackend(backend(api, retries=0), cache)
+    api.fail_with = [500]
+    with pytest.raises(SearchError):
+        asyncio.run(b.search("q", 1))
+    assert len(cache) == 0
+    asyncio.run(b.search("q", 1))
+    asyncio.run(b.search("q", 1))
+    assert len(api.requests) == 2 and len(cache) == 1
+    time.sleep(0.35)
+    assert cache.get(b.cache_id, "q", 1) is None  # expired: never served
+    assert cache.purge_expired() == 1 and len(cache) == 0
+
+
+def test_local_backend_searches_the_index():
+    b = LocalBackend(RetrievalOptions(index_dir=synthetic_index("bm25")))
+    res = asyncio.run(b.search("magnetic needle north", 1))
+    assert res[0].title == "Compass" and res[0].link.startswith("local://doc-")
+    with pytest.raises(SearchError, match="no retrieval index is configured"):
+        asyncio.run(LocalBackend(RetrievalOptions(index_dir=None)).search("q", 1))
+
+
+def test_tool_with_local_backend_is_the_default(tmp_path):
+    t = WebSearchTool(ToolSettings(workdir=str(tmp_path),
+                                   extra={"retrieval_index": synthetic_index("bm25"),
+                                          "topk": 2}))
+    assert isinstance(t.backend, CachedBackend) and isinstance(t.backend.backend, LocalBackend)
+    parsed, ok = t.parse_action("<search>old</search> now <search>chess board game</search>")
+    assert ok and parsed == "chess board game"
+    obs, done, valid = asyncio.run(t.conduct_action("t", parsed, {}))
+    assert obs.startswith("<information>Doc 1 (Title: Chess) Chess is a board game")
+    assert (done, valid) == (False, True)
+    assert os.path.exists(tmp_path / "web_search_cache.sqlite")
+    t.close()
+
+
+def test_tool_with_http_backend_and_custom_tag(api, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    t = WebSearchTool(ToolSettings(workdir=str(tmp_path), extra={
+        "web_search_backend": "serper", "serper_url": api.url,
+        "serper_api_key_env": "TEST_SERPER_KEY", "web_search_tag": "web",
+        "web_search_backoff_s": "0.01", "topk": 2}))
+    assert t.parse_action("<search>x</search>") == (None, False)
+    parsed, ok = t.parse_action("<web>moon landing</web>")
+    api.fail_with = [500]
+    obs, done, valid = asyncio.run(t.conduct_action("t", parsed, {}))
+    assert obs == ("<information>Doc 1 (Title: moon landing result 1) About moon landing: "
+                   "fact number 1.\nDoc 2 (Title: moon landing result 2) About moon "
+                   "landing: fact number 2.</information>")
+    assert valid and len(api.requests) == 2
+    obs2, _, _ = asyncio.run(t.conduct_action("t2", parsed, {}))
+    assert obs2 == obs and len(api.requests) == 2  # served from the cache
+    obs, _, valid = asyncio.run(t.conduct_action("t", "", {}))
+    assert "query is empty" in obs and "<web>your query</web>" in obs and not valid
+    api.fail_with = [500] * 4
+    obs, _, valid = asyncio.run(t.conduct_action("t", "never works", {}))
+    assert obs == "Search error: search API failed after 4 attempt(s): HTTP 500"
+    assert not valid
+    assert KEY not in caplog.text
+    t.close()
+
+
+def test_tool_bad_options_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="'web_search_backend' must be one of"):
+        WebSearchTool(ToolSettings(workdir=str(tmp_path), extra={"web_search_backend": "bing"}))
+    with pytest.raises(ValueError, match="tag name '<x>' is not valid"):
+        WebSearchTool(ToolSettings(workdir=str(tmp_path), extra={"web_search_tag": "<x>"}))
