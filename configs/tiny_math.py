@@ -58,7 +58,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rollout.max_response_tokens = 64
     c.rollout.max_obs_tokens = 24
     c.rollout.action_stop_strings = ("</python>",)
-    c.rollout.max_prompt_tokens = 64
+    c.rollout.max_prompt_tokens = 96
     c.rollout.max_staleness = 1
 
     c.algo.mini_batch_size = 32

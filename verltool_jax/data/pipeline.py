@@ -1,0 +1,166 @@
+"""Grain pipelines over validated rows, with checkpointable iterator state.
+
+``RowPipeline(rows, transform, seed, shuffle, num_epochs)`` is
+``grain.MapDataset.source(rows).shuffle(seed).repeat(num_epochs).map(transform)``
+(a transform returning ``None`` drops the row, e.g. an over-long prompt). Its iterator
+state is a JSON-serialisable dict; ``set_state`` on a fresh pipeline over the same rows
+resumes exactly where ``get_state`` was taken. The state carries a fingerprint of the
+rows and the shuffle settings, and restoring it onto different data is an error.
+
+``PromptPipeline`` yields :class:`PromptExample` (chat-templated prompt ids plus the row);
+``SFTPipeline`` yields :class:`verltool_jax.data.sft.SFTExample`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import grain
+
+from verltool_jax.data.readers import read_files
+from verltool_jax.data.rows import validate_sft_row
+from verltool_jax.data.sft import SFTExample, tokenize_sft_row
+from verltool_jax.data.templating import prompt_token_ids
+
+
+@dataclass
+class PromptExample:
+    """One prompt ready for rollout. ``index`` is the row's position in the data set."""
+
+    index: int
+    prompt_ids: list[int]
+    row: dict = field(repr=False)
+
+    @property
+    def data_source(self) -> str:
+        return self.row["data_source"]
+
+    @property
+    def ground_truth(self) -> Any:
+        return self.row["reward_model"]["ground_truth"]
+
+    @property
+    def messages(self) -> list[dict]:
+        return self.row["prompt"]
+
+
+def rows_fingerprint(rows: Sequence[dict], sample: int = 1000) -> str:
+    """sha1 of the row count and up to ``sample`` evenly spaced rows (cheap, stable)."""
+    n = len(rows)
+    step = max(1, n // sample)
+    h = hashlib.sha1(str(n).encode())
+    for i in range(0, n, step):
+        h.update(json.dumps(rows[i], sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+class RowPipeline:
+    """Deterministic, resumable iteration over ``transform(index, row)`` (see module doc)."""
+
+    def __init__(self, rows: Sequence[dict], transform: Callable[[int, dict], Any], *,
+                 seed: int = 0, shuffle: bool = True, num_epochs: Optional[int] = None):
+        if len(rows) == 0:
+            raise ValueError("the data set is empty (no rows)")
+        if num_epochs is not None and num_epochs < 1:
+            raise ValueError(f"num_epochs must be >= 1 or None (forever), got {num_epochs}")
+        self.rows = list(rows)
+        self.seed, self.shuffle, self.num_epochs = int(seed), bool(shuffle), num_epochs
+        self._fingerprint = rows_fingerprint(self.rows)
+        ds = grain.MapDataset.range(len(self.rows))
+        if self.shuffle:
+            ds = ds.shuffle(seed=self.seed)
+        ds = ds.repeat(num_epochs)
+        ds = ds.map(lambda i: transform(int(i), self.rows[int(i)]))
+        ds = ds.filter(lambda x: x is not None)
+        # No prefetch threads: the state then counts exactly the examples handed out.
+        self._iter = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0,
+                                                               prefetch_buffer_size=0)))
+        self.consumed = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        x = next(self._iter)
+        self.consumed += 1
+        return x
+
+    def next_batch(self, n: int) -> list:
+        """Up to ``n`` examples (fewer only when a finite pipeline runs out)."""
+        out = []
+        for _ in range(n):
+            try:
+                out.append(next(self))
+            except StopIteration:
+                break
+        return out
+
+    def _meta(self) -> dict:
+        return {"fingerprint": self._fingerprint, "seed": self.seed, "shuffle": self.shuffle,
+                "num_epochs": self.num_epochs, "num_rows": len(self.rows)}
+
+    def get_state(self) -> dict:
+        """JSON-serialisable position of the iterator (save it with the checkpoint)."""
+        return {"grain": self._iter.get_state(), "consumed": self.consumed, **self._meta()}
+
+    def set_state(self, state: dict) -> None:
+        """Resume from ``get_state()``; ValueError if it was taken on other data/settings."""
+        if not isinstance(state, dict) or "grain" not in state:
+            raise ValueError("data iterator state must be a dict from get_state(), got "
+                             f"{type(state).__name__}")
+        mine = self._meta()
+        diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if diff:
+            raise ValueError("cannot resume the data iterator: the saved state was taken on "
+                             f"different data or settings (saved, now): {diff}")
+        self._iter.set_state(state["grain"])
+        self.consumed = int(state.get("consumed", 0))
+
+
+def _prompt_transform(tokenizer, max_prompt_tokens: Optional[int], overlong: str):
+    def transform(index: int, row: dict) -> Optional[PromptExample]:
+        ids = prompt_token_ids(tokenizer, row["prompt"])
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            if overlong == "drop":
+                return None
+            raise ValueError(f"row {index}: the prompt has {len(ids)} tokens, more than "
+                             f"max_prompt_tokens={max_prompt_tokens}; raise "
+                             "rollout.max_prompt_tokens or shorten the prompt")
+        return PromptExample(index=index, prompt_ids=ids, row=row)
+    return transform
+
+
+class PromptPipeline(RowPipeline):
+    """Chat-templated prompts. ``overlong``: "drop" (skip) or "error" for long prompts."""
+
+    def __init__(self, rows: Sequence[dict], tokenizer, *, seed: int = 0, shuffle: bool = True,
+                 num_epochs: Optional[int] = None, max_prompt_tokens: Optional[int] = None,
+                 overlong: str = "drop"):
+        if overlong not in ("drop", "error"):
+            raise ValueError(f"overlong must be 'drop' or 'error', got {overlong!r}")
+        super().__init__(rows, _prompt_transform(tokenizer, max_prompt_tokens, overlong),
+                         seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+
+    @classmethod
+    def from_files(cls, paths: Sequence[str | os.PathLike], tokenizer, fmt: str = "auto",
+                   **kwargs) -> "PromptPipeline":
+        """Read (and validate) parquet/JSONL files, then build the pipeline."""
+        return cls(read_files(paths, fmt), tokenizer, **kwargs)
+
+
+class SFTPipeline(RowPipeline):
+    """Tokenized demonstrations (rows with ``response_segments``), see ``data/sft.py``."""
+
+    def __init__(self, rows: Sequence[dict], tokenizer, *, seed: int = 0, shuffle: bool = True,
+                 num_epochs: Optional[int] = None, append_eos: bool = True):
+        def transform(index: int, row: dict) -> SFTExample:
+            return tokenize_sft_row(tokenizer, row, index=index, append_eos=append_eos)
+        super().__init__(rows, transform, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+
+    @classmethod
+    def from_files(cls, paths: Sequence[str | os.PathLike], tokenizer, fmt: str = "auto",
+                   **kwargs) -> "SFTPipeline":
+        return cls(read_files(paths, fmt, validate=validate_sft_row), tokenizer, **kwargs)

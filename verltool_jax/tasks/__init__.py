@@ -1,0 +1,1 @@
+"""Generated tasks (data written in the verl layout): ``tiny_math``."""
