@@ -25,6 +25,12 @@ class ToolSettings:
     unsafe_no_sandbox: bool = False    # run code without bubblewrap (loud warning)
     workdir: str = "/tmp/verltool_jax_tools"  # scratch root for sandboxes/workspaces
     extra: dict = field(default_factory=dict)  # tool-specific options ("--tool-opt k=v")
+    # --- server-wide knobs (added with the server core; all have defaults) ---
+    workers: int = 4                   # sandboxed python worker processes (fork servers)
+    max_concurrency: int = 256         # tool calls in flight, all tools together
+    tool_max_concurrency: int = 64     # default per-tool bound (a tool's class attr wins)
+    sweep_interval_s: float = 30.0     # how often idle trajectory state is swept
+    tool_dirs: list = field(default_factory=list)  # extra folders scanned for tools
 
 
 class BaseTool:
@@ -90,3 +96,11 @@ class BaseTool:
         """Called once at server shutdown: free every trajectory's state."""
         for tid in list(self.env):
             self.delete_env(tid)
+
+    # --- async lifecycle (optional; the server awaits these on its event loop) ------
+    async def astart(self) -> None:
+        """Hook: called once when the server starts (e.g. start a worker pool)."""
+
+    async def aclose(self) -> None:
+        """Called once at server shutdown; the default calls :meth:`close`."""
+        self.close()

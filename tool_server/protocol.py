@@ -1,0 +1,115 @@
+"""The wire protocol (VerlTool-compatible): request validation and the response shape.
+
+Request (``POST /get_observation``)::
+
+    {"trajectory_ids": [str, ...], "actions": [str, ...],
+     "extra_fields": [{...} | null, ...]?, "finish": [bool, ...]?, "is_last_step": [bool, ...]?}
+
+Response: ``{"observations": [...], "dones": [bool, ...], "valids": [bool, ...]}``, same
+length and order as the request. A bad request raises :class:`ProtocolError` whose
+message names the field and the fix; the server answers it with HTTP 400/422.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from tool_server.tools.base import Observation
+
+
+class ProtocolError(ValueError):
+    """A malformed request. ``status`` is the HTTP status (400 bad JSON, 422 bad fields)."""
+
+    def __init__(self, message: str, status: int = 422, field: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+
+
+@dataclass
+class ObservationRequest:
+    """A validated request: parallel lists of equal length ``n``."""
+
+    trajectory_ids: list[str]
+    actions: list[str]
+    extra_fields: list[dict]
+    finish: list[bool]
+    is_last_step: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.trajectory_ids)
+
+
+def _list_field(body: dict, name: str, required: bool) -> Optional[list]:
+    if name not in body or body[name] is None:
+        if required:
+            raise ProtocolError(f"missing field '{name}': send a list with one entry per "
+                                "trajectory", field=name)
+        return None
+    value = body[name]
+    if not isinstance(value, list):
+        raise ProtocolError(f"field '{name}' must be a list, got {type(value).__name__}",
+                            field=name)
+    return value
+
+
+def parse_request(body: Any) -> ObservationRequest:
+    """Validate a decoded JSON body into an :class:`ObservationRequest`.
+
+    Trajectory ids may be strings or integers (turned into strings); actions must be
+    strings; ``extra_fields`` entries objects or null; ``finish``/``is_last_step``
+    booleans (0/1 accepted). Optional lists default to ``{}``/``False``.
+    """
+    if not isinstance(body, dict):
+        raise ProtocolError(f"the request body must be a JSON object, got {type(body).__name__}",
+                            status=400)
+    tids = _list_field(body, "trajectory_ids", True)
+    actions = _list_field(body, "actions", True)
+    n = len(tids)
+    out_tids = []
+    for i, t in enumerate(tids):
+        if isinstance(t, bool) or not isinstance(t, (str, int)):
+            raise ProtocolError(f"trajectory_ids[{i}] must be a string, got {type(t).__name__}",
+                                field="trajectory_ids")
+        out_tids.append(str(t))
+    if len(actions) != n:
+        raise ProtocolError(f"field 'actions' has {len(actions)} entries but 'trajectory_ids' "
+                            f"has {n}; send one action per trajectory id", field="actions")
+    for i, a in enumerate(actions):
+        if not isinstance(a, str):
+            raise ProtocolError(f"actions[{i}] must be a string, got {type(a).__name__}",
+                                field="actions")
+    extra = _list_field(body, "extra_fields", False)
+    if extra is None:
+        extra = [{} for _ in range(n)]
+    else:
+        if len(extra) != n:
+            raise ProtocolError(f"field 'extra_fields' has {len(extra)} entries but "
+                                f"'trajectory_ids' has {n}", field="extra_fields")
+        for i, e in enumerate(extra):
+            if e is None:
+                extra[i] = {}
+            elif not isinstance(e, dict):
+                raise ProtocolError(f"extra_fields[{i}] must be an object or null, got "
+                                    f"{type(e).__name__}", field="extra_fields")
+    flags = {}
+    for name in ("finish", "is_last_step"):
+        values = _list_field(body, name, False)
+        if values is None:
+            flags[name] = [False] * n
+            continue
+        if len(values) != n:
+            raise ProtocolError(f"field '{name}' has {len(values)} entries but "
+                                f"'trajectory_ids' has {n}", field=name)
+        for i, v in enumerate(values):
+            if not (isinstance(v, bool) or v in (0, 1)) or v is None:
+                raise ProtocolError(f"{name}[{i}] must be true or false, got {v!r}", field=name)
+        flags[name] = [bool(v) for v in values]
+    return ObservationRequest(out_tids, list(actions), extra, flags["finish"],
+                              flags["is_last_step"])
+
+
+def make_response(observations: list[Observation], dones: list[bool], valids: list[bool]
+                  ) -> dict:
+    """The response object: three parallel lists."""
+    return {"observations": observations, "dones": dones, "valids": valids}
