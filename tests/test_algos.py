@@ -40,7 +40,7 @@ def test_advantages_jit_with_int_groups_and_unknown_name():
     out = fn(jnp.array([2.0, 4.0, 3.0, 3.0]), jnp.array([1, 1, 0, 0]), 2)
     np.testing.assert_allclose(out, [-1 / (math.sqrt(2) + 1e-6), 1 / (math.sqrt(2) + 1e-6), 0, 0],
                                rtol=1e-6)
-    with pytest.raises(ValueError, match="algo.advantage.*grpo"):
+    with pytest.raises(ValueError, match="algo.adv_estimator.*grpo"):
         get_advantage_fn("ppo-gae")
     with pytest.raises(ValueError, match="NaN"):
         compute_advantages("grpo", [1.0, float("nan")], ["a", "a"])

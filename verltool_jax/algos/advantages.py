@@ -10,7 +10,7 @@ A group of one sample has no baseline and gets advantage 0 in every estimator.
 Functions are pure and jittable: groups are given as an integer index per sample
 (``group_index[i]`` in ``[0, num_groups)``, ``num_groups`` static). The per-sequence
 advantage is spread over the response tokens with :func:`broadcast_to_tokens`.
-Select by name with :func:`get_advantage_fn` (config field ``algo.advantage``).
+Select by name with :func:`get_advantage_fn` (config field ``algo.adv_estimator``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from verltool_jax.algos.registry import Registry
 GRPO_EPS = 1e-6
 
 AdvantageFn = Callable[[jax.Array, jax.Array, int], jax.Array]
-ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator", "algo.advantage")
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator", "algo.adv_estimator")
 
 
 def _group_stats(rewards: jax.Array, group_index: jax.Array, num_groups: int):

@@ -1,0 +1,124 @@
+"""The ``algo`` config section: every knob of the advantages, losses and the train step.
+
+:class:`AlgoConfig` is a frozen, validated dataclass; :func:`algo_config` builds it from
+an ml_collections ``ConfigDict`` / dict (either the ``algo`` section or a whole
+experiment config holding one), and :func:`default_algo_config` gives the section with
+every field at its default, for experiment configs to start from.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from verltool_jax.algos.advantages import ADVANTAGES
+from verltool_jax.algos.kl import KL_ESTIMATORS
+from verltool_jax.algos.policy_loss import POLICY_LOSSES, PolicyLossConfig
+
+OLD_LOGPROB_SOURCES = ("sampler", "recompute")
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """RL algorithm and train-step settings (config section ``algo``).
+
+    Batch split: a batch of B sequences is cut into B / ``mini_batch_size`` mini-batches
+    (one optimizer update each), each into ``mini_batch_size / micro_batch_size``
+    micro-batches (gradient accumulation), for ``ppo_epochs`` passes. ``None`` means
+    "the whole batch" / "the whole mini-batch".
+    """
+    adv_estimator: str = "grpo"             # grpo | drgrpo | rloo
+    policy_loss: str = "ppo"                # ppo (= grpo / dapo / vanilla) | gspo
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2            # DAPO clip-higher: 0.28
+    dual_clip_c: Optional[float] = 3.0      # None disables the dual clip
+    loss_agg_mode: str = "token-mean"
+    loss_norm_constant: Optional[float] = None
+    tis_cap: Optional[float] = None         # truncated IS weight cap vs sampler; 0/None = off
+    kl_coef: float = 0.0                    # KL loss against the reference policy
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0               # entropy bonus: loss -= coef * entropy
+    temperature: float = 1.0                # sampling temperature (logprobs of logits / T)
+    ppo_epochs: int = 1
+    mini_batch_size: Optional[int] = None
+    micro_batch_size: Optional[int] = None
+    old_logprobs: str = "sampler"           # sampler | recompute (before the update)
+    logprob_chunk_size: Optional[int] = None
+    dynamic_sampling: bool = False          # DAPO: drop groups with all-equal rewards
+    overlong_buffer_len: int = 0            # DAPO overlong penalty (0 = off)
+    overlong_penalty_factor: float = 1.0
+
+    def __post_init__(self):
+        ADVANTAGES.get(self.adv_estimator)
+        POLICY_LOSSES.get(self.policy_loss)
+        KL_ESTIMATORS.get(self.kl_estimator)
+        self.policy_loss_config()            # validates clip / agg fields
+        if self.old_logprobs not in OLD_LOGPROB_SOURCES:
+            raise ValueError(f"algo.old_logprobs must be one of {OLD_LOGPROB_SOURCES}, "
+                             f"got {self.old_logprobs!r}")
+        for name in ("ppo_epochs",):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("mini_batch_size", "micro_batch_size", "logprob_chunk_size"):
+            v = getattr(self, name)
+            if v is not None and int(v) < 1:
+                raise ValueError(f"algo.{name} must be >= 1 or None, got {v}")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            raise ValueError("algo.kl_coef and algo.entropy_coef must be >= 0")
+        if self.temperature <= 0:
+            raise ValueError(f"algo.temperature must be > 0, got {self.temperature}")
+        if self.tis_cap is not None and self.tis_cap < 0:
+            raise ValueError(f"algo.tis_cap must be > 0 (0 or None disables), got {self.tis_cap}")
+        if self.dual_clip_c is not None and self.dual_clip_c < 0:
+            raise ValueError(f"algo.dual_clip_c must be > 1 (0 or None disables), "
+                             f"got {self.dual_clip_c}")
+
+    def policy_loss_config(self) -> PolicyLossConfig:
+        return PolicyLossConfig(self.clip_ratio_low, self.clip_ratio_high,
+                                self.dual_clip_c or None, self.loss_agg_mode,
+                                self.loss_norm_constant)
+
+    def split_sizes(self, batch_size: int) -> tuple[int, int, int]:
+        """``(num_mini, num_micro, micro)`` for a batch of ``batch_size``; ValueError if uneven."""
+        mini = self.mini_batch_size or batch_size
+        micro = self.micro_batch_size or mini
+        if batch_size % mini:
+            raise ValueError(f"batch size {batch_size} is not a multiple of "
+                             f"algo.mini_batch_size={mini}; pad the batch or change it")
+        if mini % micro:
+            raise ValueError(f"algo.mini_batch_size={mini} is not a multiple of "
+                             f"algo.micro_batch_size={micro}")
+        return batch_size // mini, mini // micro, micro
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(AlgoConfig))
+
+
+def algo_config(cfg: Any = None, **overrides) -> AlgoConfig:
+    """An :class:`AlgoConfig` from an ``AlgoConfig``, a mapping / ``ConfigDict`` (the
+    ``algo`` section, or a config with an ``algo`` field), or None (defaults).
+
+    Unknown keys raise ValueError naming them (typos never pass silently).
+    """
+    if isinstance(cfg, AlgoConfig):
+        return dataclasses.replace(cfg, **overrides) if overrides else cfg
+    d: dict = {}
+    if cfg is not None:
+        if hasattr(cfg, "to_dict"):
+            cfg = cfg.to_dict()
+        if not isinstance(cfg, Mapping):
+            raise ValueError(f"algo config must be a mapping or AlgoConfig, got {type(cfg)}")
+        if "algo" in cfg and isinstance(cfg["algo"], Mapping):
+            cfg = cfg["algo"]
+        d = dict(cfg)
+    d.update(overrides)
+    unknown = sorted(set(d) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"unknown algo config field(s) {unknown}; known: {list(FIELDS)}")
+    return AlgoConfig(**d)
+
+
+def default_algo_config():
+    """The ``algo`` section as an ml_collections ``ConfigDict`` with every default."""
+    import ml_collections
+    return ml_collections.ConfigDict(dataclasses.asdict(AlgoConfig()))

@@ -1,0 +1,241 @@
+"""The functional, jitted RL train step: ``train_step(state, batch) -> (state, metrics)``.
+
+One call consumes one batch (layout: :mod:`verltool_jax.train.batch`):
+
+1. behaviour logprobs: the batch's ``old_logprobs`` (from the sampler), or, with
+   ``algo.old_logprobs = "recompute"``, the current params' logprobs before any update;
+2. reference logprobs, only when ``algo.kl_coef > 0``: the batch's ``ref_logprobs`` or
+   a forward pass of ``state.ref_params``;
+3. for each of ``algo.ppo_epochs`` epochs, for each mini-batch: gradients summed over
+   its micro-batches (``lax.scan``), every micro-batch loss normalised by the counts of
+   the *whole mini-batch* (so k micro-batches == one batch), then one optimizer update.
+   A non-finite loss or gradient norm skips that update (params and optimizer state
+   unchanged) and is counted in ``metrics["skipped_updates"]``.
+
+Loss of a micro-batch = policy loss (``algo.policy_loss``, with the truncated IS weight
+against the sampler when ``algo.tis_cap`` is set) + ``kl_coef`` * KL(``kl_estimator``)
+- ``entropy_coef`` * entropy, each aggregated by ``algo.loss_agg_mode``.
+
+Mini/micro-batch membership is strided: with sizes (n_mini, n_micro, micro), row
+``p * n_mini * n_micro + j * n_micro + i`` belongs to micro-batch i of mini-batch j, so
+every micro-batch draws rows from every data shard of a batch-sharded array.
+
+With a ``mesh`` the step is jitted with the batch split over ``(data, fsdp)``, the state
+kept in the shardings it arrives in (``verltool_jax.sharding.shard_state``), and the
+state buffers donated.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from verltool_jax.algos.aggregation import aggregate, normaliser_for
+from verltool_jax.algos.kl import get_kl_fn
+from verltool_jax.algos.policy_loss import get_policy_loss, truncated_is_weights
+from verltool_jax.train.batch import check_batch, shift_targets
+from verltool_jax.train.config import AlgoConfig, algo_config
+from verltool_jax.train.state import TrainState
+
+LogprobFn = Callable[..., Any]
+
+
+def _default_logprob_fn() -> LogprobFn:
+    from verltool_jax.models.logprobs import token_logprobs
+    return token_logprobs
+
+
+def _split(x: jax.Array, n_mini: int, n_micro: int, micro: int) -> jax.Array:
+    """[B, ...] -> [n_mini, n_micro, micro, ...] with the strided membership (docstring)."""
+    y = x.reshape((micro, n_mini, n_micro) + x.shape[1:])
+    return jnp.moveaxis(y, 0, 2)
+
+
+def _reduce_metrics(metrics: dict, axis: int) -> dict:
+    """Combine metrics over ``axis``: ``*_max`` by max, ``*_min`` by min, the rest by sum."""
+    out = {}
+    for k, v in metrics.items():
+        if k.endswith("_max"):
+            out[k] = v.max(axis)
+        elif k.endswith("_min"):
+            out[k] = v.min(axis)
+        else:
+            out[k] = v.sum(axis)
+    return out
+
+
+def _mean_metrics(metrics: dict) -> dict:
+    """Over all updates ([epochs, n_mini]): mean, max/min for extremes, sum for counts."""
+    out = {}
+    for k, v in metrics.items():
+        v = v.reshape(-1)
+        if k.endswith("_max"):
+            out[k] = v.max()
+        elif k.endswith("_min"):
+            out[k] = jnp.where(jnp.isinf(v.min()), 0.0, v.min())
+        elif k == "skipped_updates":
+            out[k] = v.sum()
+        else:
+            out[k] = v.mean()
+    return out
+
+
+def compute_logprobs(graphdef, params, batch: dict, cfg: AlgoConfig,
+                     logprob_fn: LogprobFn, chunk: int, return_entropy: bool = False):
+    """Target-aligned logprobs [B,T] of ``batch`` under ``params`` (and entropy if asked),
+    computed ``chunk`` rows at a time (``lax.map``), float32."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    B = ids.shape[0]
+    kw = {"temperature": cfg.temperature}
+    if cfg.logprob_chunk_size:
+        kw["chunk_size"] = cfg.logprob_chunk_size
+    if return_entropy:
+        kw["return_entropy"] = True
+
+    def one(xs):
+        i, a = xs
+        model = nnx.merge(graphdef, params)
+        return logprob_fn(model, i, a, shift_targets(i), **kw)
+
+    if chunk >= B:
+        return one((ids, attn))
+    out = jax.lax.map(one, (ids.reshape(B // chunk, chunk, -1), attn.reshape(B // chunk, chunk, -1)))
+    return jax.tree.map(lambda y: y.reshape((B,) + y.shape[2:]), out)
+
+
+def make_loss_fn(cfg: AlgoConfig, graphdef, logprob_fn: LogprobFn):
+    """``loss_fn(params, micro_batch, norm) -> (loss, metrics)`` for one micro-batch."""
+    policy_loss = get_policy_loss(cfg.policy_loss)
+    pl_cfg = cfg.policy_loss_config()
+    kl_fn = get_kl_fn(cfg.kl_estimator)
+    want_entropy = cfg.entropy_coef > 0
+
+    def loss_fn(params, mb: dict, norm):
+        out = compute_logprobs(graphdef, params, mb, cfg, logprob_fn, chunk=mb["input_ids"].shape[0],
+                               return_entropy=want_entropy)
+        logp, ent = out if want_entropy else (out, None)
+        mask = mb["loss_mask"].astype(jnp.float32)
+        old = mb["old_logprobs"]
+        w = truncated_is_weights(old, mb["sampler_logprobs"], cfg.tis_cap) if cfg.tis_cap else None
+        loss, metrics = policy_loss(logp, old, mb["advantages"], mask, pl_cfg, norm, w)
+        agg = lambda x: aggregate(x, mask, cfg.loss_agg_mode, norm, cfg.loss_norm_constant)
+        if cfg.kl_coef > 0:
+            kl = agg(kl_fn(logp, mb["ref_logprobs"]))
+            loss = loss + cfg.kl_coef * kl
+            metrics["kl_loss"] = kl
+        if want_entropy:
+            h = agg(ent)
+            loss = loss - cfg.entropy_coef * h
+            metrics["entropy"] = h
+        metrics["loss"] = loss
+        return loss, metrics
+
+    return loss_fn
+
+
+def _select(ok, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformation,
+                    mesh: Optional[jax.sharding.Mesh] = None,
+                    logprob_fn: Optional[LogprobFn] = None, donate: bool = True):
+    """Build ``train_step(state: TrainState, batch: dict) -> (TrainState, metrics)``.
+
+    ``config``: an :class:`AlgoConfig`, or a ConfigDict/dict (the ``algo`` section or a
+    config holding one). ``logprob_fn`` defaults to ``models.logprobs.token_logprobs``.
+    Metrics (float32 scalars, averaged over the updates of the call unless noted):
+    ``loss``, ``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``,
+    ``ratio_mean``, ``ratio_max``, ``ratio_min``, ``grad_norm`` (before clipping),
+    ``skipped_updates`` (count), and ``kl_loss``, ``entropy``, ``tis_weight_mean``
+    when enabled. One compilation per distinct batch shape.
+    """
+    cfg = algo_config(config)
+    logprob_fn = logprob_fn or _default_logprob_fn()
+    loss_fn = make_loss_fn(cfg, graphdef, logprob_fn)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def step(state: TrainState, batch: dict):
+        B, T = check_batch(batch)
+        n_mini, n_micro, micro = cfg.split_sizes(B)
+        batch = {k: jnp.asarray(v) for k, v in batch.items()}
+        batch["advantages"] = batch["advantages"].astype(jnp.float32)
+        if cfg.old_logprobs == "recompute":
+            batch["old_logprobs"] = jax.lax.stop_gradient(
+                compute_logprobs(graphdef, state.params, batch, cfg, logprob_fn, micro))
+        if cfg.kl_coef > 0:
+            if "ref_logprobs" not in batch:
+                if state.ref_params is None:
+                    raise ValueError("algo.kl_coef > 0 needs batch['ref_logprobs'] or a "
+                                     "TrainState created with with_reference=True")
+                batch["ref_logprobs"] = jax.lax.stop_gradient(
+                    compute_logprobs(graphdef, state.ref_params, batch, cfg, logprob_fn, micro))
+        else:
+            batch.pop("ref_logprobs", None)
+        minis = jax.tree.map(lambda x: _split(x, n_mini, n_micro, micro), batch)
+
+        def update(carry, mini):
+            params, opt_state = carry
+            norm = normaliser_for(mini["loss_mask"].reshape(-1, T))
+
+            def accumulate(g_sum, mb):
+                (_, metrics), g = grad_fn(params, mb, norm)
+                return jax.tree.map(jnp.add, g_sum, g), metrics
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            grads, metrics = jax.lax.scan(accumulate, zeros, mini)
+            metrics = _reduce_metrics(metrics, 0)
+            gnorm = optax.global_norm(grads)
+            ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(gnorm)
+            updates, new_opt = optimizer.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            metrics["grad_norm"] = gnorm
+            metrics["skipped_updates"] = (~ok).astype(jnp.float32)
+            return (_select(ok, new_params, params), _select(ok, new_opt, opt_state)), metrics
+
+        def epoch(carry, _):
+            return jax.lax.scan(update, carry, minis)
+
+        (params, opt_state), metrics = jax.lax.scan(
+            epoch, (state.params, state.opt_state), None, length=cfg.ppo_epochs)
+        rng, _ = jax.random.split(state.rng)
+        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1,
+                                  rng=rng)
+        return new_state, _mean_metrics(metrics)
+
+    donate_args = (0,) if donate else ()
+    if mesh is None:
+        return jax.jit(step, donate_argnums=donate_args)
+
+    compiled: dict = {}
+    replicated = NamedSharding(mesh, P())
+
+    def leaf_sharding(x):
+        s = getattr(x, "sharding", None)
+        if isinstance(s, NamedSharding) and s.mesh == mesh:
+            return s
+        return replicated
+
+    def sharded_step(state: TrainState, batch: dict):
+        from verltool_jax.sharding import batch_sharding
+        key = (jax.tree.structure(state), tuple(sorted(batch)))
+        if key not in compiled:
+            state_sh = jax.tree.map(leaf_sharding, state)
+            batch_sh = {k: batch_sharding(mesh, jnp.ndim(v)) for k, v in batch.items()}
+            compiled[key] = jax.jit(step, in_shardings=(state_sh, batch_sh),
+                                    out_shardings=(state_sh, replicated),
+                                    donate_argnums=donate_args)
+        with jax.set_mesh(mesh):
+            return compiled[key](state, batch)
+
+    return sharded_step
+
+
+def shard_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
+    """Place every array of ``batch`` with its batch dimension over ``(data, fsdp)``."""
+    from verltool_jax.sharding import batch_sharding
+    return {k: jax.device_put(v, batch_sharding(mesh, jnp.ndim(v))) for k, v in batch.items()}
