@@ -1,6 +1,7 @@
 """search_retrieval tool: parsing, observations, errors, batching; then end to end
 through the real tool server (when the server core is present)."""
 import asyncio
+import json
 import os
 
 import pytest
@@ -50,18 +51,21 @@ def test_no_match_and_empty_query_are_observations(tool):
     assert obs == "<information>No results found for the query: xylophone quasar</information>"
     assert valid
     obs, done, valid = run(tool, "<search>  </search>")
-    assert "query is empty" in obs and "<search>your query</search>" in obs
+    assert obs["invalid_reason"] == "empty_query"
+    assert "query is empty" in obs["obs"] and "<search>your query</search>" in obs["obs"]
     assert (done, valid) == (False, False)
 
 
 def test_missing_or_broken_index_is_an_observation(tmp_path):
     t = SearchRetrievalTool(ToolSettings())
     obs, done, valid = run(t, "<search>chess</search>")
-    assert obs.startswith("Retrieval error: no retrieval index is configured")
-    assert "--tool-opt retrieval_index=" in obs and valid is False
+    assert obs["invalid_reason"] == "retrieval_error"
+    assert obs["obs"].startswith("Retrieval error: no retrieval index is configured")
+    assert "--tool-opt retrieval_index=" in obs["obs"] and valid is False
     t = SearchRetrievalTool(ToolSettings(extra={"retrieval_index": str(tmp_path)}))
     obs, _, valid = run(t, "<search>chess</search>")
-    assert obs.startswith("Retrieval error:") and "no meta.json" in obs and not valid
+    assert obs["obs"].startswith("Retrieval error:") and "no meta.json" in obs["obs"]
+    assert not valid
 
 
 def test_bad_option_is_a_clear_error():
@@ -88,3 +92,45 @@ def test_dense_index_and_concurrent_trajectories_share_batches():
     titles = [o[0].split("(Title: ")[1].split(")")[0] for o in out]
     assert titles == ["Photosynthesis", "Lighthouse", "Chess", "Glacier"]
     assert list(svc.batch_sizes) == [4]  # one encoder pass answered all four
+
+
+def test_end_to_end_through_the_server():
+    from tool_server.testing import get_json, post_json, run_server
+
+    idx = synthetic_index("bm25")
+    with run_server(tools=["search_retrieval"], tool_opt={"retrieval_index": idx, "topk": 2},
+                    timeout=30) as url:
+        assert "search_retrieval" in json.dumps(get_json(url + "/tools"))
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": ["a", "b", "c", "d"],
+            "actions": ["<think>hmm</think><search>magnetic needle north market</search>",
+                        "<search>which town was founded in the year 1287</search>",
+                        "<search></search>",
+                        "<search>xylophone quasar</search>"],
+            "extra_fields": [{}, {}, {}, {}]})
+        assert status == 200, body
+        obs = body["observations"]
+        assert obs[0].startswith("<information>Doc 1 (Title: Compass)") and \
+            obs[0].count("\nDoc 2 (Title: ") == 1
+        assert obs[1].startswith(f"<information>Doc 1 (Title: {town_name(11)})")
+        assert obs[2]["invalid_reason"] == "empty_query"
+        assert obs[3].startswith("<information>No results found")
+        assert body["valids"] == [True, True, False, True]
+        assert body["dones"] == [False] * 4
+        # Finishing the trajectories leaves nothing behind (the tool keeps no state).
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": ["a", "b"], "actions": ["", ""], "finish": [True, True]})
+        assert status == 200 and body["dones"] == [True, True]
+        assert get_json(url + "/health")["live_trajectories"] == 0
+
+
+def test_end_to_end_without_index_answers_with_an_error_observation():
+    from tool_server.testing import post_json, run_server
+
+    with run_server(tools=["search_retrieval"], env={"VERLTOOL_RETRIEVAL_INDEX": ""}) as url:
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": ["a"], "actions": ["<search>chess</search>"]})
+        assert status == 200
+        assert body["observations"][0]["invalid_reason"] == "retrieval_error"
+        assert "retrieval_index" in body["observations"][0]["obs"]
+        assert body["valids"] == [False]

@@ -254,10 +254,12 @@ def test_tool_with_http_backend_and_custom_tag(api, tmp_path, caplog):
     obs2, _, _ = asyncio.run(t.conduct_action("t2", parsed, {}))
     assert obs2 == obs and len(api.requests) == 2  # served from the cache
     obs, _, valid = asyncio.run(t.conduct_action("t", "", {}))
-    assert "query is empty" in obs and "<web>your query</web>" in obs and not valid
+    assert obs["invalid_reason"] == "empty_query" and not valid
+    assert "query is empty" in obs["obs"] and "<web>your query</web>" in obs["obs"]
     api.fail_with = [500] * 4
     obs, _, valid = asyncio.run(t.conduct_action("t", "never works", {}))
-    assert obs == "Search error: search API failed after 4 attempt(s): HTTP 500"
+    assert obs == {"obs": "Search error: search API failed after 4 attempt(s): HTTP 500",
+                   "invalid_reason": "search_error"}
     assert not valid
     assert KEY not in caplog.text
     t.close()
@@ -268,3 +270,49 @@ def test_tool_bad_options_are_clear(tmp_path):
         WebSearchTool(ToolSettings(workdir=str(tmp_path), extra={"web_search_backend": "bing"}))
     with pytest.raises(ValueError, match="tag name '<x>' is not valid"):
         WebSearchTool(ToolSettings(workdir=str(tmp_path), extra={"web_search_tag": "<x>"}))
+
+
+def test_end_to_end_http_backend_through_the_server(api, tmp_path):
+    from tool_server.testing import post_json, run_server
+
+    cache = tmp_path / "cache.sqlite"
+    opts = {"web_search_backend": "serper", "serper_url": api.url,
+            "serper_api_key_env": "TEST_SERPER_KEY", "web_search_cache": str(cache),
+            "web_search_backoff_s": 0.01, "topk": 1}
+    with run_server(tools=["web_search"], tool_opt=opts, workdir=str(tmp_path),
+                    env={"TEST_SERPER_KEY": KEY}) as url:
+        api.fail_with = [503]
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": ["a", "b"],
+            "actions": ["<search>capital of peru</search>", "<search>deepest lake</search>"]})
+        assert status == 200, body
+        assert body["observations"] == [
+            "<information>Doc 1 (Title: capital of peru result 1) About capital of peru: "
+            "fact number 1.</information>",
+            "<information>Doc 1 (Title: deepest lake result 1) About deepest lake: "
+            "fact number 1.</information>"]
+        assert body["valids"] == [True, True]
+        assert len(api.requests) == 3  # one of them was retried after the 503
+        n = len(api.requests)
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": ["c"], "actions": ["<search>capital  of peru</search>"]})
+        assert body["observations"][0].startswith("<information>Doc 1 (Title: capital of peru")
+        assert len(api.requests) == n  # the disk cache answered
+    assert cache.exists()
+
+
+def test_end_to_end_local_backend_is_the_offline_default(tmp_path):
+    from tool_server.testing import post_json, run_server
+
+    with run_server(tools=["web_search"], workdir=str(tmp_path),
+                    tool_opt={"retrieval_index": synthetic_index("bm25"), "topk": 1}) as url:
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": ["a", "b"],
+            "actions": ["<search>chess board game</search>", "no search here"]})
+        assert status == 200
+        assert body["observations"][0] == (
+            "<information>Doc 1 (Title: Chess) Chess is a board game for two players on an "
+            "eight by eight grid; each side commands sixteen pieces and tries to checkmate "
+            "the opposing king.</information>")
+        assert body["valids"] == [True, False]
+    assert (tmp_path / "web_search_cache.sqlite").exists()

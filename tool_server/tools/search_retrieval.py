@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from tool_server.observations import invalid_observation
 from tool_server.retrieval.format import format_information, format_no_results
 from tool_server.retrieval.options import RetrievalOptions
 from tool_server.tools._options import tool_option
@@ -41,13 +42,14 @@ class SearchRetrievalTool(BaseTool):
                              ) -> tuple[Observation, bool, bool]:
         query: str = parsed
         if not query:
-            return ("Search error: the query is empty. Write the query between the tags: "
-                    "<search>your query</search>.", False, False)
+            return invalid_observation(
+                "empty_query", "Search error: the query is empty. Write the query between the "
+                "tags: <search>your query</search>."), False, False
         try:
             hits = await self.retrieval.service().search(query, self.topk)
         except Exception as e:  # an index failure is an observation, never a crash
             log.warning("search_retrieval failed for trajectory %s: %s", trajectory_id, e)
-            return f"Retrieval error: {e}", False, False
+            return invalid_observation("retrieval_error", f"Retrieval error: {e}"), False, False
         if not hits:
             return format_no_results(query), False, True
         return format_information((h.title, h.contents) for h in hits), False, True

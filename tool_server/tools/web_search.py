@@ -20,6 +20,7 @@ import logging
 import os
 from typing import Any, Optional
 
+from tool_server.observations import invalid_observation
 from tool_server.retrieval.format import format_information, format_no_results
 from tool_server.retrieval.options import RetrievalOptions
 from tool_server.tools._options import tool_option
@@ -83,13 +84,14 @@ class WebSearchTool(BaseTool):
                              ) -> tuple[Observation, bool, bool]:
         query: str = parsed
         if not query:
-            return (f"Search error: the query is empty. Write the query between the tags: "
-                    f"<{self.tag}>your query</{self.tag}>.", False, False)
+            return invalid_observation(
+                "empty_query", f"Search error: the query is empty. Write the query between the "
+                f"tags: <{self.tag}>your query</{self.tag}>."), False, False
         try:
             results = await self.backend.search(query, self.topk)
         except SearchError as e:
             log.warning("web_search failed for trajectory %s: %s", trajectory_id, e)
-            return f"Search error: {e}", False, False
+            return invalid_observation("search_error", f"Search error: {e}"), False, False
         if not results:
             return format_no_results(query), False, True
         return format_information((r.title, r.snippet) for r in results), False, True
