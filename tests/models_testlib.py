@@ -1,0 +1,77 @@
+"""Shared test support for the model tests: tiny HF checkpoints with *perturbed* weights.
+
+HF initialises norms to 1, biases to 0 and everything else with std 0.02, which would
+let a swapped norm or a dropped bias pass a parity test. Every tensor here gets noise of
+std 0.1 on top, so each parameter visibly changes the logits. Built once per process.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+_ROOT = Path(tempfile.mkdtemp(prefix="vtj_models_"))
+atexit.register(shutil.rmtree, _ROOT, True)
+
+
+@functools.lru_cache(maxsize=None)
+def tokenizer_dir() -> Path:
+    from verltool_jax.testing.tiny import build_tokenizer
+    d = _ROOT / "tokenizer"
+    build_tokenizer(d, vocab_size=512)
+    return d
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_ckpt(family: str, tie: bool = True) -> Path:
+    """A tiny (hidden 128, 2 layers, head_dim 64, vocab 512) checkpoint of ``family``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from verltool_jax.testing.tiny import build_tiny_hf
+
+    d = _ROOT / f"{family}_{'tied' if tie else 'untied'}"
+    kw = {} if family == "qwen2" else {"num_heads": 4, "num_kv_heads": 2}  # head_dim 64, GQA 2
+    build_tiny_hf(d, family, tokenizer_dir=tokenizer_dir(), tie_word_embeddings=tie, **kw)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    model.save_pretrained(d)
+    return d
+
+
+def hf_model(path):
+    import torch
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+
+
+def hf_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """transformers logits with positions = cumsum(mask) - 1 (what our model uses)."""
+    import torch
+    pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                    position_ids=torch.tensor(pos))
+    return out.logits.float().numpy()
+
+
+def padded_batch(seed: int = 0, vocab: int = 512, T: int = 12):
+    """A batch of 4 rows of different lengths: two left-padded, two right-padded."""
+    rng = np.random.default_rng(seed)
+    lengths = [12, 7, 9, 4]
+    left = [True, True, False, False]
+    ids = np.zeros((4, T), np.int64)
+    mask = np.zeros((4, T), np.int64)
+    for b, (n, lp) in enumerate(zip(lengths, left)):
+        toks = rng.integers(3, vocab, n)
+        sl = slice(T - n, T) if lp else slice(0, n)
+        ids[b, sl] = toks
+        mask[b, sl] = 1
+    return ids, mask

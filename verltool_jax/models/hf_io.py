@@ -1,0 +1,175 @@
+"""HF checkpoint import/export: ``load_hf``, ``save_hf``, ``hf_named_tensors``.
+
+``load_hf`` builds the model abstractly (no weights allocated), then reads the safetensors
+tensor by tensor from memory maps and places each straight into its target sharding:
+with a mesh every device receives only its own slice (``jax.make_array_from_callback``),
+so the host never holds the whole model, let alone twice.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .config import ModelConfig
+from .name_maps import ParamMapping, hf_to_path, param_table
+from .safetensors_io import checkpoint_files, iter_tensors, write_file
+from .transformer import Transformer
+
+# Tensors some HF checkpoints carry that are not parameters (recomputed from the config).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _flat_params(model_or_state) -> dict[tuple, Any]:
+    state = (nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module)
+             else model_or_state)
+    return {tuple(k): v for k, v in nnx.to_flat_state(state)}
+
+
+def _value(leaf):
+    return leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+
+
+def _to_host(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+
+def hf_named_tensors(model_or_state, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(hf_name, numpy array)`` in HF layout for every parameter, one at a time.
+
+    ``model_or_state``: a ``Transformer`` or its ``nnx.State`` of params (``nnx.split(model,
+    nnx.Param)[1]``). Arrays keep the parameter dtype (bf16 as ``ml_dtypes.bfloat16``);
+    Linear kernels are transposed to HF ``[out, in]``. With tied embeddings there is no
+    ``lm_head.weight`` (HF and vLLM tie it themselves).
+    """
+    flat = _flat_params(model_or_state)
+    for m in param_table(config):
+        if m.path not in flat:
+            raise KeyError(f"parameter {m.path} ({m.hf_name}) missing from the state; is the "
+                           f"config ({config.model_type}) the model's?")
+        arr = _to_host(_value(flat[m.path]))
+        yield m.hf_name, (np.ascontiguousarray(arr.T) if m.transpose else arr)
+
+
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(jnp.dtype(name))
+
+
+def _place(arr: np.ndarray, m: ParamMapping, shape, dtype, mesh, rules) -> jax.Array:
+    src = arr.T if m.transpose else arr
+    if tuple(src.shape) != tuple(shape):
+        raise ValueError(f"checkpoint tensor {m.hf_name} has shape {tuple(arr.shape)}, "
+                         f"expected {tuple(shape[::-1]) if m.transpose else tuple(shape)} from "
+                         f"config.json; the checkpoint and its config disagree")
+    if mesh is None:
+        return jnp.asarray(np.asarray(src, dtype=dtype))
+    from ..sharding import param_spec
+    from jax.sharding import NamedSharding
+    sharding = NamedSharding(mesh, param_spec(m.path, shape, mesh, rules))
+    return jax.make_array_from_callback(
+        tuple(shape), sharding, lambda idx: np.ascontiguousarray(src[idx], dtype=dtype))
+
+
+def load_hf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
+            param_dtype: Optional[str] = None, rules=None, **config_overrides) -> Transformer:
+    """Load an HF checkpoint directory (``config.json`` + safetensors) as a ``Transformer``.
+
+    ``dtype`` sets the compute dtype and, unless ``param_dtype`` is given, the parameter
+    dtype too (e.g. ``"bfloat16"``); default float32. ``mesh``: place each parameter in its
+    ``sharding.PARAM_RULES`` sharding while reading. ``config_overrides`` set other
+    ``ModelConfig`` fields (e.g. ``remat_policy="full"``).
+    """
+    from ..sharding import PARAM_RULES
+    rules = PARAM_RULES if rules is None else rules
+    over = dict(config_overrides)
+    if dtype is not None:
+        over["dtype"] = dtype
+        over.setdefault("param_dtype", dtype)
+    if param_dtype is not None:
+        over["param_dtype"] = param_dtype
+    cfg = ModelConfig.from_pretrained(path, **over)
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
+    graphdef, abs_state = nnx.split(abstract)
+    shapes = {k: _value(v) for k, v in _flat_params(abs_state).items()}
+    table = hf_to_path(cfg)
+    pdt = _np_dtype(cfg.param_dtype)
+    loaded: dict[tuple, jax.Array] = {}
+    unexpected = []
+    for f in checkpoint_files(path):
+        for name, arr in iter_tensors(f):
+            m = table.get(name)
+            if m is None:
+                if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                    continue  # some tied checkpoints still store the copy
+                if not name.endswith(_IGNORED_SUFFIXES):
+                    unexpected.append(name)
+                continue
+            loaded[m.path] = _place(arr, m, shapes[m.path].shape, pdt, mesh, rules)
+    if unexpected:
+        raise ValueError(f"{path}: tensors with no place in a {cfg.model_type} model: "
+                         f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+    missing = [m.hf_name for m in table.values() if m.path not in loaded]
+    if missing:
+        raise ValueError(f"{path}: checkpoint lacks tensors {missing[:8]}"
+                         f"{' ...' if len(missing) > 8 else ''}")
+    state = nnx.from_flat_state(
+        {k: v.replace(loaded[k]) if isinstance(v, nnx.Variable) else loaded[k]
+         for k, v in _flat_params(abs_state).items()})
+    return nnx.merge(graphdef, state)
+
+
+def save_hf(model: Transformer, path: str | os.PathLike, tokenizer=None,
+            max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Write ``model`` as an HF checkpoint (config.json, safetensors, generation_config.json,
+    and the tokenizer if given) that transformers and vLLM load. Tensors stream one at a
+    time; files larger than ``max_shard_bytes`` are split with a ``model.safetensors.index.json``.
+    """
+    cfg: ModelConfig = model.config
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    flat = _flat_params(model)
+    specs = []
+    for m in param_table(cfg):
+        v = _value(flat[m.path])
+        specs.append((m.hf_name, tuple(v.shape[::-1]) if m.transpose else tuple(v.shape),
+                      np.dtype(v.dtype)))
+    shards: list[list] = [[]]
+    size = 0
+    for s in specs:
+        n = int(np.prod(s[1])) * s[2].itemsize
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(s)
+        size += n
+    tensors = hf_named_tensors(model, cfg)
+    if len(shards) == 1:
+        names = ["model.safetensors"]
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map = {}
+    for fname, shard in zip(names, shards):
+        write_file(out / fname, shard, (next(tensors) for _ in shard))
+        weight_map.update({s[0]: fname for s in shard})
+    if len(shards) > 1:
+        total = sum(int(np.prod(s[1])) * s[2].itemsize for s in specs)
+        with open(out / "model.safetensors.index.json", "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    hf = cfg.to_hf_dict()
+    with open(out / "config.json", "w") as f:
+        json.dump(hf, f, indent=2)
+    gen = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf[k] is not None}
+    with open(out / "generation_config.json", "w") as f:
+        json.dump(gen, f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out

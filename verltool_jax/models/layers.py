@@ -1,0 +1,129 @@
+"""Building blocks of the decoder: RMSNorm, grouped-query attention, SwiGLU MLP."""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .config import ModelConfig
+from .rope import apply_rope, rope_inv_freq
+
+# Large finite negative for masked scores: a fully masked row (a padding query) stays
+# finite (uniform attention over garbage) instead of NaN; its output is never used.
+MASK_VALUE = -1e30
+
+
+def dtype_of(name: str):
+    return jnp.dtype(name)
+
+
+def _linear(cfg: ModelConfig, din: int, dout: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(din, dout, use_bias=bias, dtype=dtype_of(cfg.dtype),
+                      param_dtype=dtype_of(cfg.param_dtype),
+                      kernel_init=nnx.initializers.normal(0.02),
+                      bias_init=nnx.initializers.zeros_init(), rngs=rngs)
+
+
+class RMSNorm(nnx.Module):
+    """``y = weight * x / sqrt(mean(x^2, -1) + eps)``; statistics in float32, output in ``dtype``."""
+
+    def __init__(self, dim: int, eps: float, dtype: str, param_dtype: str):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype_of(param_dtype)))
+        self.eps = eps
+        self.dtype = dtype_of(dtype)
+
+    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(self.dtype) * xf.astype(self.dtype)
+
+
+def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                            mask: jnp.ndarray) -> jnp.ndarray:
+    """Grouped-query scaled dot-product attention.
+
+    ``q [B,T,N,D]``, ``k, v [B,S,K,D]`` with ``N = K * G``; ``mask [B,T,S]`` True where query
+    t may attend key s. ``out[b,t,n] = sum_s softmax_s(q.k / sqrt(D) | mask) v[b,s,n // G]``,
+    scores and softmax in float32, output in ``q.dtype``.
+    """
+    B, T, N, D = q.shape
+    K = k.shape[2]
+    qg = q.reshape(B, T, K, N // K, D)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / jnp.sqrt(jnp.float32(D)))
+    scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(B, T, N, D).astype(q.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        H, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = _linear(cfg, H, N * D, cfg.qkv_bias, rngs)
+        self.k_proj = _linear(cfg, H, K * D, cfg.qkv_bias, rngs)
+        self.v_proj = _linear(cfg, H, K * D, cfg.qkv_bias, rngs)
+        self.o_proj = _linear(cfg, N * D, H, cfg.o_bias, rngs)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(D, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+            self.k_norm = RMSNorm(D, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+        self.qk_norm = cfg.qk_norm
+        self.shape = (N, K, D)
+        self.rope = (D, cfg.rope_theta, cfg.rope_scaling)  # static, hashable
+
+    def __call__(self, x, positions, mask, kv_cache=None, write_index=0):
+        """``x [B,T,H]`` -> ``(out [B,T,H], (k, v))``.
+
+        Without ``kv_cache`` the keys are this call's own tokens (``mask [B,T,T]``). With
+        ``kv_cache = (k_cache, v_cache)`` of shape ``[B,S,K,D]``, this call's keys/values
+        are written at slots ``write_index .. write_index+T-1`` and queries attend over all
+        S slots (``mask [B,T,S]``); the updated caches are returned.
+        """
+        B, T, _ = x.shape
+        N, K, D = self.shape
+        q = self.q_proj(x).reshape(B, T, N, D)
+        k = self.k_proj(x).reshape(B, T, K, D)
+        v = self.v_proj(x).reshape(B, T, K, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = rope_inv_freq(*self.rope)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
+        if kv_cache is not None:
+            kc, vc = kv_cache
+            start = (0, write_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), start)
+            v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), start)
+        out = attention_weights_apply(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+        return self.o_proj(out.reshape(B, T, N * D)), (k, v)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        H, I = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = _linear(cfg, H, I, False, rngs)
+        self.up_proj = _linear(cfg, H, I, False, rngs)
+        self.down_proj = _linear(cfg, I, H, False, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block: ``h = x + attn(norm(x)); out = h + mlp(norm(h))``."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype,
+                                      cfg.param_dtype)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, positions, mask, kv_cache=None, write_index=0):
+        a, kv = self.attn(self.input_norm(x), positions, mask, kv_cache, write_index)
+        h = x + a
+        return h + self.mlp(self.post_attn_norm(h)), kv

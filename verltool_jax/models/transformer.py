@@ -1,0 +1,112 @@
+"""``Transformer``: the decoder-only policy (Qwen2 / Qwen3 / Llama) in Flax NNX.
+
+One code path; the family switches come from :class:`ModelConfig`. Parameters are
+``nnx.Param`` leaves, so the functional trainer can do
+``graphdef, params = nnx.split(model, nnx.Param)`` and ``nnx.merge`` inside jit. Parameter
+paths (used by ``name_maps``): ``embed/embedding [V,H]``,
+``layers/<i>/{input_norm,post_attn_norm}/weight``,
+``layers/<i>/attn/{q,k,v,o}_proj/{kernel [in,out], bias}``, ``layers/<i>/attn/{q,k}_norm/weight``,
+``layers/<i>/mlp/{gate,up,down}_proj/kernel``, ``final_norm/weight``, ``lm_head/kernel [H,V]``
+(absent when embeddings are tied).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ..sharding import constrain_activations
+from .config import ModelConfig
+from .layers import DecoderLayer, RMSNorm, _linear, dtype_of
+
+REMAT_JAX_POLICIES = {
+    "full": None,  # save nothing: recompute the whole layer
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def default_positions(attention_mask: jnp.ndarray) -> jnp.ndarray:
+    """``positions = max(cumsum(mask) - 1, 0)``: real tokens count 0, 1, 2, ... whatever the padding."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def causal_padding_mask(attention_mask: jnp.ndarray) -> jnp.ndarray:
+    """``[B,T,T]`` bool: query t sees key s iff ``s <= t`` and key s is a real token."""
+    T = attention_mask.shape[-1]
+    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+    return causal[None] & (attention_mask.astype(bool)[:, None, :])
+
+
+def _layer_call(layer, x, positions, mask):
+    return layer(x, positions, mask)[0]
+
+
+class Transformer(nnx.Module):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        cfg = config
+        self.config = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype_of(cfg.dtype),
+                               param_dtype=dtype_of(cfg.param_dtype),
+                               embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
+
+    # -------------------------------------------------------------------- backbone
+    def backbone(self, input_ids, positions, mask, kv_caches: Optional[Sequence] = None,
+                 write_index=0):
+        """Embed, run every layer, final norm: ``-> (hidden [B,T,H], new_kv_caches)``.
+
+        ``mask [B,T,S]`` (see ``Attention``); ``kv_caches`` is a per-layer sequence of
+        ``(k, v)`` caches or None (plain forward, with per-layer remat as configured).
+        """
+        x = constrain_activations(self.embed(input_ids).astype(dtype_of(self.config.dtype)))
+        new_caches = []
+        policy = self.config.remat_policy
+        for i, layer in enumerate(self.layers):
+            if kv_caches is None:
+                if policy == "none":
+                    x = _layer_call(layer, x, positions, mask)
+                else:
+                    x = nnx.remat(_layer_call, policy=REMAT_JAX_POLICIES[policy])(
+                        layer, x, positions, mask)
+            else:
+                x, kv = layer(x, positions, mask, kv_caches[i], write_index)
+                new_caches.append(kv)
+            x = constrain_activations(x)
+        return self.final_norm(x), (new_caches if kv_caches is not None else None)
+
+    def hidden_states(self, input_ids, attention_mask=None, positions=None) -> jnp.ndarray:
+        """Final-norm hidden states ``[B,T,H]`` (in ``config.dtype``)."""
+        input_ids = jnp.asarray(input_ids)
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask shape {attention_mask.shape} must equal "
+                             f"input_ids shape {input_ids.shape}")
+        if positions is None:
+            positions = default_positions(attention_mask)
+        h, _ = self.backbone(input_ids, positions, causal_padding_mask(attention_mask))
+        return h
+
+    # ------------------------------------------------------------------ output head
+    def lm_head_weight(self) -> jnp.ndarray:
+        """The output projection ``[H, V]`` (the transposed embedding when tied)."""
+        if self.config.tie_word_embeddings:
+            return self.embed.embedding[...].T
+        return self.lm_head.kernel[...]
+
+    def project(self, hidden: jnp.ndarray) -> jnp.ndarray:
+        """``logits = hidden @ W_out`` in float32 (``[..., H] -> [..., V]``)."""
+        w = self.lm_head_weight().astype(hidden.dtype)
+        return jnp.einsum("...h,hv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+    def __call__(self, input_ids, attention_mask=None, positions=None) -> jnp.ndarray:
+        """``logits [B,T,V]`` float32; ``attention_mask`` 1 = token, 0 = padding (left or right)."""
+        return self.project(self.hidden_states(input_ids, attention_mask, positions))
