@@ -2,8 +2,13 @@
 
 Every backend (vLLM, JAX) implements :class:`Sampler`. Prompts are token ids, never
 text; the returned ``token_ids`` are exactly what was sampled and ``logprobs[i]`` is the
-log-probability of ``token_ids[i]`` under the sampling distribution at temperature T
-(logits / T, before top-p/top-k truncation), so the trainer can compare its own logprobs.
+log-probability of ``token_ids[i]`` under the sampling distribution at temperature T,
+``log_softmax(logits / T)[token]``, so the trainer can compare its own logprobs.
+With top-p / top-k truncation active (``top_p < 1`` or ``top_k > 0``) it is the logprob
+under the truncated, renormalised distribution the token was actually drawn from
+(vLLM's ``processed_logprobs``; the JAX sampler does the same), which equals the
+trainer's value whenever truncation is off (the RL default). Greedy decoding
+(``temperature == 0``) reports ``log_softmax(logits)`` (T taken as 1).
 """
 from __future__ import annotations
 
@@ -48,6 +53,18 @@ class Completion:
 
 class SamplerError(RuntimeError):
     """A sampler failed (bad request, dead engine); the message says what to do."""
+
+
+class SamplerRequestError(SamplerError, ValueError):
+    """The request itself is invalid (prompt too long, unknown stop token id, ...)."""
+
+
+class SamplerDeadError(SamplerError):
+    """The backend engine died and could not be (or was not allowed to be) restarted."""
+
+
+class SamplerTimeoutError(SamplerError):
+    """A request did not finish within the sampler's ``request_timeout_s``."""
 
 
 @runtime_checkable

