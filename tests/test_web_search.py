@@ -5,11 +5,9 @@ import asyncio
 import logging
 import os
 import socket
-import threading
 import time
 
 import pytest
-from aiohttp import web
 
 from tool_server.retrieval.options import RetrievalOptions
 from tool_server.retrieval.synthetic import synthetic_index
@@ -18,88 +16,22 @@ from tool_server.tools.web_search import WebSearchTool
 from tool_server.websearch import (CachedBackend, LocalBackend, Result, SearchCache,
                                    SearchError, SerperBackend, backoff_delay)
 from tool_server.websearch.cache import cache_key
+from tool_server.websearch.fake_api import FakeSearchAPI
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 KEY = "sk-test-SECRET-1234567890"
 
 
-class FakeSerper:
-    """A local HTTP server speaking the Serper JSON API, in its own thread and loop.
-
-    ``fail_with`` is a list of status codes to answer before succeeding; ``delay_s``
-    holds each answer back; every request is recorded with its headers."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        self.fail_with: list[int] = []
-        self.retry_after: str | None = None
-        self.delay_s = 0.0
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/search"
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-        assert self._ready.wait(10)
-
-    async def _handle(self, request):
-        body = await request.json()
-        self.requests.append({"body": body, "key": request.headers.get("X-API-KEY")})
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
-            if request.headers.get("X-API-KEY") != KEY:
-                return web.json_response({"message": "Unauthorized"}, status=403)
-            if self.fail_with:
-                status = self.fail_with.pop(0)
-                headers = {"Retry-After": self.retry_after} if self.retry_after else {}
-                return web.Response(status=status, text="try later", headers=headers)
-            q = body["q"]
-            organic = [{"title": f"{q} result {i}", "link": f"https://example.org/{i}",
-                        "snippet": f"About {q}: fact number {i}.", "position": i}
-                       for i in range(1, 11)]
-            return web.json_response({"searchParameters": {"q": q}, "organic": organic})
-        finally:
-            self.in_flight -= 1
-
-    def _serve(self):
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_post("/search", self._handle)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self._runner = runner
-        self._ready.set()
-        self._loop.run_forever()
-
-    def close(self):
-        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
-        fut.result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-
 @pytest.fixture(scope="module")
 def serper():
-    s = FakeSerper()
+    s = FakeSearchAPI(api_key=KEY)
     yield s
     s.close()
 
 
 @pytest.fixture
 def api(serper, monkeypatch):
-    serper.requests.clear()
-    serper.fail_with = []
-    serper.retry_after = None
-    serper.delay_s = 0.0
-    serper.max_in_flight = 0
+    serper.reset()
     monkeypatch.setenv("TEST_SERPER_KEY", KEY)
     return serper
 
