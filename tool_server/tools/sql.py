@@ -1,0 +1,137 @@
+"""``sql``: run the model's SQL against a read-only sqlite database.
+
+Action: the last ``<sql>...</sql>`` block of the turn (one statement). The database is
+the file named by ``extra_field["db_path"]``, opened read-only (``mode=ro``, plus
+``PRAGMA query_only``; ``ATTACH`` is refused), so no write survives. A query runs for at
+most ``sql_timeout`` seconds (a progress handler interrupts it) and returns at most
+``sql_max_rows`` rows as a plain-text table. SQL errors, a missing database and
+timeouts are observations, never exceptions.
+
+Options (``--tool-opt``): ``sql_timeout`` (s, default min(5, server timeout - 0.5)),
+``sql_max_rows`` (50), ``sql_max_cell_chars`` (100), ``sql_db_root`` (if set, db_path
+must lie under it).
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import urllib.parse
+from typing import Any, Optional, Sequence
+
+from tool_server.tools._options import tool_option
+from tool_server.tools._tags import last_tag_body
+from tool_server.tools.base import BaseTool, Observation
+
+_DENIED = {sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH}
+
+
+def _cell(value: Any, max_chars: int) -> str:
+    if value is None:
+        s = "NULL"
+    elif isinstance(value, bytes):
+        s = f"<{len(value)} bytes>"
+    elif isinstance(value, float):
+        s = repr(value)
+    else:
+        s = str(value)
+    s = s.replace("\n", "\\n")
+    return s if len(s) <= max_chars else s[:max_chars - 3] + "..."
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], more: bool,
+                 max_cell_chars: int = 100) -> str:
+    """A readable text table: header, separator, one line per row, columns padded to
+    their widest cell (cells cut to ``max_cell_chars``); ``more`` appends a note that
+    rows were cut."""
+    if not columns:
+        return "Query executed successfully (no result set)."
+    head = [_cell(c, max_cell_chars) for c in columns]
+    body = [[_cell(v, max_cell_chars) for v in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(head)]
+    line = lambda cells: " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    out = [line(head), "-+-".join("-" * w for w in widths)]
+    out += [line(r) for r in body]
+    if not body:
+        out.append("(0 rows)")
+    elif more:
+        out.append(f"... (only the first {len(body)} rows are shown)")
+    else:
+        out.append(f"({len(body)} row{'s' if len(body) != 1 else ''})")
+    return "\n".join(out)
+
+
+def _authorizer(action: int, *args: Any) -> int:
+    return sqlite3.SQLITE_DENY if action in _DENIED else sqlite3.SQLITE_OK
+
+
+def run_query(db_path: str, query: str, timeout_s: float, max_rows: int
+              ) -> tuple[list[str], list[tuple], bool]:
+    """Run ``query`` on the database read-only -> ``(columns, rows, more_rows_exist)``.
+    Raises ``sqlite3.Error`` (``OperationalError('interrupted')`` on timeout)."""
+    uri = "file:" + urllib.parse.quote(os.path.abspath(db_path)) + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=min(timeout_s, 1.0),
+                           check_same_thread=False)
+    try:
+        conn.execute("PRAGMA query_only = ON")
+        conn.set_authorizer(_authorizer)
+        deadline = time.monotonic() + timeout_s
+        conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 1000)
+        cur = conn.execute(query)
+        columns = [d[0] for d in cur.description] if cur.description else []
+        rows = cur.fetchmany(max_rows + 1) if columns else []
+        return columns, rows[:max_rows], len(rows) > max_rows
+    finally:
+        conn.close()
+
+
+class SqlTool(BaseTool):
+    name = "sql"
+    usage = ("Query the task's sqlite database: write one SQL statement inside "
+             "<sql>...</sql>. The database is read-only; up to 50 rows are shown.")
+
+    def __init__(self, settings=None) -> None:
+        super().__init__(settings)
+        extra = self.settings.extra
+        self.timeout_s = tool_option(extra, "sql_timeout", float,
+                                     max(0.1, min(5.0, self.settings.timeout_s - 0.5)),
+                                     minimum=0.01)
+        self.max_rows = tool_option(extra, "sql_max_rows", int, 50, minimum=1)
+        self.max_cell_chars = tool_option(extra, "sql_max_cell_chars", int, 100, minimum=8)
+        root = tool_option(extra, "sql_db_root", str, None)
+        self.db_root: Optional[str] = os.path.realpath(root) if root else None
+
+    def parse_action(self, action: str) -> tuple[Any, bool]:
+        body = last_tag_body(action, "sql")
+        return (body, True) if body is not None else (None, False)
+
+    def _db_path(self, extra_field: dict) -> tuple[Optional[str], Optional[str]]:
+        path = (extra_field or {}).get("db_path")
+        if not path or not isinstance(path, str):
+            return None, ('Error: no database for this task: the request must set '
+                          'extra_field["db_path"] to the sqlite file.')
+        real = os.path.realpath(path)
+        if self.db_root and not real.startswith(self.db_root + os.sep):
+            return None, f"Error: database {path!r} is outside the allowed root."
+        if not os.path.isfile(real):
+            return None, f"Error: database file not found: {os.path.basename(path)}"
+        return real, None
+
+    def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
+                       ) -> tuple[Observation, bool, bool]:
+        query = parsed.strip()
+        if not query:
+            return "Error: the <sql> block is empty.", False, True
+        path, error = self._db_path(extra_field)
+        if error:
+            return error, False, True
+        try:
+            columns, rows, more = run_query(path, query, self.timeout_s, self.max_rows)
+        except sqlite3.OperationalError as e:
+            if str(e) == "interrupted":
+                return (f"Error: the query ran longer than {self.timeout_s:g} s and was "
+                        "stopped.", False, True)
+            return f"SQL error: {e}", False, True
+        except (sqlite3.Error, sqlite3.Warning, ValueError) as e:
+            return f"SQL error: {e}", False, True
+        return format_table(columns, rows, more, self.max_cell_chars), False, True
