@@ -227,7 +227,9 @@ def bwrap_argv(workdir: str, *, ro_binds: Iterable[Bind] = (), rw_binds: Iterabl
             argv += ["--ro-bind", path, path]
     if network and os.path.exists("/etc/resolv.conf"):
         argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/var/tmp"]
+    # /tmp and /var/tmp world-writable (sticky): the sandbox uid is not their owner when root
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+             "--perms", "1777", "--dir", "/var/tmp"]
     made: set[str] = {"/", "/usr", "/etc", "/proc", "/dev", "/tmp", "/var", "/var/tmp"}
 
     def bind(flag: str, src: str, dst: str) -> None:
