@@ -1,0 +1,213 @@
+"""Scoring many responses in parallel, off the event loop, with a per-item timeout.
+
+``RewardPool`` keeps ``num_workers`` spawned processes. Each item is scored by its
+reward function under a SIGALRM timer of ``timeout_s`` inside the worker (which stops a
+runaway sympy simplification); if a worker is stuck beyond that (in C code), the batch
+deadline ``timeout_s * ceil(n / num_workers) + grace_s`` passes, the pool is killed and
+restarted, and every unfinished item scores 0 with ``info["timeout"] = True``.
+An exception in a reward function scores 0 with ``info["error"]``; it never stops training.
+``num_workers=0`` scores in the calling process (the timer then works only in the main
+thread). ``score_async`` runs a batch in a thread so the asyncio loop keeps going.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+import multiprocessing as mp
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence
+
+from verltool_jax.rewards.base import RewardResult, get_reward_fn, resolve_reward_name
+from verltool_jax.rewards.response_text import model_text
+from verltool_jax.rewards.shaping import ShapingSettings, shaped_score
+
+
+@dataclass
+class RewardItem:
+    """What one scoring needs (picklable)."""
+
+    text: str
+    ground_truth: Any
+    reward_name: str
+    extra_info: dict = field(default_factory=dict)
+    tool_calls: int = 0
+    invalid_tool_calls: int = 0
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def score_item(item: RewardItem, timeout_s: float, shaping: ShapingSettings) -> RewardResult:
+    """Score one item (timer only in a main thread); shaping applied; never raises."""
+    use_alarm = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGALRM, _on_alarm) if use_alarm else None
+    t0 = time.perf_counter()
+    try:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        base = get_reward_fn(item.reward_name)(item.text, item.ground_truth, item.extra_info)
+    except _Timeout:
+        base = RewardResult(0.0, False, {"timeout": True})
+    except Exception as e:  # noqa: BLE001  a reward bug must not stop training
+        base = RewardResult(0.0, False, {"error": f"{type(e).__name__}: {e}"})
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    info = dict(base.info, reward_name=item.reward_name, base_score=base.score,
+                seconds=round(time.perf_counter() - t0, 4))
+    score = shaped_score(base, shaping, item.tool_calls, item.invalid_tool_calls)
+    return RewardResult(score, base.correct, info)
+
+
+def _init_worker(modules: Sequence[str]) -> None:
+    import verltool_jax.rewards  # noqa: F401  registers the built-in rewards
+    for m in modules:
+        importlib.import_module(m)
+
+
+def _ping(_: int) -> bool:
+    return True
+
+
+def _worker_score(args) -> RewardResult:
+    return score_item(*args)
+
+
+def make_item(row: dict, text: str, reward_name: str = "", tool_calls: int = 0,
+              invalid_tool_calls: int = 0) -> RewardItem:
+    """A RewardItem from a verl-layout row and the response text."""
+    try:
+        gt = row["reward_model"]["ground_truth"]
+        ds = row["data_source"]
+    except (KeyError, TypeError):
+        raise ValueError("a reward needs the data row with 'data_source' and "
+                         "'reward_model.ground_truth'") from None
+    return RewardItem(text=text, ground_truth=gt, reward_name=resolve_reward_name(ds, reward_name),
+                      extra_info=dict(row.get("extra_info") or {}), tool_calls=tool_calls,
+                      invalid_tool_calls=invalid_tool_calls)
+
+
+def items_from(entries: Iterable[Any], tokenizer=None, reward_name: str = "") -> list[RewardItem]:
+    """RewardItems from Trajectory objects (needs ``tokenizer``) or (text, row) pairs."""
+    out = []
+    for e in entries:
+        if isinstance(e, RewardItem):
+            out.append(e)
+        elif isinstance(e, tuple) and len(e) == 2:
+            out.append(make_item(e[1], e[0], reward_name))
+        elif hasattr(e, "response_ids") and hasattr(e, "data"):
+            if tokenizer is None:
+                raise ValueError("scoring Trajectory objects needs the tokenizer")
+            text = model_text(e.response_ids, e.loss_mask, tokenizer)
+            out.append(make_item(e.data, text, reward_name, e.tool_calls, e.invalid_tool_calls))
+        else:
+            raise TypeError(f"cannot score a {type(e).__name__}; pass Trajectory objects, "
+                            "(text, row) pairs or RewardItems")
+    return out
+
+
+class RewardPool:
+    """Parallel scoring with timeouts (see the module doc). Use as a context manager."""
+
+    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0,
+                 shaping: ShapingSettings = ShapingSettings(), reward_name: str = "",
+                 reward_modules: Sequence[str] = (), grace_s: float = 5.0):
+        if num_workers < 0 or timeout_s <= 0:
+            raise ValueError(f"need num_workers >= 0 and timeout_s > 0, got {num_workers}, "
+                             f"{timeout_s}")
+        self.num_workers, self.timeout_s, self.grace_s = num_workers, timeout_s, grace_s
+        self.shaping, self.reward_name = shaping, reward_name
+        self.reward_modules = tuple(reward_modules)
+        self.restarts = 0
+        self._pool = None
+        for m in self.reward_modules:
+            importlib.import_module(m)
+
+    @classmethod
+    def from_config(cls, reward_cfg) -> "RewardPool":
+        """From the config's ``reward`` section (see configs/base.py)."""
+        return cls(num_workers=reward_cfg.num_workers, timeout_s=reward_cfg.timeout_s,
+                   shaping=ShapingSettings(reward_cfg.format_penalty, reward_cfg.tool_use_bonus,
+                                           reward_cfg.invalid_tool_penalty),
+                   reward_name=reward_cfg.name)
+
+    def _ensure_pool(self):
+        if self._pool is None and self.num_workers > 0:
+            ctx = mp.get_context("spawn")   # never fork a process that runs JAX threads
+            self._pool = ctx.Pool(self.num_workers, initializer=_init_worker,
+                                  initargs=(self.reward_modules,))
+            # Wait until the workers have imported the rewards, so that start-up time
+            # (seconds, for sympy) never counts against a batch's deadline.
+            self._pool.map_async(_ping, range(self.num_workers), chunksize=1).get(timeout=300)
+        return self._pool
+
+    def score(self, entries: Iterable[Any], tokenizer=None) -> list[RewardResult]:
+        """Score Trajectory objects, (text, row) pairs or RewardItems, in order."""
+        items = items_from(entries, tokenizer, self.reward_name)
+        if not items:
+            return []
+        pool = self._ensure_pool()
+        if pool is None:
+            return [score_item(it, self.timeout_s, self.shaping) for it in items]
+        pending = [pool.apply_async(_worker_score, ((it, self.timeout_s, self.shaping),))
+                   for it in items]
+        deadline = (time.monotonic() + self.grace_s
+                    + self.timeout_s * math.ceil(len(items) / self.num_workers))
+        results: list[Optional[RewardResult]] = []
+        stuck = False
+        for it, p in zip(items, pending):
+            try:
+                results.append(p.get(timeout=max(0.0, deadline - time.monotonic())))
+            except mp.TimeoutError:
+                stuck = True
+                results.append(RewardResult(0.0, False, {"timeout": True, "killed": True,
+                                                         "reward_name": it.reward_name}))
+        if stuck:   # a worker is wedged past its own timer: kill and replace the pool
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+            self.restarts += 1
+        return results
+
+    async def score_async(self, entries: Iterable[Any], tokenizer=None) -> list[RewardResult]:
+        """``score`` in a worker thread, so the event loop is never blocked."""
+        return await asyncio.to_thread(self.score, list(entries), tokenizer)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> "RewardPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def compute_rewards(entries: Iterable[Any], tokenizer=None, *, num_workers: int = 2,
+                    timeout_s: float = 10.0, shaping: ShapingSettings = ShapingSettings(),
+                    reward_name: str = "") -> list[RewardResult]:
+    """One-off parallel scoring (a pool is started and closed; reuse ``RewardPool`` in loops)."""
+    with RewardPool(num_workers, timeout_s, shaping, reward_name) as pool:
+        return pool.score(entries, tokenizer)
+
+
+def assign_rewards(trajectories: Sequence[Any], results: Sequence[RewardResult]) -> None:
+    """Write each result into its Trajectory: ``reward``, ``reward_info`` (with ``acc``)."""
+    if len(trajectories) != len(results):
+        raise ValueError(f"{len(trajectories)} trajectories but {len(results)} results")
+    for t, r in zip(trajectories, results):
+        t.reward = r.score
+        t.reward_info = dict(r.info, acc=float(r.correct))
