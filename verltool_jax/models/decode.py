@@ -1,0 +1,100 @@
+"""KV-cache decoding for the JAX sampler: ``init_cache``, ``prefill``, ``decode_step``.
+
+Pure functions of ``(model, cache, tokens)`` returning a new cache; jit them with
+``nnx.jit`` (or ``jax.jit`` around ``nnx.merge``) and donate the cache. Rows of a batch may
+have different prompt lengths: a prompt is given left- or right-padded with its
+``attention_mask``; every row keeps its own next position (``KVCache.positions``) and the
+cache remembers which slots hold real tokens (``KVCache.kv_mask``). All rows write the
+same slot per step (``KVCache.index``), so a padded slot simply stays masked.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from .config import ModelConfig
+
+
+@struct.dataclass
+class KVCache:
+    """``k, v``: per-layer tuples of ``[B, S, num_kv_heads, head_dim]``; ``kv_mask [B, S]`` bool
+    (slot holds a real token); ``positions [B]`` int32 (RoPE position of each row's next
+    token); ``index`` int32 scalar (next slot to write, shared by all rows)."""
+    k: tuple
+    v: tuple
+    kv_mask: jnp.ndarray
+    positions: jnp.ndarray
+    index: jnp.ndarray
+
+    @property
+    def max_len(self) -> int:
+        return self.kv_mask.shape[1]
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Optional[str] = None) -> KVCache:
+    """An empty cache for ``batch`` rows of up to ``max_len`` tokens (prompt + generation)."""
+    if batch < 1 or max_len < 1:
+        raise ValueError(f"init_cache needs batch >= 1 and max_len >= 1, got {batch}, {max_len}")
+    dt = jnp.dtype(dtype or config.dtype)
+    shape = (batch, max_len, config.num_kv_heads, config.head_dim)
+    zeros = tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers))
+    return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
+                   kv_mask=jnp.zeros((batch, max_len), bool),
+                   positions=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+
+
+def _extend(model, cache: KVCache, input_ids, attention_mask):
+    """Append ``input_ids [B,T]`` (mask ``[B,T]``) at slots ``index .. index+T-1``.
+
+    Positions: ``cache.positions[b] + cumsum(mask[b]) - 1`` (padding repeats a position but
+    is masked out). Query t sees slot s iff ``kv_mask[b, s]`` and ``s <= index + t``.
+    Returns ``(new cache, hidden [B,T,H])``.
+    """
+    B, T = input_ids.shape
+    if cache.kv_mask.shape[0] != B:
+        raise ValueError(f"cache batch {cache.kv_mask.shape[0]} != input batch {B}")
+    mask = attention_mask.astype(bool)
+    positions = cache.positions[:, None] + jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+    kv_mask = jax.lax.dynamic_update_slice(cache.kv_mask, mask, (0, cache.index))
+    slots = jnp.arange(cache.max_len)
+    q_slots = cache.index + jnp.arange(T)
+    attn = kv_mask[:, None, :] & (slots[None, None, :] <= q_slots[None, :, None])
+    hidden, kvs = model.backbone(input_ids, positions, attn, list(zip(cache.k, cache.v)),
+                                 cache.index)
+    new = KVCache(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs), kv_mask=kv_mask,
+                  positions=cache.positions + mask.sum(axis=1).astype(jnp.int32),
+                  index=cache.index + T)
+    return new, hidden
+
+
+def prefill(model, cache: KVCache, input_ids, attention_mask=None):
+    """Run the prompts ``input_ids [B,T]`` (left- or right-padded per ``attention_mask``).
+
+    Returns ``(cache, last_logits [B,V])``: the float32 logits after each row's last real
+    token. The cache must have room: ``cache.index + T <= max_len`` (not checked under jit).
+    """
+    input_ids = jnp.asarray(input_ids)
+    if attention_mask is None:
+        attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+    cache, hidden = _extend(model, cache, input_ids, attention_mask)
+    T = input_ids.shape[1]
+    last = T - 1 - jnp.argmax(attention_mask.astype(bool)[:, ::-1], axis=1)
+    h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+    return cache, model.project(h_last)
+
+
+def decode_step(model, cache: KVCache, tokens, active=None):
+    """Feed one token per row (``tokens [B]``) -> ``(cache, logits [B,V])`` float32.
+
+    ``active [B]`` (optional, bool): rows marked False (already finished) write a masked
+    slot and do not advance their position.
+    """
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != 1:
+        raise ValueError(f"decode_step takes tokens [B], got shape {tokens.shape}")
+    mask = jnp.ones(tokens.shape, bool) if active is None else jnp.asarray(active, bool)
+    cache, hidden = _extend(model, cache, tokens[:, None], mask[:, None])
+    return cache, model.project(hidden[:, 0])
