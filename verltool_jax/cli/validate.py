@@ -6,6 +6,7 @@ together as one :class:`ConfigError` naming every bad key and its allowed values
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 import ml_collections
@@ -14,6 +15,7 @@ from verltool_jax.cli.config_loader import ConfigError
 
 _MISSING = object()
 
+# Allowed values per key (algo.* entries are replaced by their registries, see below).
 CHOICES: dict[str, tuple[str, ...]] = {
     "stage": ("rl", "sft"),
     "rollout.mode": ("async", "sync"),
@@ -69,6 +71,23 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+# Algorithm names come from the algos registries themselves (aliases included).
+REGISTRY_CHOICES: dict[str, tuple[str, str]] = {
+    "algo.adv_estimator": ("verltool_jax.algos.advantages", "ADVANTAGES"),
+    "algo.policy_loss": ("verltool_jax.algos.policy_loss", "POLICY_LOSSES"),
+    "algo.kl_estimator": ("verltool_jax.algos.kl", "KL_ESTIMATORS"),
+    "algo.loss_agg_mode": ("verltool_jax.algos.aggregation", "AGGREGATIONS"),
+}
+
+
+def choices_for(key: str) -> tuple[str, ...]:
+    """Allowed values of ``key``: its algos registry's names, else the fixed table."""
+    if key in REGISTRY_CHOICES:
+        module, name = REGISTRY_CHOICES[key]
+        return tuple(getattr(importlib.import_module(module), name).names())
+    return CHOICES[key]
+
+
 def get_path(config: ml_collections.ConfigDict, key: str, default: Any = _MISSING) -> Any:
     """The value at dotted ``key``, or ``default`` if a part is absent."""
     node: Any = config
@@ -82,9 +101,12 @@ def get_path(config: ml_collections.ConfigDict, key: str, default: Any = _MISSIN
 def validate_config(config: ml_collections.ConfigDict) -> None:
     """Raise :class:`ConfigError` listing every key whose value is not allowed."""
     problems = []
-    for key, choices in CHOICES.items():
+    for key in CHOICES:
         value = get_path(config, key)
-        if value is not _MISSING and value not in choices:
+        if value is _MISSING:
+            continue
+        choices = choices_for(key)
+        if value not in choices:
             problems.append(f"{key}={value!r} must be one of {list(choices)}")
     for key, (ok, what) in RANGES.items():
         value = get_path(config, key)
