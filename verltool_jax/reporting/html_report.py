@@ -1,0 +1,146 @@
+"""``write_trajectory_report(trajs, html_path)``: a page a person can read in a browser.
+
+One collapsible section per trajectory: the prompt (chat messages), then the response
+in order: each model turn and each tool observation (interleaved from the token ids and
+loss mask when a tokenizer is given, else from the recorded actions / observations),
+inline images (only well-formed ``data:image/...;base64`` URLs), the reward with its
+details, and how the trajectory ended. All text is HTML-escaped.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+from verltool_jax.rewards.response_text import response_segments
+
+_DATA_URL_RE = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,[A-Za-z0-9+/=\s]+")
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;max-width:70em;color:#222}
+details{border:1px solid #ccc;border-radius:6px;margin:.6em 0;padding:.3em .8em}
+summary{cursor:pointer;font-weight:600}
+pre{white-space:pre-wrap;word-break:break-word;margin:.2em 0;padding:.4em;border-radius:4px}
+.msg pre{background:#f4f4f4}.action pre{background:#e8f0fe}.obs pre{background:#fff4e0}
+.label{font-size:.8em;color:#555;margin-top:.5em}.good{color:#0a7a2f}.bad{color:#b3261e}
+table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:2px 6px}
+img{max-width:30em;border:1px solid #ccc;margin:.3em 0}
+"""
+
+
+def _get(t: Any, key: str, default: Any = None) -> Any:
+    if isinstance(t, Mapping):
+        return t.get(key, default)
+    return getattr(t, key, default)
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _block(kind: str, label: str, text: str) -> str:
+    return f'<div class="{kind}"><div class="label">{_e(label)}</div><pre>{_e(text)}</pre></div>'
+
+
+def image_urls(extras: Iterable[Mapping]) -> list[tuple[Any, str]]:
+    """(turn, data URL) of every well-formed image in the observations' extras."""
+    out = []
+    for ex in extras or ():
+        imgs = ex.get("image") if isinstance(ex, Mapping) else None
+        for url in imgs if isinstance(imgs, (list, tuple)) else [imgs]:
+            if isinstance(url, str) and _DATA_URL_RE.fullmatch(url.strip()):
+                out.append((ex.get("turn"), url.strip()))
+    return out
+
+
+def _prompt_html(t: Any, tokenizer) -> str:
+    data = _get(t, "data") or {}
+    messages = data.get("prompt") if isinstance(data, Mapping) else None
+    if messages:
+        return "".join(_block("msg", m.get("role", "?"), m.get("content", ""))
+                       for m in messages)
+    ids = _get(t, "prompt_ids") or []
+    if tokenizer is not None:
+        return _block("msg", "prompt", tokenizer.decode(list(ids), skip_special_tokens=False))
+    return _block("msg", "prompt", f"({len(ids)} prompt tokens; pass a tokenizer to show them)")
+
+
+def _response_html(t: Any, tokenizer) -> str:
+    ids, mask = _get(t, "response_ids") or [], _get(t, "loss_mask") or []
+    parts = []
+    if tokenizer is not None and ids:
+        turn = obs = 0
+        for text, is_model in response_segments(ids, mask, tokenizer):
+            if is_model:
+                turn += 1
+                parts.append(_block("action", f"model turn {turn}", text))
+            else:
+                obs += 1
+                parts.append(_block("obs", f"observation {obs}", text))
+    else:
+        actions, observations = _get(t, "actions") or [], _get(t, "observations") or []
+        for i in range(max(len(actions), len(observations))):
+            if i < len(actions):
+                parts.append(_block("action", f"action {i + 1}", actions[i]))
+            if i < len(observations):
+                parts.append(_block("obs", f"observation {i + 1}", observations[i]))
+    for turn, url in image_urls(_get(t, "extras") or []):
+        parts.append(f'<div class="label">image (turn {_e(turn)})</div>'
+                     f'<img alt="observation image" src="{_e(url)}">')
+    return "".join(parts) or "<p><i>(empty response)</i></p>"
+
+
+def _summary(i: int, t: Any) -> str:
+    reward = _get(t, "reward")
+    info = _get(t, "reward_info") or {}
+    acc = info.get("acc")
+    cls = "good" if acc else "bad"
+    r = "n/a" if reward is None else f"{reward:.3f}"
+    data = _get(t, "data") or {}
+    gt = (data.get("reward_model") or {}).get("ground_truth") if isinstance(data, Mapping) else None
+    return (f'#{i} <span class="{cls}">reward {_e(r)}</span> · {_e(_get(t, "termination") or "?")}'
+            f' · turns {_e(_get(t, "num_turns", 0))} · tool calls {_e(_get(t, "tool_calls", 0))}'
+            f' ({_e(_get(t, "invalid_tool_calls", 0))} invalid)'
+            + (f" · truth {_e(gt)}" if gt is not None else "")
+            + f' · <code>{_e(_get(t, "trajectory_id", ""))}</code>')
+
+
+def _details_table(t: Any) -> str:
+    rows = {"group": _get(t, "group_id"), "reward info": json.dumps(
+        _get(t, "reward_info") or {}, default=str, sort_keys=True),
+        "policy versions": sorted({v for v in (_get(t, "versions") or []) if v >= 0}),
+        "response tokens": len(_get(t, "response_ids") or []),
+        "wall time (s)": _get(t, "wall_time_s"), "error": _get(t, "error")}
+    return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>"
+                               for k, v in rows.items() if v not in (None, "")) + "</table>"
+
+
+def render_report(trajectories: Iterable[Any], title: str = "Trajectories",
+                  tokenizer=None, open_first: int = 3) -> str:
+    """The HTML page as a string (see the module doc)."""
+    trajs = list(trajectories)
+    rewards = [r for r in (_get(t, "reward") for t in trajs) if r is not None]
+    mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "n/a"
+    body = [f"<h1>{_e(title)}</h1>",
+            f"<p>{len(trajs)} trajectories · mean reward {_e(mean)}</p>"]
+    for i, t in enumerate(trajs):
+        opened = " open" if i < open_first else ""
+        body.append(f'<details class="traj"{opened}><summary>{_summary(i, t)}</summary>'
+                    f"<h3>Prompt</h3>{_prompt_html(t, tokenizer)}"
+                    f"<h3>Response</h3>{_response_html(t, tokenizer)}"
+                    f"<h3>Details</h3>{_details_table(t)}</details>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")
+
+
+def write_trajectory_report(trajectories: Iterable[Any], html_path: str | os.PathLike,
+                            title: str = "Trajectories", tokenizer: Optional[Any] = None) -> Path:
+    """Write :func:`render_report` to ``html_path``; returns the path."""
+    path = Path(html_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_report(trajectories, title, tokenizer), encoding="utf-8")
+    return path
