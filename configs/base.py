@@ -89,10 +89,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.sampler.max_model_len = 2048
     c.sampler.seed = 0
 
-    # url: use a running server; empty: start one with ``tools``.
+    # url: use a running server; empty: start one with ``tools`` (tool_server/tools/*.py names).
     c.tool_server = ml_collections.ConfigDict()
     c.tool_server.url = ""
-    c.tool_server.tools = ("python",)
+    c.tool_server.tools = ("python_code",)
     c.tool_server.timeout_s = 10.0
     c.tool_server.max_concurrency = 16
 

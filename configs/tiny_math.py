@@ -67,7 +67,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.optimizer.max_grad_norm = 1.0
 
     c.sampler.max_model_len = 256
-    c.tool_server.tools = ("python",)
+    c.tool_server.tools = ("python_code",)
     c.reward.num_workers = 1
     c.reward.timeout_s = 5.0
 

@@ -98,3 +98,22 @@ def test_config_file_outside_repo(tmp_path):
     (d / "bad.py").write_text("def get_config(arg=''):\n    return {'x': 1}\n")
     with pytest.raises(ConfigError, match="expected an ml_collections.ConfigDict"):
         load_config(str(d / "bad.py"))
+
+
+def test_local_sweep_script_emits_valid_commands():
+    import os
+    import shlex
+    import subprocess
+    out = subprocess.run(["bash", "launch/local.sh", TINY, "", "sync", "smoke,sync", "--",
+                          "--config.trainer.steps=3"], env=dict(os.environ, DRY_RUN="1"),
+                         capture_output=True, text=True, check=True).stdout
+    cmds = [shlex.split(line[3:]) for line in out.splitlines() if line.startswith("== ")]
+    assert len(cmds) == 3
+    dirs = []
+    for cmd in cmds:
+        assert cmd[:3] == ["python", "-m", "verltool_jax.train"]
+        cl = parse_command_line(cmd[3:])                   # each would start: config is valid
+        assert cl.config.trainer.steps == 3
+        dirs.append(cl.config.trainer.out_dir)
+    assert dirs == ["runs/tiny_math", "runs/tiny_math_sync", "runs/tiny_math_smoke_sync"]
+    assert parse_command_line(cmds[1][3:]).config.rollout.mode == "sync"
