@@ -131,6 +131,11 @@ def test_dense_index_file_opened_with_mmap(dense_service):
     import faiss
     idx = dense_service._retriever._index
     assert isinstance(idx, faiss.IndexFlatIP) and idx.ntotal == 50
+    # The vectors are a read-only shared mapping of the saved file, not a copy.
+    path = os.path.join(dense_service.index_dir, "dense.faiss")
+    with open("/proc/self/maps") as f:
+        maps = [line for line in f if line.rstrip().endswith(path)]
+    assert maps and all(line.split()[1].startswith("r") for line in maps)
 
 
 def test_concurrent_queries_are_batched(bm25_service):

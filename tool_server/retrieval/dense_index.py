@@ -2,7 +2,9 @@
 
 Score of document d for query q: ``cos(e(q), e(d)) = <e(q), e(d)>`` with ``e`` the
 L2-normalised sentence embedding (see :mod:`.encoder`). The flat index is written with
-``faiss.write_index`` and read back with ``faiss.IO_FLAG_MMAP`` (memory-mapped).
+``faiss.write_index`` and read back memory-mapped. For a flat index that needs
+``faiss.IO_FLAG_MMAP_IFC`` (faiss >= 1.9): plain ``IO_FLAG_MMAP`` only maps inverted
+lists and would copy the whole embedding matrix into memory.
 """
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ from .corpus import Document
 from .encoder import encode, load_encoder
 
 INDEX_FILE = "dense.faiss"
+
+
+def mmap_read_flags() -> int:
+    """The ``faiss.read_index`` flags that memory-map a flat index's vectors."""
+    return getattr(faiss, "IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP) | faiss.IO_FLAG_READ_ONLY
 
 
 def build_dense(docs: list[Document], out_dir: str, encoder: str | None = None,
@@ -40,7 +47,7 @@ class DenseRetriever:
     kind = "dense"
 
     def __init__(self, index_dir: str, encoder: str | None) -> None:
-        self._index = faiss.read_index(os.path.join(index_dir, INDEX_FILE), faiss.IO_FLAG_MMAP)
+        self._index = faiss.read_index(os.path.join(index_dir, INDEX_FILE), mmap_read_flags())
         self._model = load_encoder(encoder)
 
     def search_batch(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
