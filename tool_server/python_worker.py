@@ -114,6 +114,8 @@ def fresh_namespace():
 
 def child_main(code, limits, out_w, err_w, workdir, keep_fds):
     """In the forked child: set up fds, limits and cwd, run the code, exit."""
+    import gc
+    gc.enable()  # the worker runs with gc frozen/disabled; user code gets a normal gc
     try:
         os.setsid()
         devnull = os.open("/dev/null", os.O_RDONLY)
@@ -126,11 +128,9 @@ def child_main(code, limits, out_w, err_w, workdir, keep_fds):
             except OSError:
                 pass
         os.chdir(workdir)
-        sys.stdin = open(0, "r", closefd=False)
-        sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=True,
-                                      errors="backslashreplace")
-        sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), line_buffering=True,
-                                      errors="backslashreplace")
+        # sys.stdout/err already wrap fds 1/2, which now are the pipes
+        sys.stdout.reconfigure(line_buffering=True, errors="backslashreplace")
+        sys.stderr.reconfigure(line_buffering=True, errors="backslashreplace")
         sys.argv = [CODE_FILE]
         apply_limits(limits)
         status = run_user_code(code, fresh_namespace())
@@ -297,6 +297,9 @@ def main():
             pass
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.makedirs(workroot, exist_ok=True)
+    import gc
+    gc.collect()
+    gc.freeze()    # children do not scan (and so do not copy) the worker's objects
     write_msg(proto_out, {"ready": True, "pid": os.getpid()})
     if mode == "kernel":
         serve_kernel(proto_in, proto_out, workroot)
