@@ -117,3 +117,23 @@ def test_local_sweep_script_emits_valid_commands():
         dirs.append(cl.config.trainer.out_dir)
     assert dirs == ["runs/tiny_math", "runs/tiny_math_sync", "runs/tiny_math_smoke_sync"]
     assert parse_command_line(cmds[1][3:]).config.rollout.mode == "sync"
+
+
+def test_sections_feed_the_components():
+    """Config field names match what the components accept (no silent drift)."""
+    import inspect
+
+    from verltool_jax.cli import split_section
+    from verltool_jax.rollout.config import RolloutConfig
+    from verltool_jax.testing.tiny import build_tiny_hf, tiny_config_dict
+    cfg = load_config(TINY)
+    kwargs, rest = split_section(cfg.rollout, RolloutConfig)
+    rc = RolloutConfig(**kwargs)                           # validates every field
+    assert rc.action_stop_strings == ("</python>",) and rc.max_turns == cfg.rollout.max_turns
+    assert set(rest) == {"mode", "n_samples", "max_staleness", "max_prompt_tokens"}
+    tiny = dict(cfg.model.tiny)
+    accepted = set(inspect.signature(tiny_config_dict).parameters) | set(
+        inspect.signature(build_tiny_hf).parameters)
+    assert set(tiny) <= accepted, set(tiny) - accepted
+    d = tiny_config_dict(cfg.model.family, **{k: v for k, v in tiny.items() if k != "seed"})
+    assert d["hidden_size"] // d["num_attention_heads"] == 64   # vLLM CPU needs head_dim 64

@@ -6,12 +6,12 @@ import pytest
 from conftest_data import tiny_tokenizer
 from verltool_jax.cli import load_config
 from verltool_jax.data import PromptPipeline, SFTPipeline, read_rows, validate_sft_row
-from verltool_jax.tasks import tiny_math
+from verltool_jax.tasks import prepare_task, tiny_math
 
 
 def test_generate_and_write(tmp_path):
     cfg = load_config("configs/tiny_math.py:smoke")
-    files = tiny_math.write_task_from_config(cfg, tmp_path / "data")
+    files = prepare_task(cfg, tmp_path / "data")
     train, evals = read_rows(files.train), read_rows(files.eval)
     sft = read_rows(files.sft, validate=validate_sft_row)
     assert (len(train), len(evals), len(sft)) == (cfg.task.num_train, cfg.task.num_eval,
@@ -59,3 +59,7 @@ def test_custom_obs_template_and_bad_sizes():
         tiny_math.generate(100, 10, 0, digits=(1,))
     with pytest.raises(ValueError, match="obs_template"):
         tiny_math.demonstration_segments(1, 2, obs_template="no slot")
+    cfg = load_config("configs/tiny_math.py:smoke")
+    cfg.task.name = "tiny_mth"
+    with pytest.raises(ValueError, match="task.name='tiny_mth' is not a generated task"):
+        prepare_task(cfg, "/nonexistent")
