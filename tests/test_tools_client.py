@@ -68,7 +68,7 @@ async def test_protocol_fields_and_results(server):
         assert r.latency_s > 0
         body = server.requests[-1]
         assert body == {"trajectory_ids": ["t1"], "actions": ["hello"], "extra_fields": [{"db": "x"}],
-                        "finish": [False], "is_last_step": False}
+                        "finish": [False], "is_last_step": [False]}
         rs = await c.get_observations(["a", "b", "c"], ["img1", "bad", "stop"])
         assert rs[0].observation == "an image" and rs[0].extra == {
             "image": "data:image/png;base64,AAA", "reward": 0.5}

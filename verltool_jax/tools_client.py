@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import aiohttp
 
@@ -142,9 +142,11 @@ class ToolClient:
     async def get_observations(self, trajectory_ids: Sequence[str], actions: Sequence[str],
                                extra_fields: Optional[Sequence[dict]] = None,
                                finish: Optional[Sequence[bool]] = None,
-                               is_last_step: bool = False) -> list[ToolResult]:
+                               is_last_step: Union[bool, Sequence[bool]] = False
+                               ) -> list[ToolResult]:
         """Send a batch of actions in one request; one :class:`ToolResult` per action.
 
+        ``is_last_step`` is one flag per action (a single bool applies to all).
         On a client-side timeout every action of the batch gets a timed-out observation.
         """
         n = len(trajectory_ids)
@@ -152,11 +154,14 @@ class ToolClient:
             raise ValueError(f"actions has {len(actions)} entries, trajectory_ids has {n}")
         extra_fields = list(extra_fields) if extra_fields is not None else [{} for _ in range(n)]
         finish = list(finish) if finish is not None else [False] * n
-        if len(extra_fields) != n or len(finish) != n:
-            raise ValueError("extra_fields and finish must have one entry per trajectory_id")
+        last = ([bool(is_last_step)] * n if isinstance(is_last_step, bool)
+                else [bool(x) for x in is_last_step])
+        if len(extra_fields) != n or len(finish) != n or len(last) != n:
+            raise ValueError("extra_fields, finish and is_last_step must have one entry per "
+                             "trajectory_id")
         payload = {"trajectory_ids": list(trajectory_ids), "actions": list(actions),
-                   "extra_fields": extra_fields, "finish": finish,
-                   "is_last_step": bool(is_last_step)}
+                   "extra_fields": extra_fields, "finish": [bool(f) for f in finish],
+                   "is_last_step": last}
         t0 = time.perf_counter()
         try:
             body = await self._post("/get_observation", payload)
@@ -184,7 +189,7 @@ class ToolClient:
                               is_last_step: bool = False) -> ToolResult:
         """Run one trajectory's action (the asynchronous rollout's per-turn call)."""
         (res,) = await self.get_observations([trajectory_id], [action],
-                                             [extra_field or {}], [False], is_last_step)
+                                             [extra_field or {}], [False], [is_last_step])
         return res
 
     async def finish(self, trajectory_id: str | Sequence[str]) -> None:

@@ -58,7 +58,7 @@ async def run_rollout_sync(prompts: Sequence[PromptLike], n_samples: int, sample
                 results = await tool_client.get_observations(
                     [b.traj.trajectory_id for b, _ in acting], [a for _, a in acting],
                     [b.extra_field for b, _ in acting],
-                    is_last_step=all(b.is_last_tool_turn for b, _ in acting))
+                    is_last_step=[b.is_last_tool_turn for b, _ in acting])
                 for (b, _), r in zip(acting, results):
                     b.apply_observation(r)
             except asyncio.CancelledError:
