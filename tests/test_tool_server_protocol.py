@@ -197,3 +197,11 @@ def test_unknown_tool_name_fails_at_startup_with_the_list():
     with pytest.raises(RuntimeError, match="unknown tool"):
         with run_server(["no_such_tool"], startup_timeout=30):
             pass
+
+
+def test_finish_tool_ends_unclaimed_actions_and_frees_state(tmp_path):
+    tool_dir = write_faulty_tool(str(tmp_path))
+    with run_server(["faulty", "finish"], tool_dir=[tool_dir]) as url:
+        assert one(url, "fin", "<count/>")[0] == "count=1"
+        assert one(url, "fin", "The answer is 42.") == ("", True, True)
+        assert one(url, "fin", "<count/>")[0] == "count=1"      # freed everywhere
