@@ -73,7 +73,20 @@ def spec_for_shape(spec: P, shape: Sequence[int], mesh) -> P:
 
 
 def path_str(path: Sequence[Any]) -> str:
-    return "/".join(str(getattr(p, "key", p)) for p in path)
+    """``"layers/0/attn/q_proj/kernel"`` from a jax key path or an nnx path tuple (the
+    ``.value`` attribute of an ``nnx.Variable`` is dropped)."""
+    parts = []
+    for p in path:
+        if isinstance(p, jax.tree_util.DictKey):
+            parts.append(str(p.key))
+        elif isinstance(p, jax.tree_util.SequenceKey):
+            parts.append(str(p.idx))
+        elif isinstance(p, jax.tree_util.GetAttrKey):
+            if p.name != "value":
+                parts.append(p.name)
+        else:
+            parts.append(str(p))
+    return "/".join(parts)
 
 
 def param_spec(path: Sequence[Any] | str, shape: Sequence[int], mesh,
