@@ -88,6 +88,19 @@ def test_isolation_and_original_repo_untouched(env):
     assert "No such file or directory" in outs[3]  # the host repo path does not exist inside
     assert outs[4] == "x"  # /tmp is a private tmpfs
     assert not os.path.exists(f"/tmp/{marker}") and not os.path.exists(f"/usr/{marker}")
+    # git objects: hardlinked to the original when the sandbox runs as another uid (root
+    # server), and then neither writable nor chmod-able from the sandbox
+    obs, _ = call(url, "b-iso", sh(
+        "f=$(find .git/objects -type f -links +1 | head -1); echo links=${f:+yes}; "
+        "[ -n \"$f\" ] && { chmod u+w $f 2>&1; echo x >> $f 2>&1; cat /dev/null > $f 2>&1; }"),
+        extra)
+    if os.geteuid() == 0:
+        assert obs["obs"].startswith("links=yes"), obs
+        assert obs["obs"].count("Operation not permitted") + obs["obs"].count(
+            "Permission denied") == 3, obs
+    obs, _ = call(url, "b-iso", sh("git status --short | wc -l && git log --oneline | wc -l"),
+                  extra)
+    assert obs["metrics"]["exit_code"] == 0 and obs["obs"].split()[1] == "2"
     # no network at all
     obs, _ = call(url, "b-iso", sh(
         "python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\" "

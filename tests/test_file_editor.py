@@ -4,7 +4,9 @@ import os
 import pytest
 
 from tool_server.testing import run_server
-from tool_server.tools.file_editor import insert_after, line_count, replace_unique, EditorError
+from tool_server.tools.file_editor import (EditorError, insert_after, line_count, read_text,
+                                          replace_unique, write_text)
+from tool_server.workspace import Workspace
 from workspace_tools_testlib import (CALC, call, finish, live, make_repo, snapshot, tool_call,
                                      workspaces)
 
@@ -29,6 +31,21 @@ def test_text_operations():
     assert replace_unique("x\ny\n", "y", "z", "f") == ("x\nz\n", 2)
     with pytest.raises(EditorError, match=r"occurs 2 times in f \(lines \[1, 2\]\)"):
         replace_unique("y\ny\n", "y", "z", "f")
+
+
+def test_write_never_goes_through_a_hardlink(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("original\n")
+    root = tmp_path / "ws"
+    root.mkdir()
+    os.link(outside, root / "linked.txt")
+    (root / "plain.txt").write_text("a\n")
+    ws = Workspace("t", str(root), None, None)
+    write_text(ws, "linked.txt", "changed\n")
+    write_text(ws, "plain.txt", "b\n")  # single link: rewritten in place (same inode)
+    assert outside.read_text() == "original\n"
+    assert read_text(ws, "linked.txt") == "changed\n" and os.stat(root / "linked.txt").st_nlink == 1
+    assert read_text(ws, "plain.txt") == "b\n"
 
 
 def test_view(env):

@@ -10,14 +10,25 @@ How the copy is made, and why not with plain hardlinks: the sandboxed shell must
 change the original repository. A hardlink shares the inode, so an in-place write
 (``echo >> f``, ``open(f, "w")``) through the link changes the original file, and making
 the workspace writable for the sandbox uid would mean chown-ing the shared inode. So the
-copy is ``cp -a --reflink=auto``: copy-on-write clones on file systems that support them
-(btrfs, XFS, ...), a real copy elsewhere (ext4). ``tests/test_bash_tool.py`` checks that
-writes in the sandbox and edits by ``file_editor`` leave the original byte-for-byte intact.
+working tree is copied with ``cp -a --reflink=auto``: copy-on-write clones on file systems
+that support them (btrfs, XFS, ...), a real copy elsewhere (ext4; put ``--workdir`` on a
+tmpfs to make that cheap, see ``benchmarks/workspace_tools_throughput.py``).
 
-When the server runs as root the sandbox runs code as an unprivileged uid
-(:func:`tool_server.sandbox.sandbox_uid`); the workspace gets one such uid for its whole
-life (shell and test runs share it) and owns its tree, so files written by the host side
-(``file_editor``) are handed to that uid with :meth:`Workspace.adopt`.
+The one exception is git's object store (``.git/objects``, usually most of a repository's
+bytes): its files are immutable by design (git writes new objects to new files and renames
+them) and read-only. When the server runs as root the sandbox runs code as an unprivileged
+uid (:func:`tool_server.sandbox.sandbox_uid`) that neither owns nor can write those files,
+nor chmod them; so they are hardlinked, owned by the original owner, while their
+directories are new and belong to the sandbox uid (git can add objects; deleting a link
+only removes the workspace's name). A file of the store that the sandbox uid could write
+(group/other-writable, or owned by it) is copied instead. Without root (user namespace,
+the code runs as the file owner) everything is copied. ``tests/test_bash_tool.py`` checks
+that writes in the sandbox and edits by ``file_editor`` leave the original byte-for-byte
+intact, ``.git`` included.
+
+The workspace gets one sandbox uid for its whole life (shell and test runs share it) and
+that uid owns the tree; files written by the host side (``file_editor``) are handed to it
+(:meth:`Workspace.adopt`).
 """
 from __future__ import annotations
 
@@ -62,24 +73,69 @@ class Workspace:
             os.chown(path, self.uid, self.uid, follow_symlinks=False)
 
 
-def copy_tree(src: str, dst: str) -> None:
-    """Copy the contents of directory ``src`` into the new directory ``dst``.
-
-    ``cp -a --reflink=auto``: modes, times and symlinks are preserved; data blocks are
-    shared copy-on-write where the file system can, else copied. Never hardlinks.
-    """
-    os.makedirs(dst, exist_ok=False)
-    r = subprocess.run(["cp", "-a", "--reflink=auto", "--", os.path.join(src, "."), dst],
-                       capture_output=True, text=True)
+def _cp(args: list[str], src: str) -> None:
+    r = subprocess.run(["cp", *args], capture_output=True, text=True)
     if r.returncode != 0:
         raise WorkspaceError(f"copying repo_path {src!r} failed: {r.stderr.strip()[:400]}")
 
 
-def _chown_tree(root: str, uid: int) -> None:
+GIT_OBJECTS = os.path.join(".git", "objects")
+
+
+def copy_tree(src: str, dst: str, link_git_objects_for_uid: Optional[int] = None) -> list[str]:
+    """Copy the contents of directory ``src`` into the new directory ``dst``.
+
+    ``cp -a --reflink=auto``: modes, times and symlinks are preserved; data blocks are shared
+    copy-on-write where the file system can, else copied. If ``link_git_objects_for_uid``
+    is given, the files of ``.git/objects`` are hardlinked instead, except those that uid
+    could write (see the module docstring). Returns the hardlinked paths (relative).
+    """
+    objects = os.path.join(src, GIT_OBJECTS)
+    link = (link_git_objects_for_uid is not None and os.path.isdir(objects)
+            and not os.path.islink(os.path.join(src, ".git")) and not os.path.islink(objects))
+    os.makedirs(dst, exist_ok=False)
+    if not link:
+        _cp(["-a", "--reflink=auto", "--", os.path.join(src, "."), dst], src)
+        return []
+    top = [os.path.join(src, e) for e in os.listdir(src) if e != ".git"]
+    git = [os.path.join(src, ".git", e) for e in os.listdir(os.path.join(src, ".git"))
+           if e != "objects"]
+    if top:
+        _cp(["-a", "--reflink=auto", "--", *top, dst], src)
+    os.makedirs(os.path.join(dst, ".git"))
+    shutil.copystat(os.path.join(src, ".git"), os.path.join(dst, ".git"))
+    if git:
+        _cp(["-a", "--reflink=auto", "--", *git, os.path.join(dst, ".git")], src)
+    try:
+        _cp(["-al", "--", objects, os.path.join(dst, ".git")], src)
+    except WorkspaceError:  # e.g. the work dir is on another file system: copy instead
+        shutil.rmtree(os.path.join(dst, GIT_OBJECTS), ignore_errors=True)
+        _cp(["-a", "--reflink=auto", "--", objects, os.path.join(dst, ".git")], src)
+        return []
+    linked = []
+    for dirpath, _dirs, files in os.walk(os.path.join(dst, GIT_OBJECTS)):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if not os.path.isfile(p) or os.path.islink(p):
+                continue
+            if st.st_mode & 0o022 or st.st_uid == link_git_objects_for_uid:
+                tmp = p + ".copy"
+                shutil.copy2(p, tmp)
+                os.replace(tmp, p)  # a private copy instead of the shared inode
+            else:
+                linked.append(os.path.relpath(p, dst))
+    return linked
+
+
+def _chown_tree(root: str, uid: int, skip: set) -> None:
+    """Give every entry under ``root`` to ``uid``, except the (hardlinked) paths in ``skip``."""
     for dirpath, dirnames, filenames in os.walk(root):
         os.chown(dirpath, uid, uid, follow_symlinks=False)
         for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+            p = os.path.join(dirpath, name)
+            if os.path.relpath(p, root) not in skip:
+                os.chown(p, uid, uid, follow_symlinks=False)
 
 
 class WorkspaceRegistry:
@@ -141,13 +197,14 @@ class WorkspaceRegistry:
         os.chmod(holder_dir, 0o711)
         root = os.path.join(holder_dir, "repo")
         try:
+            uid = sandbox_uid()
+            linked: list[str] = []
             if source is None:
                 os.makedirs(root)
             else:
-                copy_tree(source, root)
-            uid = sandbox_uid()
+                linked = copy_tree(source, root, link_git_objects_for_uid=uid)
             if uid is not None:
-                _chown_tree(root, uid)
+                _chown_tree(root, uid, set(linked))
         except BaseException:
             shutil.rmtree(holder_dir, ignore_errors=True)
             raise

@@ -15,8 +15,8 @@ Paths are relative to the workspace root (the repository copy shared with ``bash
 workspace's sandbox path (``/workspace/...``). A path that escapes the workspace (``..``,
 a symlink pointing outside, another absolute path) is refused. Files are opened component
 by component with ``O_NOFOLLOW`` relative to the workspace directory, so a symlink swapped in
-concurrently by the shell cannot redirect a read or write outside; writes go to a new file
-that replaces the old one (so they never write through a shared inode).
+concurrently by the shell cannot redirect a read or write outside; a file that shares its
+inode with another path is replaced by a new file rather than written through.
 """
 from __future__ import annotations
 
@@ -212,8 +212,14 @@ def read_text(ws: Workspace, rel: str) -> str:
 
 
 def write_text(ws: Workspace, rel: str, text: str, must_not_exist: bool = False) -> None:
-    """Write ``text`` to ``rel`` through a new file renamed over the old one (mode kept)."""
+    """Write ``text`` to ``rel`` (no symlink followed).
+
+    An existing file with a single link is rewritten in place; a new file, or one that
+    shares its inode with another path (a hardlink), is written as a new file renamed over
+    the old one (mode kept), so a write never goes through a shared inode.
+    """
     d, name = posixpath.split(rel)
+    data = text.encode("utf-8")
     with _Dir(ws, d, create=must_not_exist) as dfd:
         mode = 0o644
         try:
@@ -224,6 +230,13 @@ def write_text(ws: Workspace, rel: str, text: str, must_not_exist: bool = False)
             if not stat.S_ISREG(st.st_mode):
                 raise EditorError(f"{rel} is not a regular file.")
             mode = stat.S_IMODE(st.st_mode)
+            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW, dir_fd=dfd)
+            with os.fdopen(fd, "r+b") as f:
+                fst = os.fstat(f.fileno())
+                if stat.S_ISREG(fst.st_mode) and fst.st_nlink == 1:
+                    f.write(data)
+                    f.truncate()
+                    return
         except FileNotFoundError:
             if not must_not_exist:
                 raise
@@ -232,7 +245,7 @@ def write_text(ws: Workspace, rel: str, text: str, must_not_exist: bool = False)
                      dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(text.encode("utf-8"))
+                f.write(data)
                 os.fchmod(f.fileno(), mode)
                 if ws.uid is not None:
                     os.fchown(f.fileno(), ws.uid, ws.uid)

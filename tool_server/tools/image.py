@@ -130,11 +130,11 @@ def load_image(ref: Any) -> Image.Image:
 
 
 def to_data_url(img: Image.Image) -> str:
-    """PNG-encode ``img`` as a ``data:image/png;base64,...`` URL."""
+    """PNG-encode ``img`` (zlib level 1) as a ``data:image/png;base64,...`` URL."""
     buf = io.BytesIO()
     if img.mode not in ("RGB", "RGBA", "L", "LA", "P", "1", "I", "I;16"):
         img = img.convert("RGB")
-    img.save(buf, format="PNG")
+    img.save(buf, format="PNG", compress_level=1)  # fast; the size matters less here
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
