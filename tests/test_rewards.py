@@ -181,3 +181,18 @@ def test_trajectories_scored_off_the_event_loop(pool):
     assert res[0].score == pytest.approx(1.0 + 0.1 - 0.2)   # correct + tool bonus - invalid call
     assign_rewards([traj], res[:1])
     assert traj.reward == pytest.approx(0.9) and traj.reward_info["acc"] == 1.0
+
+
+def test_reward_metrics():
+    from verltool_jax.reporting import names
+    from verltool_jax.rewards import RewardResult, reward_metrics
+    res = [RewardResult(1.0, True, {"has_answer": True, "seconds": 0.2}),
+           RewardResult(-0.5, False, {"has_answer": False}),
+           RewardResult(0.0, False, {"timeout": True}),
+           RewardResult(0.0, False, {"error": "x"})]
+    m = reward_metrics(res)
+    assert m[names.REWARD] == pytest.approx(0.125) and m[names.ACC] == 0.25
+    assert (m["reward/timeouts"], m["reward/errors"], m["reward/no_answer"]) == (1, 1, 1)
+    e = reward_metrics(res, prefix="eval/")
+    assert e[names.EVAL_ACC] == 0.25 and e["eval/reward/mean"] == pytest.approx(0.125)
+    assert reward_metrics([]) == {}
