@@ -6,6 +6,12 @@ the client's own CPU). Scenarios: ``<python>print(1+1)</python>`` at concurrency
 and 64; a CPU-heavy snippet at concurrency 16; an invalid action (pure server
 overhead) at concurrency 1 and 64. Each scenario runs for ``--seconds`` after a warm-up.
 
+Besides wall-clock figures it prints the CPU time per request of the server (with its
+sandboxed workers and their children) and of the client, and ``CPU-bound`` = cores x
+1000 / (server + client CPU ms per request): the rate the machine's cores could
+sustain if nothing else ran on them (the wall figures depend on the machine's load,
+printed in the header).
+
     python benchmarks/tool_server_throughput.py [--seconds 4] [--workers 4]
 """
 from __future__ import annotations
@@ -120,10 +126,13 @@ async def main_async(url: str, seconds: float) -> list[tuple[str, int, dict]]:
         r["server_cpu_ms"] = 1000 * (s1 - s0) / n_all
         r["client_cpu_ms"] = 1000 * (c1 - c0) / n_all
         rows.append((name, conc, r))
+        # what the CPUs could do if nothing else ran: cores / CPU time per request
+        r["cpu_bound_rps"] = (os.cpu_count() * 1000
+                              / max(1e-9, r["server_cpu_ms"] + r["client_cpu_ms"]))
         print(f"{name:38s} c={conc:<3d} {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.2f} ms  "
               f"p99 {r['p99_ms']:7.2f} ms  CPU/req server {r['server_cpu_ms']:5.2f} ms "
-              f"client {r['client_cpu_ms']:5.2f} ms  (n={r['n']}, errors={r['errors']})",
-              flush=True)
+              f"client {r['client_cpu_ms']:5.2f} ms  CPU-bound {r['cpu_bound_rps']:6.0f} req/s "
+              f"(n={r['n']}, errors={r['errors']})", flush=True)
     return rows
 
 

@@ -111,10 +111,16 @@ def test_stateful_timeout_loses_state_but_recovers(server):
     one(server, "kt", "", finish=True)
 
 
-def test_stateful_flag_on_the_server():
-    with run_server(["python_code"], workers=1, tool_opt={"python_stateful": "true"}) as url:
+def test_stateful_flag_on_the_server_and_kernel_cap():
+    opts = {"python_stateful": "true", "python_max_kernels": 2}
+    with run_server(["python_code"], workers=1, tool_opt=opts) as url:
         py(url, "a = 3", tid="z")
         assert py(url, "print(a * 2)", tid="z") == "6\n"
+        py(url, "b = 1", tid="y")
+        assert py(url, "print(a)", tid="z") == "3\n"      # z used last; y is the oldest
+        py(url, "c = 1", tid="x")                          # third interpreter: y is freed
+        assert "NameError" in py(url, "print(b)", tid="y")   # new interpreter: z is freed
+        assert py(url, "print(c)", tid="x") == "1\n"
 
 
 def test_bad_tool_option_is_a_clear_startup_error():

@@ -237,3 +237,17 @@ def test_sandbox_unavailable_raised_without_bwrap(monkeypatch, tmp_path):
     assert not ok and "bwrap" in why
     monkeypatch.delenv("VERLTOOL_BWRAP")
     assert sandbox_status(refresh=True)[0]
+
+
+def test_unsafe_flag_logs_a_loud_warning():
+    import subprocess as sp
+    from tool_server.testing import server_argv, _REPO_ROOT
+    proc = sp.Popen(server_argv(["python_code"], workers=1, unsafe_no_sandbox=True),
+                    stdout=sp.PIPE, stderr=sp.PIPE, text=True, cwd=_REPO_ROOT)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("TOOL_SERVER_READY")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert "WITHOUT a sandbox" in err and "!!!!" in err

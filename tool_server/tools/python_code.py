@@ -13,7 +13,8 @@ it is killed when the trajectory is freed (or after a timeout, losing its state)
 
 Options (``--tool-opt``): ``python_timeout`` (wall s, default: server timeout - 0.5),
 ``python_cpu_s``, ``python_memory_mb`` (1024), ``python_nproc`` (64), ``python_nofile``
-(256), ``python_fsize_mb`` (64), ``python_stateful`` (false).
+(256), ``python_fsize_mb`` (64), ``python_stateful`` (false), ``python_max_kernels``
+(32: live stateful interpreters; the least recently used trajectory's is freed first).
 """
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ class PythonCodeTool(BaseTool):
             fsize_mb=tool_option(extra, "python_fsize_mb", int, 64, minimum=1),
             wall_s=wall)
         self.stateful = tool_option(extra, "python_stateful", bool, False)
+        self.max_kernels = tool_option(extra, "python_max_kernels", int, 32, minimum=1)
         self.max_output = max(4 * self.settings.max_obs_chars, 4096)
         self.unsafe = bool(self.settings.unsafe_no_sandbox)
         self.root_dir = os.path.join(self.settings.workdir, f"python_{os.getpid()}")
@@ -157,6 +159,7 @@ class PythonCodeTool(BaseTool):
         if kernel is None or not kernel.alive:
             if kernel is not None:
                 note = "(The previous interpreter was stopped; its variables are lost.)\n"
+            self._evict_kernels(keep=trajectory_id)
             kernel = SandboxProcess("kernel", self.root_dir, unsafe=self.unsafe)
             env["kernel"] = kernel
             self.save_env(trajectory_id, env)
@@ -175,6 +178,14 @@ class PythonCodeTool(BaseTool):
         if note:
             r.stdout = note + r.stdout
         return r
+
+    def _evict_kernels(self, keep: str) -> None:
+        """Keep at most ``max_kernels - 1`` other live interpreters: free the least
+        recently used trajectories' state (each interpreter is a process)."""
+        live = [t for t, e in self.env.items() if t != keep and e.get("kernel") is not None]
+        live.sort(key=lambda t: self._last_used.get(t, 0.0))
+        while len(live) >= self.max_kernels:
+            self.delete_env(live.pop(0))
 
     def on_delete(self, trajectory_id: str, env: dict) -> None:
         kernel = env.get("kernel")
