@@ -134,3 +134,16 @@ def test_end_to_end_without_index_answers_with_an_error_observation():
         assert body["observations"][0]["invalid_reason"] == "retrieval_error"
         assert "retrieval_index" in body["observations"][0]["obs"]
         assert body["valids"] == [False]
+
+
+def test_astart_loads_the_index_and_never_raises(tmp_path, caplog):
+    from tool_server.retrieval.service import get_service
+
+    idx = synthetic_index("bm25")
+    t = SearchRetrievalTool(ToolSettings(extra={"retrieval_index": idx, "retrieval_batch_ms": 1}))
+    asyncio.run(t.astart())
+    svc = get_service(idx, None, 1.0, 64)
+    assert svc is t.retrieval.service() and list(svc.batch_sizes) == [1]  # the warm-up query
+    bad = SearchRetrievalTool(ToolSettings(extra={"retrieval_index": str(tmp_path)}))
+    asyncio.run(bad.astart())  # logged, not raised: the server must still start
+    assert "cannot open the retrieval index" in caplog.text

@@ -10,6 +10,7 @@ dense queries (default: the one the index was built with);
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Optional
 
@@ -48,3 +49,11 @@ class RetrievalOptions:
                 "--tool-opt retrieval_index=<index folder> (or set VERLTOOL_RETRIEVAL_INDEX); "
                 "build one with `python -m tool_server.retrieval build`")
         return get_service(self.index_dir, self.encoder, self.batch_ms, self.max_batch)
+
+    async def warm_up(self) -> None:
+        """Open the index (in a thread: loading blocks) and run one query, so the first
+        real request does not pay for loading the encoder. Raises what opening raises."""
+        if not self.index_dir:
+            return
+        service = await asyncio.get_running_loop().run_in_executor(None, self.service)
+        await service.search("warm up", 1)

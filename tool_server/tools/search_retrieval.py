@@ -34,6 +34,14 @@ class SearchRetrievalTool(BaseTool):
                                      minimum=1)
         self.retrieval = RetrievalOptions.from_extra(extra)
 
+    async def astart(self) -> None:
+        """Load the index at server start; a failure is logged here and reported to the
+        model as an observation on each search (so the server still starts)."""
+        try:
+            await self.retrieval.warm_up()
+        except Exception as e:
+            log.error("search_retrieval: cannot open the retrieval index: %s", e)
+
     def parse_action(self, action: str) -> tuple[Any, bool]:
         query = last_tag_body(action, self.tag)
         return (query, True) if query is not None else (None, False)

@@ -76,6 +76,14 @@ class WebSearchTool(BaseTool):
         self.topk: int = tool_option(extra, "topk", int, 3, minimum=1)
         self.backend = make_backend(self.settings)
 
+    async def astart(self) -> None:
+        """Prepare the backend at server start (the local backend loads its index); a
+        failure is logged and reported as an observation on each search."""
+        try:
+            await self.backend.warm_up()
+        except Exception as e:
+            log.error("web_search: backend not ready: %s", e)
+
     def parse_action(self, action: str) -> tuple[Any, bool]:
         query = last_tag_body(action, self.tag)
         return (query, True) if query is not None else (None, False)

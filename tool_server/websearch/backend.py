@@ -29,6 +29,9 @@ class SearchBackend(abc.ABC):
     @abc.abstractmethod
     def cache_id(self) -> str: ...
 
+    async def warm_up(self) -> None:
+        """Prepare for the first search (load an index...); the default does nothing."""
+
     @abc.abstractmethod
     async def search(self, query: str, k: int) -> list[Result]:
         """The top ``k`` results for ``query``; raises :class:`SearchError` on failure."""

@@ -97,6 +97,9 @@ class CachedBackend(SearchBackend):
     def cache_id(self) -> str:
         return self.backend.cache_id
 
+    async def warm_up(self) -> None:
+        await self.backend.warm_up()
+
     async def search(self, query: str, k: int) -> list[Result]:
         cached = self.cache.get(self.backend.cache_id, query, k)
         if cached is not None:

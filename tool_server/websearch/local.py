@@ -16,6 +16,9 @@ class LocalBackend(SearchBackend):
     def cache_id(self) -> str:
         return f"local:{os.path.abspath(self.options.index_dir or '')}"
 
+    async def warm_up(self) -> None:
+        await self.options.warm_up()
+
     async def search(self, query: str, k: int) -> list[Result]:
         try:
             hits = await self.options.service().search(query, k)
