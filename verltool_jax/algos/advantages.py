@@ -95,7 +95,7 @@ def compute_advantages(name: str, rewards: Sequence[float] | np.ndarray,
         raise ValueError("rewards contain NaN/inf; fix the reward function (or drop those "
                          "trajectories) before computing advantages")
     idx, g = group_indices(group_ids)
-    return np.asarray(get_advantage_fn(name)(jnp.asarray(rewards), jnp.asarray(idx), g))
+    return np.array(get_advantage_fn(name)(jnp.asarray(rewards), jnp.asarray(idx), g))
 
 
 def broadcast_to_tokens(advantages: jax.Array, loss_mask: jax.Array) -> jax.Array:

@@ -189,7 +189,7 @@ def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformati
             zeros = jax.tree.map(jnp.zeros_like, params)
             grads, metrics = jax.lax.scan(accumulate, zeros, mini)
             metrics = _reduce_metrics(metrics, 0)
-            gnorm = optax.global_norm(grads)
+            gnorm = optax.tree.norm(grads)
             ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(gnorm)
             updates, new_opt = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
