@@ -165,3 +165,39 @@ def test_thousand_concurrent_trajectories_none_lost_or_duplicated(tok, tool_url)
         assert t.termination == "eos" and t.tool_calls == 2, (t.trajectory_id, t.error)
         # every observation answers this trajectory's own query: no cross-talk
         assert all(t.trajectory_id in o for o in t.observations), t.observations
+
+
+def test_rollout_feeds_a_trainer_on_policy_and_drops_stale_groups(tok, tool_url):
+    def script(rid, k):
+        return "<python>print(2)</python>" if k == 0 else "ok"
+    cfg = RolloutConfig(max_turns=2, max_response_tokens=128)
+    sampler = ScriptedSampler(tok, script, delay_s=0.01)
+    q = TrajectoryQueue(max_groups=8, max_staleness=0, groups_per_batch=2)
+    seen = []
+
+    async def trainer():
+        for step in range(3):
+            batch = await q.get_batch(2, timeout=60)
+            seen.append([t.min_version for g in batch for t in g])
+            sampler.update_weights(None, step + 1)     # new weights, then a new version
+            await q.set_version(step + 1)
+
+    async def go():
+        async with ToolClient(tool_url) as c:
+            await asyncio.gather(trainer(), run_rollout(
+                [PromptItem(prompt_ids(tok), group_id=f"p{i}") for i in range(6)], 2, sampler,
+                c, tok, cfg, q))
+    asyncio.run(go())
+    # max_staleness=0: every batch was sampled entirely by the trainer's current version
+    assert seen == [[0] * 4, [1] * 4, [2] * 4]
+    assert q.metrics.dropped_stale == 0 and q.metrics.groups_out == 6
+
+    # groups sampled at version 0 are dropped once the trainer is 2 versions ahead
+    q2 = TrajectoryQueue(max_groups=8, max_staleness=1)
+    groups, _ = rollout(tok, tool_url, script, cfg, n_prompts=2, n_samples=2, queue=q2)
+    assert q2.depth() == 2
+
+    async def advance():
+        await q2.set_version(2)
+    asyncio.run(advance())
+    assert q2.depth() == 0 and q2.metrics.dropped_stale == 2
