@@ -73,6 +73,15 @@ def test_syntax_error_and_sys_exit(server):
     assert "bye" in py(server, "import sys; sys.exit('bye')")
 
 
+def test_endless_output_is_cut_off_early(server):
+    import time
+    t0 = time.monotonic()
+    out = py(server, "while True: print('spam' * 100)")
+    assert time.monotonic() - t0 < 2.5               # well before the 3.5 s wall limit
+    assert out.startswith("spam") and "printed too much and was stopped" in out
+    assert "truncated" in out and len(out) <= 8192
+
+
 def test_empty_block_and_no_output(server):
     obs, _, valid = one(server, "p", "<python>   </python>")
     assert valid and "empty" in obs_text(obs)

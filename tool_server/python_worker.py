@@ -185,7 +185,9 @@ def collect(pid, out_r, err_r, wall_s, max_output):
             if room > 0:
                 bufs[fd] += data[:room]
             if len(data) > room:
-                truncated = True
+                truncated = True   # stop here: the caller kills the program
+        if truncated:
+            break
     sel.close()
     os.close(pidfd)
     return bufs[out_r], bufs[err_r], timed_out, truncated

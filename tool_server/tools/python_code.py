@@ -74,6 +74,9 @@ def format_result(r: RunResult, limits: ResourceLimits) -> str:
     if r.timed_out:
         notes.append(f"TimeoutError: the code ran longer than the {limits.wall_s:g} s "
                      "time limit and was stopped.")
+    elif r.truncated:
+        notes.append("[output truncated" + ("; the program printed too much and was stopped]"
+                                            if r.signal is not None else "]"))
     elif r.signal is not None:
         if r.signal in (signal.SIGXCPU, signal.SIGKILL):
             notes.append(f"Killed (signal {signal.Signals(r.signal).name}): CPU time limit "
@@ -84,8 +87,6 @@ def format_result(r: RunResult, limits: ResourceLimits) -> str:
             except ValueError:
                 name = str(r.signal)
             notes.append(f"Killed by signal {name}.")
-    if r.truncated:
-        notes.append("[output truncated]")
     if notes:
         if text and not text.endswith("\n"):
             text += "\n"
