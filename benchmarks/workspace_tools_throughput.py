@@ -13,10 +13,13 @@ per row: requests/s, p50 and p99 latency (ms) and the number of non-valid answer
   ``--files``-file repository + sandboxed shell start + one command + cleanup;
 * ``run_tests (pytest, 2 tests)``: steady state, a fresh sandboxed pytest each time.
 
-Then the cost of one workspace copy (``cp -a --reflink=auto``, what the tools use) next to
-a hardlink copy (``cp -al``, not used: unsafe, see ``tool_server/workspace.py``).
+Then the cost of one workspace copy as the tools make it (working tree copied with
+``cp -a --reflink=auto``, git objects hardlinked when the server is root), next to a full
+copy and an all-hardlink copy (``cp -al``, not used: unsafe, see ``tool_server/workspace.py``).
+``--workdir /dev/shm`` puts the workspaces on a tmpfs.
 
-Run: ``python benchmarks/workspace_tools_throughput.py [--requests 200 --clients 8]``.
+Run: ``python benchmarks/workspace_tools_throughput.py [--requests 200 --clients 8]
+[--workdir /dev/shm]``.
 """
 from __future__ import annotations
 
@@ -59,6 +62,10 @@ def make_repo(path: str, files: int) -> str:
     for i in range(files):
         with open(os.path.join(path, "pkg", f"m{i}.py"), "w") as f:
             f.write("".join(f"x_{j} = {i * j}  # filler line\n" for j in range(80)))
+    git = ["git", "-c", "user.email=b@b", "-c", "user.name=b", "-C", path]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "bench"], check=True)
     return path
 
 
@@ -108,22 +115,25 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--files", type=int, default=200, help="filler files in the repository")
+    ap.add_argument("--workdir", default=None,
+                    help="where workspaces are made (default: a temp dir; try /dev/shm)")
     args = ap.parse_args()
     n, k = args.requests, args.clients
 
     tmp = tempfile.mkdtemp(prefix="bench_ws_")
+    workdir = tempfile.mkdtemp(prefix="bench_ws_wd_", dir=args.workdir)
     repo = make_repo(os.path.join(tmp, "repo"), args.files)
     img = os.path.join(tmp, "img.png")
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)).save(img)
     size_kb = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(repo)
                   for f in fs) // 1024
-    print(f"# {n} requests, {k} concurrent clients; repository {args.files + 2} files "
-          f"({size_kb} KiB); cpu count {os.cpu_count()}")
+    print(f"# {n} requests, {k} concurrent clients; repository {args.files + 2} files + .git "
+          f"({size_kb} KiB); workspaces in {workdir}; cpu count {os.cpu_count()}")
     print(f"{'tool / action':<30} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'invalid':>8}")
     ex = {"repo_path": repo, "test_cmd": "python -m pytest -q -p no:cacheprovider test_calc.py"}
     with run_server(tools=["image", "file_editor", "bash", "run_tests"], timeout=60,
-                    workdir=os.path.join(tmp, "wd"), max_concurrency=256) as url:
+                    workdir=workdir, max_concurrency=256) as url:
         images = {"images": [img]}
         row("image crop_image", url, lambda i, c: one(
             f"img{i}-{time.monotonic_ns()}", tool_call("crop_image", bbox=[64, 64, 320, 320]),
@@ -149,17 +159,22 @@ def main() -> None:
     def timed(fn, reps: int = 5) -> float:
         out = []
         for r in range(reps):
-            dst = os.path.join(tmp, f"copy{r}")
+            dst = os.path.join(workdir, f"copy{r}")
             t0 = time.perf_counter()
             fn(dst)
             out.append((time.perf_counter() - t0) * 1000)
             shutil.rmtree(dst)
         return statistics.median(out)
 
-    print(f"# workspace copy of the repository: cp -a --reflink=auto (used) "
-          f"{timed(lambda d: copy_tree(repo, d)):.1f} ms; cp -al (hardlinks, not used) "
-          f"{timed(lambda d: subprocess.run(['cp', '-al', repo, d], check=True)):.1f} ms")
+    uid = 4242 if os.geteuid() == 0 else None
+    print(f"# one workspace copy, median of 5 (ms): as the tools do "
+          f"(git objects linked: {uid is not None}) "
+          f"{timed(lambda d: copy_tree(repo, d, link_git_objects_for_uid=uid)):.1f}; "
+          f"full cp -a --reflink=auto {timed(lambda d: copy_tree(repo, d)):.1f}; "
+          f"cp -al (all hardlinks, unsafe, not used) "
+          f"{timed(lambda d: subprocess.run(['cp', '-al', repo, d], check=True)):.1f}")
     shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from tool_server.testing import run_server
+from tool_server.testing import post_json, run_server
 from tool_server.tools.bash import parse_bash_action
 from tool_server.tools.run_tests import parse_test_counts, reward_from_counts
-from workspace_tools_testlib import (call, finish, live, make_repo, snapshot, tool_call,
-                                     workspaces)
+from workspace_tools_testlib import (call, disk_freed, finish, live, make_repo, snapshot,
+                                     tool_call, workspaces)
 
 MAX_OBS = 2000
 
@@ -172,6 +172,23 @@ def test_shared_workspace_and_run_tests(env):
     assert tid not in " ".join(workspaces(workdir))
 
 
+def test_concurrent_trajectories_get_their_own_workspace(env):
+    url, repo, workdir = env
+    tids = [f"b-par{i}" for i in range(4)]
+    status, body = post_json(url + "/get_observation", {
+        "trajectory_ids": tids, "actions": [sh(f"echo {t} > mine.txt; ls | wc -l") for t in tids],
+        "extra_fields": [{"repo_path": repo}] * 4})
+    assert status == 200 and all(body["valids"])
+    counts = {o["obs"] for o in body["observations"]}
+    assert len(counts) == 1  # each saw only its own new file next to the repository's
+    for t in tids:
+        obs, _ = call(url, t, sh("cat mine.txt"), {"repo_path": repo})
+        assert obs["obs"] == t
+    assert len(workspaces(workdir)) == 4
+    for t in tids:
+        finish(url, t)
+
+
 def test_run_tests_timeout(env):
     url, repo, _ = env
     obs, valid = call(url, "b-rt", tool_call("run_tests"),
@@ -207,7 +224,7 @@ def test_cleanup_on_finish_and_ttl(tmp_path):
         deadline = time.monotonic() + 8
         while (workspaces(workdir) or live(url)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert workspaces(workdir) == [] and live(url) == 0
+        assert workspaces(workdir) == [] and live(url) == 0 and disk_freed(workdir)
         time.sleep(0.3)
         assert subprocess.run(["pgrep", "-f", f"sleep {tag}.75"]).returncode == 1
 

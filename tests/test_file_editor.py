@@ -7,8 +7,8 @@ from tool_server.testing import run_server
 from tool_server.tools.file_editor import (EditorError, insert_after, line_count, read_text,
                                           replace_unique, write_text)
 from tool_server.workspace import Workspace
-from workspace_tools_testlib import (CALC, call, finish, live, make_repo, snapshot, tool_call,
-                                     workspaces)
+from workspace_tools_testlib import (CALC, call, disk_freed, finish, live, make_repo,
+                                     snapshot, tool_call, workspaces)
 
 
 def fe(**args) -> str:
@@ -96,7 +96,7 @@ def test_edits_change_the_workspace_not_the_repo(env):
     assert os.stat(os.path.join(root, "run.sh")).st_mode & 0o111  # mode kept
     assert snapshot(repo) == before  # the original repository is untouched
     finish(url, "fe-edit")
-    assert workspaces(workdir) == [] and live(url) == 0
+    assert workspaces(workdir) == [] and live(url) == 0 and disk_freed(workdir)
 
 
 @pytest.mark.parametrize("args, expected", [

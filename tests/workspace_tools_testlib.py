@@ -39,6 +39,19 @@ def workspaces(workdir: str) -> list[str]:
     return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
 
+def disk_freed(workdir: str, timeout: float = 10.0) -> bool:
+    """True once no workspace is left under ``workdir``, the background deletions of
+    released ones (``<workdir>/trash``) included."""
+    import time
+    deadline = time.monotonic() + timeout
+    trash = os.path.join(workdir, "trash")
+    while time.monotonic() < deadline:
+        if not workspaces(workdir) and not (os.path.isdir(trash) and os.listdir(trash)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 CALC = "def add(a, b):\n    return a + b\n"
 TESTS = ("from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n\n\n"
          "def test_add_zero():\n    assert add(0, 5) == 5\n")

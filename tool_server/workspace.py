@@ -42,8 +42,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from tool_server.sandbox import SANDBOX_WORKDIR, sandbox_uid
+from tool_server.tools.base import BaseTool
 
-__all__ = ["Workspace", "WorkspaceError", "WorkspaceRegistry", "REGISTRY", "copy_tree"]
+__all__ = ["Workspace", "WorkspaceError", "WorkspaceRegistry", "REGISTRY", "WorkspaceTool",
+           "copy_tree"]
 
 
 class WorkspaceError(ValueError):
@@ -142,24 +144,51 @@ class WorkspaceRegistry:
     """Workspaces by trajectory id, shared by every tool of the server process.
 
     ``acquire(tid, holder, ...)`` returns the trajectory's workspace, creating it on first
-    use; ``release(tid, holder)`` drops one holder and removes the directory when none is
-    left. Thread-safe (tools may run in worker threads).
+    use (trajectories are created concurrently; two tools of one trajectory get the same
+    one); ``release(tid, holder)`` drops one holder and, when none is left, moves the
+    directory into ``<base_dir>/trash`` (one rename) and deletes it in a background thread,
+    so freeing never blocks the server. :meth:`drain` waits for pending deletions.
+    Thread-safe (tools may run in worker threads); ``acquire`` blocks while copying, so
+    async callers run it in a thread (:meth:`acquire_async`).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._spaces: dict[str, Workspace] = {}
+        self._creating: dict[str, threading.Lock] = {}
+        self._deleters: set[threading.Thread] = set()
 
     def acquire(self, trajectory_id: str, holder: str, extra_field: Optional[dict],
                 base_dir: str) -> Workspace:
         """The workspace of ``trajectory_id`` (made from ``extra_field["repo_path"]``)."""
         with self._lock:
             ws = self._spaces.get(trajectory_id)
-            if ws is None:
+            if ws is not None:
+                ws.holders.add(holder)
+                return ws
+            creating = self._creating.setdefault(trajectory_id, threading.Lock())
+        with creating:
+            with self._lock:
+                ws = self._spaces.get(trajectory_id)
+                if ws is not None:
+                    ws.holders.add(holder)
+                    return ws
+            try:
                 ws = self._create(trajectory_id, extra_field or {}, base_dir)
+            finally:
+                with self._lock:
+                    self._creating.pop(trajectory_id, None)
+            with self._lock:
                 self._spaces[trajectory_id] = ws
-            ws.holders.add(holder)
+                ws.holders.add(holder)
             return ws
+
+    async def acquire_async(self, trajectory_id: str, holder: str,
+                            extra_field: Optional[dict], base_dir: str) -> Workspace:
+        """:meth:`acquire` in a worker thread (the copy must not block the event loop)."""
+        import asyncio
+        return await asyncio.to_thread(self.acquire, trajectory_id, holder, extra_field,
+                                       base_dir)
 
     def get(self, trajectory_id: str) -> Optional[Workspace]:
         with self._lock:
@@ -175,8 +204,32 @@ class WorkspaceRegistry:
             if ws.holders:
                 return False
             del self._spaces[trajectory_id]
-        shutil.rmtree(os.path.dirname(ws.root), ignore_errors=True)
+        holder_dir = os.path.dirname(ws.root)
+        trash = os.path.join(os.path.dirname(os.path.dirname(holder_dir)), "trash")
+        try:
+            os.makedirs(trash, exist_ok=True)
+            doomed = os.path.join(trash, os.path.basename(holder_dir))
+            os.rename(holder_dir, doomed)
+        except OSError:
+            doomed = holder_dir
+        t = threading.Thread(target=self._delete, args=(doomed,), daemon=True,
+                             name="workspace-rm")
+        with self._lock:
+            self._deleters.add(t)
+        t.start()
         return True
+
+    def _delete(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        with self._lock:
+            self._deleters.discard(threading.current_thread())
+
+    def drain(self, timeout: Optional[float] = None) -> None:
+        """Wait until every released workspace is deleted from disk."""
+        with self._lock:
+            pending = list(self._deleters)
+        for t in pending:
+            t.join(timeout)
 
     def active(self) -> list[str]:
         """Trajectory ids that currently have a workspace."""
@@ -212,3 +265,31 @@ class WorkspaceRegistry:
 
 
 REGISTRY = WorkspaceRegistry()
+
+
+class WorkspaceTool(BaseTool):
+    """Base of the tools that work in the trajectory's workspace (``bash``,
+    ``file_editor``, ``run_tests``): acquiring it marks the tool as a holder, freeing the
+    trajectory releases it, and server shutdown waits for the deletions."""
+
+    def workspace(self, trajectory_id: str, extra_field: Optional[dict]) -> Workspace:
+        """The trajectory's workspace, from a worker thread (blocks while copying)."""
+        ws = REGISTRY.acquire(trajectory_id, self.name, extra_field, self.settings.workdir)
+        self.load_env(trajectory_id)["workspace"] = True
+        return ws
+
+    async def workspace_async(self, trajectory_id: str, extra_field: Optional[dict]
+                              ) -> Workspace:
+        """:meth:`workspace` for ``async`` tools: the copy runs in a thread."""
+        ws = await REGISTRY.acquire_async(trajectory_id, self.name, extra_field,
+                                          self.settings.workdir)
+        self.load_env(trajectory_id)["workspace"] = True
+        return ws
+
+    def on_delete(self, trajectory_id: str, env: dict) -> None:
+        if env.get("workspace"):
+            REGISTRY.release(trajectory_id, self.name)
+
+    def close(self) -> None:
+        super().close()
+        REGISTRY.drain(timeout=60)

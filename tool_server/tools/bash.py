@@ -27,8 +27,8 @@ from tool_server.tools._options import tool_option
 from tool_server.tools._shell import (SandboxUnavailable, command_timeout, ShellSession, format_result,
                                       workspace_argv, workspace_limits)
 from tool_server.tools._tags import last_tag_body
-from tool_server.tools.base import BaseTool, Observation
-from tool_server.workspace import REGISTRY, WorkspaceError
+from tool_server.tools.base import Observation
+from tool_server.workspace import WorkspaceError, WorkspaceTool
 
 _FENCE_RE = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -43,7 +43,7 @@ def parse_bash_action(action: str) -> Optional[str]:
     return blocks[-1].strip() if blocks else None
 
 
-class BashTool(BaseTool):
+class BashTool(WorkspaceTool):
     """A persistent bash per trajectory in its sandboxed workspace."""
 
     name = "bash"
@@ -66,8 +66,7 @@ class BashTool(BaseTool):
         lock = env.setdefault("lock", asyncio.Lock())
         async with lock:
             try:
-                ws = REGISTRY.acquire(trajectory_id, self.name, extra_field, self.settings.workdir)
-                env["workspace"] = True
+                ws = await self.workspace_async(trajectory_id, extra_field)
                 timeout = self.timeout_s()
                 shell: Optional[ShellSession] = env.get("shell")
                 if shell is None:
@@ -88,5 +87,4 @@ class BashTool(BaseTool):
         shell = env.get("shell")
         if shell is not None:
             shell.kill()
-        if env.get("workspace"):
-            REGISTRY.release(trajectory_id, self.name)
+        super().on_delete(trajectory_id, env)

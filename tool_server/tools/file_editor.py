@@ -28,8 +28,8 @@ from typing import Any, Optional
 
 from tool_server.tools._parsing import (ToolCall, ToolCallError, parse_tool_call_for,
                                         register_names)
-from tool_server.tools.base import BaseTool, Observation
-from tool_server.workspace import REGISTRY, Workspace, WorkspaceError
+from tool_server.tools.base import Observation
+from tool_server.workspace import Workspace, WorkspaceError, WorkspaceTool
 
 FILE_EDITOR_NAMES = register_names({"file_editor", "str_replace_editor"})
 COMMANDS = ("view", "create", "str_replace", "insert")
@@ -277,7 +277,7 @@ def list_dir(ws: Workspace, rel: str, depth: int = 2, limit: int = 500) -> list[
     return sorted(out)[:limit]
 
 
-class FileEditorTool(BaseTool):
+class FileEditorTool(WorkspaceTool):
     """View / create / str_replace / insert on files of the trajectory's workspace."""
 
     name = "file_editor"
@@ -292,10 +292,8 @@ class FileEditorTool(BaseTool):
         if isinstance(parsed, ToolCallError):
             return {"obs": parsed.message, "invalid_reason": parsed.message}, False, False
         assert isinstance(parsed, ToolCall)
-        env = self.load_env(trajectory_id)
         try:
-            ws = REGISTRY.acquire(trajectory_id, self.name, extra_field, self.settings.workdir)
-            env["workspace"] = True
+            ws = self.workspace(trajectory_id, extra_field)
             text = self._run(ws, parsed.arguments)
         except (EditorError, WorkspaceError) as e:
             return {"obs": str(e), "invalid_reason": str(e)}, False, False
@@ -362,7 +360,3 @@ class FileEditorTool(BaseTool):
         write_text(ws, rel, new_text)
         return f"The file {shown} has been edited. " + snippet(
             new_text, line + 1, line_count(new_str) or 1, shown)
-
-    def on_delete(self, trajectory_id: str, env: dict) -> None:
-        if env.get("workspace"):
-            REGISTRY.release(trajectory_id, self.name)

@@ -20,8 +20,8 @@ from typing import Any
 from tool_server.tools._parsing import ToolCallError, parse_tool_call_for, register_names
 from tool_server.tools._shell import (SandboxUnavailable, command_timeout, format_result, run_once,
                                       workspace_argv, workspace_limits)
-from tool_server.tools.base import BaseTool, Observation
-from tool_server.workspace import REGISTRY, WorkspaceError
+from tool_server.tools.base import Observation
+from tool_server.workspace import WorkspaceError, WorkspaceTool
 
 RUN_TESTS_NAMES = register_names({"run_tests"})
 DEFAULT_TEST_CMD = "python -m pytest -q"
@@ -51,7 +51,7 @@ def reward_from_counts(counts: dict[str, int], exit_code: Any) -> float:
     return 1.0 if ok else 0.0
 
 
-class RunTestsTool(BaseTool):
+class RunTestsTool(WorkspaceTool):
     """Runs ``extra_field["test_cmd"]`` in the trajectory's sandboxed workspace."""
 
     name = "run_tests"
@@ -69,7 +69,6 @@ class RunTestsTool(BaseTool):
                    f"{sorted(parsed.arguments)}.")
             return {"obs": msg, "invalid_reason": msg}, False, False
         extra_field = extra_field or {}
-        env = self.load_env(trajectory_id)
         try:
             cmd = extra_field.get("test_cmd", DEFAULT_TEST_CMD)
             if not isinstance(cmd, str) or not cmd.strip():
@@ -82,8 +81,7 @@ class RunTestsTool(BaseTool):
                                  f"{requested!r:.40}")
             timeout = command_timeout(self.settings.extra, "run_tests_timeout_s",
                                       self.settings.timeout_s, requested)
-            ws = REGISTRY.acquire(trajectory_id, self.name, extra_field, self.settings.workdir)
-            env["workspace"] = True
+            ws = await self.workspace_async(trajectory_id, extra_field)
             argv, cwd = workspace_argv(ws, workspace_limits(self.settings.extra, "run_tests",
                                                             float(timeout)),
                                        self.settings.unsafe_no_sandbox, ["bash", "-c", cmd])
@@ -98,7 +96,3 @@ class RunTestsTool(BaseTool):
         text = format_result(res, float(timeout), self.settings.max_obs_chars - len(summary) - 1)
         return {"obs": text + "\n" + summary, "metrics": metrics,
                 "reward": reward_from_counts(counts, res.exit_code)}, False, True
-
-    def on_delete(self, trajectory_id: str, env: dict) -> None:
-        if env.get("workspace"):
-            REGISTRY.release(trajectory_id, self.name)
