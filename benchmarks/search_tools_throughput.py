@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--api-delay-ms", type=float, default=50.0)
+    ap.add_argument("--torch-threads", default="default",
+                    help="comma list of encoder thread counts for the dense rows, e.g. 1,2")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="bench_search_")
@@ -111,10 +113,15 @@ def main() -> None:
           f"cpu count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
     print(f"{'tool / backend':<26} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'invalid':>8}")
     common = dict(timeout=60, max_concurrency=256, workdir=tmp)
-    for kind in ("bm25", "dense"):
-        with run_server(tools=["search_retrieval"], tool_opt={"retrieval_index": idx[kind],
-                                                              "topk": 3}, **common) as url:
-            row(f"search_retrieval {kind}", url, qs, args.clients)
+    with run_server(tools=["search_retrieval"], tool_opt={"retrieval_index": idx["bm25"],
+                                                          "topk": 3}, **common) as url:
+        row("search_retrieval bm25", url, qs, args.clients)
+    for threads in args.torch_threads.split(","):
+        opts = {"retrieval_index": idx["dense"], "topk": 3}
+        if threads != "default":
+            opts["retrieval_torch_threads"] = threads
+        with run_server(tools=["search_retrieval"], tool_opt=opts, **common) as url:
+            row(f"search_retrieval dense t={threads}", url, qs, args.clients)
     with run_server(tools=["web_search"], tool_opt={
             "retrieval_index": idx["bm25"], "topk": 3, "web_search_cache": "none"}, **common
                     ) as url:

@@ -147,3 +147,21 @@ def test_astart_loads_the_index_and_never_raises(tmp_path, caplog):
     bad = SearchRetrievalTool(ToolSettings(extra={"retrieval_index": str(tmp_path)}))
     asyncio.run(bad.astart())  # logged, not raised: the server must still start
     assert "cannot open the retrieval index" in caplog.text
+
+
+def test_torch_threads_option_sets_encoder_threads():
+    import torch
+
+    from tool_server.retrieval.options import RetrievalOptions
+
+    before = torch.get_num_threads()
+    opts = RetrievalOptions.from_extra({"retrieval_index": synthetic_index("bm25"),
+                                        "retrieval_torch_threads": "1"})
+    assert opts.torch_threads == 1
+    try:
+        opts.service()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="'retrieval_torch_threads' must be >= 1"):
+        RetrievalOptions.from_extra({"retrieval_torch_threads": 0})

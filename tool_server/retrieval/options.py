@@ -6,7 +6,10 @@ search a local index: ``search_retrieval`` and the local ``web_search`` backend)
 ``retrieval_encoder`` [VERLTOOL_RETRIEVAL_ENCODER] a sentence-transformers folder for
 dense queries (default: the one the index was built with);
 ``retrieval_batch_ms`` (5) how long a batch waits for more queries;
-``retrieval_max_batch`` (64) the largest batch.
+``retrieval_max_batch`` (64) the largest batch;
+``retrieval_torch_threads`` (torch's default) intra-op threads of the dense query encoder
+(process-wide; 1 avoids thread barriers on a busy machine, see
+``benchmarks/search_tools_throughput.py --torch-threads``).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ class RetrievalOptions:
     encoder: Optional[str] = None
     batch_ms: float = 5.0
     max_batch: int = 64
+    torch_threads: Optional[int] = None
 
     @classmethod
     def from_extra(cls, extra: Optional[dict]) -> "RetrievalOptions":
@@ -39,6 +43,7 @@ class RetrievalOptions:
                                 env="VERLTOOL_RETRIEVAL_ENCODER"),
             batch_ms=tool_option(extra, "retrieval_batch_ms", float, 5.0, minimum=0),
             max_batch=tool_option(extra, "retrieval_max_batch", int, 64, minimum=1),
+            torch_threads=tool_option(extra, "retrieval_torch_threads", int, None, minimum=1),
         )
 
     def service(self) -> RetrievalService:
@@ -48,6 +53,11 @@ class RetrievalOptions:
                 "no retrieval index is configured; start the tool server with "
                 "--tool-opt retrieval_index=<index folder> (or set VERLTOOL_RETRIEVAL_INDEX); "
                 "build one with `python -m tool_server.retrieval build`")
+        if self.torch_threads:
+            import torch
+
+            if torch.get_num_threads() != self.torch_threads:
+                torch.set_num_threads(self.torch_threads)
         return get_service(self.index_dir, self.encoder, self.batch_ms, self.max_batch)
 
     async def warm_up(self) -> None:
