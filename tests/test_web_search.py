@@ -230,6 +230,13 @@ def test_end_to_end_http_backend_through_the_server(api, tmp_path):
             "trajectory_ids": ["c"], "actions": ["<search>capital  of peru</search>"]})
         assert body["observations"][0].startswith("<information>Doc 1 (Title: capital of peru")
         assert len(api.requests) == n  # the disk cache answered
+        api.fail_with = [500] * 4  # every attempt fails: an error observation, not a crash
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": ["d"], "actions": ["<search>unlucky</search>"]})
+        assert status == 200 and body["valids"] == [False]
+        assert body["observations"][0] == {
+            "obs": "Search error: search API failed after 4 attempt(s): HTTP 500",
+            "invalid_reason": "search_error"}
     assert cache.exists()
 
 
