@@ -1,0 +1,115 @@
+"""Building a run's components from its config: policy checkpoint, task data, sampler,
+tool server. Each function does one thing and is reused by train and eval."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Iterator, Optional
+
+log = logging.getLogger("verltool_jax.train")
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def prepare_model_dir(config, out_dir: Path) -> Path:
+    """The HF checkpoint the run starts from.
+
+    ``config.model.path`` if set; otherwise a tiny random model of ``config.model.family``
+    with the sizes of ``config.model.tiny`` and a tokenizer trained on our own text, built
+    once into ``<out_dir>/init_model`` (reused on resume).
+    """
+    if config.model.path:
+        path = Path(config.model.path)
+        if not _is_checkpoint(path):
+            raise ValueError(f"model.path={str(path)!r} is not an HF checkpoint directory "
+                             "(config.json + *.safetensors); fix the path or leave it empty "
+                             "to build a tiny model")
+        return path
+    if "tiny" not in config.model:
+        raise ValueError("model.path is empty and model.tiny is not configured: give "
+                         "--config.model.path=/path/to/hf_checkpoint")
+    path = out_dir / "init_model"
+    if _is_checkpoint(path):
+        return path
+    from verltool_jax.testing.tiny import build_tiny_hf
+    t = config.model.tiny
+    log.info("building a tiny %s model in %s", config.model.family, path)
+    build_tiny_hf(path, family=config.model.family, vocab_size=t.vocab_size, seed=t.seed,
+                  hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
+                  num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
+                  intermediate_size=t.intermediate_size,
+                  max_position_embeddings=max(config.model.max_seq_len,
+                                              config.sampler.max_model_len))
+    return path
+
+
+def load_tokenizer(config, model_dir: Path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(config.model.tokenizer_path or str(model_dir))
+
+
+def prepare_task_files(config, out_dir: Path) -> dict:
+    """Train / eval / SFT file lists: generated for a built-in task, else from ``data``."""
+    files = {"train": tuple(config.data.train_files), "eval": tuple(config.data.eval_files),
+             "sft": tuple(config.sft.files)}
+    task = config.get("task")
+    if task is not None and task.get("name") == "tiny_math":
+        from verltool_jax.tasks.tiny_math import write_task_from_config
+        tf = write_task_from_config(config, out_dir / "data")
+        files = {"train": files["train"] or (str(tf.train),),
+                 "eval": files["eval"] or (str(tf.eval),),
+                 "sft": files["sft"] or (str(tf.sft),)}
+    if not files["train"] and config.stage == "rl":
+        raise ValueError("no training data: set data.train_files (parquet/JSONL in the verl "
+                         "layout) or task.name to a built-in task")
+    if config.stage == "sft" and not files["sft"]:
+        raise ValueError("stage=sft needs demonstrations: set sft.files")
+    return files
+
+
+def make_sampler(config, model_dir: Path, tokenizer):
+    """The sampler pool of ``config.sampler`` (vLLM engines or the JAX sampler)."""
+    s = config.sampler
+    if s.backend == "vllm":
+        from verltool_jax.samplers.vllm_sampler import VLLMSampler
+        engines = [VLLMSampler(model_dir, max_model_len=s.max_model_len, dtype=s.dtype,
+                               seed=s.seed + i, gpu_memory_utilization=s.gpu_memory_utilization,
+                               enforce_eager=s.enforce_eager, name=f"vllm{i}")
+                   for i in range(s.num_engines)]
+    elif s.backend == "jax":
+        from verltool_jax.models.hf_io import load_hf
+        from verltool_jax.samplers.jax_sampler import JaxSampler
+        engines = [JaxSampler(load_hf(model_dir, dtype=s.dtype), tokenizer,
+                              max_model_len=s.max_model_len, seed=s.seed + i)
+                   for i in range(s.num_engines)]
+    else:
+        raise ValueError(f"sampler.backend must be 'vllm' or 'jax', got {s.backend!r}")
+    if len(engines) == 1:
+        return engines[0]
+    from verltool_jax.samplers.pool import SamplerPool
+    return SamplerPool(engines)
+
+
+@contextlib.contextmanager
+def tool_server_url(config) -> Iterator[str]:
+    """Yield the tool server's URL: ``tool_server.url`` if set, else a server we start
+    (a real subprocess) with ``tool_server.tools`` and stop afterwards."""
+    ts = config.tool_server
+    if ts.url:
+        yield ts.url
+        return
+    from tool_server.testing import run_server
+    with run_server(tools=list(ts.tools), timeout=ts.timeout_s,
+                    max_concurrency=ts.max_concurrency) as url:
+        log.info("tool server with %s at %s", ",".join(ts.tools), url)
+        yield url
+
+
+def hf_export(model, tokenizer, path: Path) -> Path:
+    """Write the policy as an HF checkpoint (+ tokenizer) that transformers/vLLM load."""
+    from verltool_jax.models.hf_io import save_hf
+    save_hf(model, path, tokenizer=tokenizer)
+    return path

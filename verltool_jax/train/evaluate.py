@@ -1,0 +1,47 @@
+"""Held-out evaluation: one greedy trajectory per prompt through the real tool server,
+scored by the reward registry. Used by the trainer (after SFT, every ``eval_every``
+steps, at the end) and by ``python -m verltool_jax.eval``."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
+from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.rewards.compute import RewardPool, assign_rewards
+
+
+def prompt_items(examples: Sequence[Any], prefix: str) -> list[PromptItem]:
+    """``PromptExample`` s -> ``PromptItem`` s with unique group ids ``{prefix}{index}``."""
+    return [PromptItem(list(e.prompt_ids), dict(e.row), f"{prefix}{e.index}") for e in examples]
+
+
+def summarize(trajs: Sequence[Trajectory], prefix: str) -> dict:
+    """Mean reward, accuracy, tool calls, turns, response length and termination counts."""
+    if not trajs:
+        return {}
+    r = np.array([t.reward or 0.0 for t in trajs], np.float64)
+    acc = np.array([t.reward_info.get("acc", 0.0) for t in trajs], np.float64)
+    out = {f"{prefix}/reward": float(r.mean()), f"{prefix}/acc": float(acc.mean()),
+           f"{prefix}/tool_calls": float(np.mean([t.tool_calls for t in trajs])),
+           f"{prefix}/invalid_tool_calls": float(np.mean([t.invalid_tool_calls for t in trajs])),
+           f"{prefix}/turns": float(np.mean([t.num_turns for t in trajs])),
+           f"{prefix}/response_len": float(np.mean([len(t.response_ids) for t in trajs])),
+           f"{prefix}/num": len(trajs)}
+    for reason in sorted({t.termination for t in trajs}):
+        out[f"{prefix}/term_{reason}"] = sum(t.termination == reason for t in trajs) / len(trajs)
+    return out
+
+
+async def evaluate(sampler, items: Sequence[PromptItem], tool_client, tokenizer,
+                   rollout_cfg: RolloutConfig, reward_pool: RewardPool,
+                   prefix: str = "eval") -> tuple[dict, list[Trajectory]]:
+    """Greedy (temperature 0) rollout of every item once; returns (metrics, trajectories)."""
+    cfg = dataclasses.replace(rollout_cfg, temperature=0.0, top_p=1.0, top_k=-1)
+    groups = await run_rollout(list(items), 1, sampler, tool_client, tokenizer, cfg)
+    trajs = [g[0] for g in groups]
+    assign_rewards(trajs, await reward_pool.score_async(trajs, tokenizer))
+    return summarize(trajs, prefix), trajs

@@ -1,0 +1,73 @@
+"""Supervised fine-tuning on demonstrations (the warm start before RL).
+
+Loss of a batch (target-aligned ``loss_mask``, see :mod:`verltool_jax.train.batch`):
+
+    L = - sum_{b,t} mask[b,t] * log p(input_ids[b,t+1] | input_ids[b,:t+1]) / sum mask
+
+i.e. the token-mean negative log-likelihood of the response tokens the demonstration
+marks as trained (model turns and EOS); observation tokens have mask 0.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from verltool_jax.data.sft import SFTExample
+from verltool_jax.models.logprobs import token_logprobs
+from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.train.batch import batch_from_trajectories, shift_targets
+from verltool_jax.train.state import TrainState
+
+SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
+
+
+def sft_batch(examples: Sequence[SFTExample], pad_id: int, max_len: int,
+              pad_to_multiple: int = 16) -> dict:
+    """Right-padded ``input_ids``/``attention_mask``/target-aligned ``loss_mask`` arrays.
+
+    Built with the same code as the RL batch, so SFT and RL align tokens identically.
+    """
+    trajs = [Trajectory(trajectory_id=f"sft-{e.index}", group_id=f"sft-{e.index}",
+                        prompt_ids=list(e.prompt_ids), response_ids=list(e.response_ids),
+                        loss_mask=list(e.loss_mask), logprobs=[0.0] * len(e.response_ids),
+                        versions=[0] * len(e.response_ids)) for e in examples]
+    full = batch_from_trajectories(trajs, [0.0] * len(trajs), pad_id, max_len, pad_to_multiple)
+    return {k: full[k] for k in SFT_KEYS}
+
+
+def sft_loss(model: nnx.Module, batch: dict) -> tuple[jax.Array, dict]:
+    """Token-mean NLL over ``loss_mask`` (module docstring) and its metrics."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    logp = token_logprobs(model, ids, attn, shift_targets(ids))
+    mask = batch["loss_mask"].astype(jnp.float32)
+    n = jnp.maximum(mask.sum(), 1.0)
+    loss = -(logp * mask).sum() / n
+    # Teacher-forced token accuracy is not available from logprobs alone; report the
+    # mean per-token probability of the demonstrated tokens instead.
+    return loss, {"sft_loss": loss, "sft_token_prob": (jnp.exp(logp) * mask).sum() / n,
+                  "sft_tokens": mask.sum()}
+
+
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
+    """``step(state, batch) -> (state, metrics)``: one jitted SFT update (NaN-safe)."""
+
+    def loss_fn(params, batch):
+        return sft_loss(nnx.merge(graphdef, params), batch)
+
+    def step(state: TrainState, batch: dict):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        gnorm = optax.global_norm(grads)
+        ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda n, o: jax.tree.map(lambda a, b: jnp.where(ok, a, b), n, o)
+        metrics = dict(metrics, grad_norm=gnorm, skipped_updates=(~ok).astype(jnp.float32))
+        return state.replace(params=keep(new_params, state.params),
+                             opt_state=keep(new_opt, state.opt_state),
+                             step=state.step + 1), metrics
+
+    return jax.jit(step, donate_argnums=(0,))
