@@ -43,8 +43,9 @@ class Checkpointer:
         if keep < 1:
             raise ValueError(f"trainer.keep_ckpts must be >= 1, got {keep}")
         self.directory = os.path.abspath(os.fspath(directory))
+        self.save_every = save_every
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, save_interval_steps=save_every,
+            max_to_keep=keep, save_interval_steps=1,
             enable_async_checkpointing=async_save, create=True)
         self._mngr = ocp.CheckpointManager(self.directory, options=options,
                                            item_names=("state", "data"))
@@ -53,6 +54,8 @@ class Checkpointer:
                    force: bool = False) -> bool:
         """Save ``state`` (+ ``data_state``) if its step is due (or ``force``); True if saved."""
         step = int(jax.device_get(state.step))
+        if not force and step % self.save_every:
+            return False
         args = ocp.args.Composite(state=ocp.args.StandardSave(_state_tree(state)),
                                   data=ocp.args.JsonSave(dict(data_state or {})))
         return bool(self._mngr.save(step, args=args, force=force))
