@@ -52,7 +52,7 @@ def test_demonstration_format_tokens(tmp_path):
 
 def test_custom_obs_template_and_bad_sizes():
     segs = tiny_math.demonstration_segments(1234, 5678, obs_template="<result>{obs}</result>")
-    assert segs[1] == {"text": "<result>7006652</result>", "loss": False}
+    assert segs[1] == {"text": "<result>7006652\n</result>", "loss": False}  # as the tool prints
     with pytest.raises(ValueError, match="num_demos=5 must be <= num_train=3"):
         tiny_math.generate(3, 1, 5)
     with pytest.raises(ValueError, match="cannot draw"):

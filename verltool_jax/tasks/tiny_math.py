@@ -48,7 +48,8 @@ def demonstration_segments(a: int, b: int, obs_template: str = DEFAULT_OBS_TEMPL
         raise ValueError(f"obs_template must contain '{{obs}}' once, got {obs_template!r}")
     product = str(a * b)
     return [{"text": f"<python>print({a} * {b})</python>", "loss": True},
-            {"text": obs_template.format(obs=product), "loss": False},
+            # exactly what the python tool returns for print(): the value and a newline
+            {"text": obs_template.format(obs=product + "\n"), "loss": False},
             {"text": f"<answer>{product}</answer>", "loss": True}]
 
 
