@@ -136,7 +136,7 @@ def test_random_init_model_runs_and_bad_input_errors():
     cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                       head_dim=16, intermediate_size=64)
     model = Transformer(cfg, nnx.Rngs(0))
-    assert model(jnp.ones((2, 5), jnp.int32)).shape == (2, 5, 64)
+    assert nnx.jit(lambda m, x: m(x))(model, jnp.ones((2, 5), jnp.int32)).shape == (2, 5, 64)
     with pytest.raises(ValueError, match="input_ids"):
         model(jnp.ones((5,), jnp.int32))
     with pytest.raises(ValueError, match="attention_mask"):
@@ -167,3 +167,14 @@ def test_rope_scaling_frequencies_match_transformers(rope):
     np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
     base = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
     assert not np.allclose(ours, base)  # the scaling did something
+
+
+def test_hf_named_tensors_accepts_pure_dict_and_bf16():
+    model = load_hf(tiny_ckpt("qwen3"), dtype="bfloat16")
+    state = nnx.split(model, nnx.Param)[1]
+    a = dict(hf_named_tensors(state, model.config))
+    b = dict(hf_named_tensors(nnx.to_pure_dict(state), model.config))
+    assert a.keys() == b.keys() and "model.layers.1.self_attn.k_norm.weight" in a
+    for k in a:
+        assert a[k].dtype == b[k].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(a[k], b[k])

@@ -26,10 +26,29 @@ from .transformer import Transformer
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+def _key(p):
+    if isinstance(p, jax.tree_util.DictKey):
+        return p.key
+    if isinstance(p, jax.tree_util.SequenceKey):
+        return p.idx
+    if isinstance(p, jax.tree_util.GetAttrKey):
+        return p.name
+    return p
+
+
 def _flat_params(model_or_state) -> dict[tuple, Any]:
-    state = (nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module)
-             else model_or_state)
-    return {tuple(k): v for k, v in nnx.to_flat_state(state)}
+    """``{path tuple: array or Variable}`` of a module's params, an ``nnx.State`` or a plain
+    nested dict (``nnx.to_pure_dict``)."""
+    if isinstance(model_or_state, nnx.Module):
+        model_or_state = nnx.state(model_or_state, nnx.Param)
+    if isinstance(model_or_state, nnx.State):
+        return {tuple(k): v for k, v in nnx.to_flat_state(model_or_state)}
+    leaves = jax.tree_util.tree_flatten_with_path(model_or_state)[0]
+    out = {}
+    for kp, leaf in leaves:
+        path = tuple(_key(p) for p in kp)
+        out[path[:-1] if path and path[-1] == "value" else path] = leaf
+    return out
 
 
 def _value(leaf):
