@@ -39,7 +39,7 @@ def test_demonstration_format_tokens(tmp_path):
     a, b = ex.row["extra_info"]["a"], ex.row["extra_info"]["b"]
     p = a * b
     assert tok.decode(ex.response_ids) == (f"<python>print({a} * {b})</python>"
-                                           f"<result>\n{p}\n</result><answer>{p}</answer><|im_end|>")
+                                           f"<result>\n{p}\n\n</result><answer>{p}</answer><|im_end|>")
     toks = tok.convert_ids_to_tokens(ex.response_ids)
     for atomic in ("<python>", "</python>", "<result>", "</result>", "<answer>", "</answer>"):
         assert atomic in toks                              # one token each
