@@ -83,7 +83,7 @@ def row(name: str, url: str, qs: list[str], clients: int) -> None:
     asyncio.run(load(url, qs[: min(len(qs), 2 * clients)], clients))  # warm-up
     secs, lat, invalid = asyncio.run(load(url, qs, clients))
     ms = [x * 1000 for x in lat]
-    print(f"{name:<26} {len(qs) / secs:>9.1f} {statistics.median(ms):>9.1f} "
+    print(f"{name:<34} {len(qs) / secs:>9.1f} {statistics.median(ms):>9.1f} "
           f"{percentile(ms, 99):>9.1f} {invalid:>8d}", flush=True)
 
 
@@ -111,7 +111,7 @@ def main() -> None:
     qs = queries(args.requests)
     print(f"# {args.requests} requests, {args.clients} concurrent clients, one action each; "
           f"cpu count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'tool / backend':<26} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'invalid':>8}")
+    print(f"{"tool / backend":<34} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'invalid':>8}")
     common = dict(timeout=60, max_concurrency=256, workdir=tmp)
     with run_server(tools=["search_retrieval"], tool_opt={"retrieval_index": idx["bm25"],
                                                           "topk": 3}, **common) as url:
