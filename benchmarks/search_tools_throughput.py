@@ -111,7 +111,7 @@ def main() -> None:
     qs = queries(args.requests)
     print(f"# {args.requests} requests, {args.clients} concurrent clients, one action each; "
           f"cpu count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
-    print(f"{"tool / backend":<34} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'invalid':>8}")
+    print(f"{'tool / backend':<34} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'invalid':>8}")
     common = dict(timeout=60, max_concurrency=256, workdir=tmp)
     with run_server(tools=["search_retrieval"], tool_opt={"retrieval_index": idx["bm25"],
                                                           "topk": 3}, **common) as url:
