@@ -30,6 +30,7 @@ class AsyncBatcher(Generic[T, R]):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._pending: list[tuple[T, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()  # running batches (a task needs a reference)
         # Sizes of the most recent batches (for metrics and tests).
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1024)
 
@@ -49,7 +50,9 @@ class AsyncBatcher(Generic[T, R]):
             self._timer = None
         batch, self._pending = self._pending, []
         if batch:
-            asyncio.get_running_loop().create_task(self._run(batch))
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: list[tuple[T, asyncio.Future]]) -> None:
         items = [item for item, _ in batch]
