@@ -6,7 +6,8 @@ runaway sympy simplification); if a worker is stuck beyond that (in C code), the
 deadline ``timeout_s * ceil(n / num_workers) + grace_s`` passes, the pool is killed and
 restarted, and every unfinished item scores 0 with ``info["timeout"] = True``.
 An exception in a reward function scores 0 with ``info["error"]``; it never stops training.
-``num_workers=0`` scores in the calling process (the timer then works only in the main
+Workers warm the math verifier up when they start (``warm_up``), so a first LaTeX parse
+(seconds) does not eat an item's timeout. ``num_workers=0`` scores in the calling process (the timer then works only in the main
 thread). ``score_async`` runs a batch in a thread so the asyncio loop keeps going.
 """
 from __future__ import annotations
@@ -69,14 +70,24 @@ def score_item(item: RewardItem, timeout_s: float, shaping: ShapingSettings) -> 
     return RewardResult(score, base.correct, info)
 
 
-def _init_worker(modules: Sequence[str]) -> None:
-    import verltool_jax.rewards  # noqa: F401  registers the built-in rewards
-    for m in modules:
-        importlib.import_module(m)
+_INIT_ERROR: Optional[str] = None
 
 
-def _ping(_: int) -> bool:
-    return True
+def _init_worker(modules: Sequence[str], warm: bool) -> None:
+    global _INIT_ERROR
+    try:
+        import verltool_jax.rewards  # noqa: F401  registers the built-in rewards
+        if warm:
+            from verltool_jax.rewards.math_reward import warm_up
+            warm_up()
+        for m in modules:
+            importlib.import_module(m)
+    except Exception as e:  # noqa: BLE001  reported to the parent by _ping
+        _INIT_ERROR = f"{type(e).__name__}: {e}"
+
+
+def _ping(_: int) -> Optional[str]:
+    return _INIT_ERROR
 
 
 def _worker_score(args) -> RewardResult:
@@ -121,11 +132,13 @@ class RewardPool:
 
     def __init__(self, num_workers: int = 2, timeout_s: float = 10.0,
                  shaping: ShapingSettings = ShapingSettings(), reward_name: str = "",
-                 reward_modules: Sequence[str] = (), grace_s: float = 5.0):
+                 reward_modules: Sequence[str] = (), grace_s: float = 5.0,
+                 startup_timeout_s: float = 120.0, warm_up: bool = True):
         if num_workers < 0 or timeout_s <= 0:
             raise ValueError(f"need num_workers >= 0 and timeout_s > 0, got {num_workers}, "
                              f"{timeout_s}")
         self.num_workers, self.timeout_s, self.grace_s = num_workers, timeout_s, grace_s
+        self.startup_timeout_s, self.warm_up = startup_timeout_s, warm_up
         self.shaping, self.reward_name = shaping, reward_name
         self.reward_modules = tuple(reward_modules)
         self.restarts = 0
@@ -145,10 +158,20 @@ class RewardPool:
         if self._pool is None and self.num_workers > 0:
             ctx = mp.get_context("spawn")   # never fork a process that runs JAX threads
             self._pool = ctx.Pool(self.num_workers, initializer=_init_worker,
-                                  initargs=(self.reward_modules,))
+                                  initargs=(self.reward_modules, self.warm_up))
             # Wait until the workers have imported the rewards, so that start-up time
             # (seconds, for sympy) never counts against a batch's deadline.
-            self._pool.map_async(_ping, range(self.num_workers), chunksize=1).get(timeout=300)
+            try:
+                errors = self._pool.map_async(_ping, range(self.num_workers), chunksize=1
+                                              ).get(timeout=self.startup_timeout_s)
+            except mp.TimeoutError:
+                errors = [f"no worker answered within {self.startup_timeout_s}s (a script "
+                          "that starts a RewardPool needs the if __name__ == '__main__': "
+                          "guard, and cannot be run from stdin)"]
+            errors = [e for e in errors if e]
+            if errors:
+                self.close()
+                raise RuntimeError(f"reward workers failed to start: {errors[0]}")
         return self._pool
 
     def score(self, entries: Iterable[Any], tokenizer=None) -> list[RewardResult]:

@@ -63,6 +63,11 @@ def symbolic_equal(pred: str, gold: str) -> bool:
     return bool(verify(g, p, timeout_seconds=t))
 
 
+def warm_up() -> None:
+    """Pay math-verify's one-off LaTeX parser set-up (seconds) now, not in a timed call."""
+    symbolic_equal("x^2+2x+1", "(x+1)^2")
+
+
 def math_equivalent(pred: str, gold: Any) -> bool:
     """Whether ``pred`` and ``gold`` are the same answer (see the module doc)."""
     gold = str(gold)
