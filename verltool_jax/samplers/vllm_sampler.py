@@ -107,7 +107,7 @@ class VLLMSampler:
         """Run ``coro`` on the engine loop from synchronous code, with a timeout."""
         if self._closed:
             coro.close()
-            raise SamplerError(f"{self.name}: the sampler is closed; create a new one")
+            raise SamplerDeadError(f"{self.name}: the sampler is closed; create a new one")
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return fut.result(timeout)
@@ -222,7 +222,7 @@ class VLLMSampler:
                        request_id: Optional[str] = None) -> Completion:
         """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`)."""
         if self._closed:
-            raise SamplerError(f"{self.name}: the sampler is closed; create a new one")
+            raise SamplerDeadError(f"{self.name}: the sampler is closed; create a new one")
         prompt = [int(t) for t in prompt_token_ids]
         max_new = effective_max_tokens(prompt, params, self.max_model_len, self.vocab_size)
         vparams = self._vllm_params(params, max_new)
