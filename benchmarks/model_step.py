@@ -1,7 +1,7 @@
 """Forward+backward throughput of the Flax policy vs the same model in PyTorch (transformers),
 and peak memory of chunked vs naive token log-probabilities.
 
-    python benchmarks/model_step.py [--batch 4 --seq 256 --steps 5]
+    python benchmarks/model_step.py [--batch 4 --seq 256 --steps 5 --threads 1]
 
 Both frameworks run the same random Qwen2-style checkpoint (written by transformers and
 loaded with ``load_hf``) and the same loss: the summed log-probability of the next token.
@@ -123,11 +123,20 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--intermediate", type=int, default=768)
     ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="pin both frameworks to this many CPU threads (0: library defaults)")
     a = ap.parse_args()
+    if a.threads:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
+                                   f"{'true' if a.threads > 1 else 'false'} "
+                                   f"intra_op_parallelism_threads={a.threads}")
     import jax
     import torch
+    if a.threads:
+        torch.set_num_threads(a.threads)
     print(f"machine: {os.cpu_count()} CPUs, jax {jax.__version__} ({jax.devices()[0].platform}), "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as d:
         build_checkpoint(d, a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab)
         ids = np.random.default_rng(0).integers(0, a.vocab, (a.batch, a.seq + 1))
