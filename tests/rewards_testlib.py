@@ -25,3 +25,12 @@ def wedged_reward(text, ground_truth, extra_info):
 @register_reward("test_raises")
 def raising_reward(text, ground_truth, extra_info):
     raise RuntimeError("broken verifier")
+
+
+@register_reward("test_verify_then_sleep")
+def verify_then_sleep_reward(text, ground_truth, extra_info):
+    """A symbolic check (math-verify, which has its own alarms), then a long sleep."""
+    from verltool_jax.rewards.math_reward import symbolic_equal
+    symbolic_equal("x+1", "1+x")
+    time.sleep(30)
+    return RewardResult(1.0, True, {})

@@ -39,8 +39,8 @@ class RewardItem:
     invalid_tool_calls: int = 0
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """Raised by the item timer; a BaseException so ``except Exception`` cannot swallow it."""
 
 
 def _on_alarm(signum, frame):

@@ -51,11 +51,18 @@ def numbers_equal(a: Fraction, b: Fraction, rel_tol: float = 1e-9) -> bool:
 
 
 def symbolic_equal(pred: str, gold: str) -> bool:
-    """``math_verify.verify(parse(gold), parse(pred))`` (its signal timeouts only work in
-    a process's main thread, so elsewhere none is set and the caller's timeout rules)."""
+    """``math_verify.verify(parse(gold), parse(pred))``.
+
+    math-verify's own timeouts use ``signal.alarm``, which works only in a main thread
+    and would cancel an enclosing timer (the reward pool's per-item SIGALRM timer), so
+    they are used only when no such timer is armed; otherwise the enclosing one rules.
+    """
+    import signal
+
     from math_verify import parse, verify
     main = threading.current_thread() is threading.main_thread()
-    t = 5 if main else None
+    outer_timer = main and signal.getitimer(signal.ITIMER_REAL)[0] > 0
+    t = 5 if main and not outer_timer else None
     g = parse(f"${gold}$", parsing_timeout=t)
     p = parse(f"${pred}$", parsing_timeout=t)
     if not g or not p:
