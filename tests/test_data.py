@@ -106,6 +106,10 @@ def test_finite_epochs_and_overlong_prompts():
     got = pipe.next_batch(10)
     assert [ex.index for ex in got] == [0, 1, 3]          # the long prompt is dropped
     assert got[1].ground_truth == "3" and got[1].data_source == "tiny_math"
+    from verltool_jax.rollout.agent_loop import as_prompt_item
+    item = as_prompt_item(got[1].to_prompt("step3-g1"), 0)    # what the rollout accepts
+    assert item.group_id == "step3-g1" and item.prompt_ids == got[1].prompt_ids
+    assert item.data["reward_model"]["ground_truth"] == "3"
     strict = PromptPipeline(rows, tok, shuffle=False, num_epochs=1, max_prompt_tokens=40,
                             overlong="error")
     with pytest.raises(ValueError, match="row 2: the prompt has .* max_prompt_tokens=40"):

@@ -46,6 +46,10 @@ class PromptExample:
     def messages(self) -> list[dict]:
         return self.row["prompt"]
 
+    def to_prompt(self, group_id: str) -> dict:
+        """The rollout's prompt form: ``{"prompt_ids", "data" (the row), "group_id"}``."""
+        return {"prompt_ids": list(self.prompt_ids), "data": self.row, "group_id": group_id}
+
 
 def rows_fingerprint(rows: Sequence[dict], sample: int = 1000) -> str:
     """sha1 of the row count and up to ``sample`` evenly spaced rows (cheap, stable)."""
