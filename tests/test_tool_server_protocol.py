@@ -205,3 +205,18 @@ def test_finish_tool_ends_unclaimed_actions_and_frees_state(tmp_path):
         assert one(url, "fin", "<count/>")[0] == "count=1"
         assert one(url, "fin", "The answer is 42.") == ("", True, True)
         assert one(url, "fin", "<count/>")[0] == "count=1"      # freed everywhere
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--tools", "sql", "--workers", "0"], "--workers must be positive"),
+    (["--tools", "sql", "--tool-dir", "/no/such/dir"], "does not exist (--tool-dir)"),
+    (["--tools", "python_code", "--tool-opt", "python_memory_mb=lots"], "python_memory_mb"),
+    (["--tools", "sql", "--tool-opt", "novalue"], "KEY=VALUE"),
+])
+def test_bad_command_line_exits_with_a_clear_message(flags, message):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "tool_server", "--port", "0", *flags],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(serve(tools, settings, args.host, args.port))
     except KeyError as e:  # unknown tool names
         raise SystemExit(f"error: {e.args[0]}") from None
+    except (ValueError, FileNotFoundError) as e:  # bad --tool-opt value, missing --tool-dir
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -69,6 +69,9 @@ def discover_tools(names: Optional[list[str]] = None, tool_dirs: Iterable[str] =
     """Find tool classes. With ``names``, return exactly those (raising ``KeyError``
     naming the missing ones and the available ones); without, every tool found."""
     dirs = [Path(d).resolve() for d in tool_dirs] + [BUILTIN_TOOL_DIR]
+    for d in dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"tool directory {str(d)!r} does not exist (--tool-dir)")
     found: dict[str, type] = {}
     if names:
         for name in names:
