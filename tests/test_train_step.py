@@ -208,3 +208,43 @@ def test_sharded_step_equals_unsharded(whole_and_micro):
     spec_out = {jax.tree_util.keystr(p): x.sharding.spec
                 for p, x in jax.tree_util.tree_flatten_with_path(new.params)[0]}
     assert spec_out == spec_in                                      # shardings kept
+
+
+# ------------------------------------------------------------------ optimizer
+def test_lr_schedules_hand_values():
+    from verltool_jax.train.optimizer import lr_schedule, optimizer_config
+    cos = lr_schedule(optimizer_config(lr=1.0, warmup_steps=2, total_steps=6, schedule="cosine",
+                                       min_lr_ratio=0.1))
+    # warmup (s+1)/W, then 0.1 + 0.9 * (1 + cos(pi p)) / 2 with p = (s-2)/4
+    want = [0.5, 1.0, 1.0, 0.1 + 0.9 * (1 + np.cos(np.pi / 4)) / 2, 0.55,
+            0.1 + 0.9 * (1 + np.cos(3 * np.pi / 4)) / 2, 0.1, 0.1]
+    np.testing.assert_allclose([float(cos(s)) for s in range(8)], want, rtol=1e-5)
+    lin = lr_schedule(optimizer_config(lr=2.0, total_steps=4, schedule="linear"))
+    np.testing.assert_allclose([float(lin(s)) for s in range(5)], [2.0, 1.5, 1.0, 0.5, 0.0],
+                               atol=1e-6)
+    const = lr_schedule(optimizer_config(lr=0.3, warmup_steps=3))
+    np.testing.assert_allclose([float(const(s)) for s in range(5)], [0.1, 0.2, 0.3, 0.3, 0.3],
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="optimizer.schedule"):
+        optimizer_config(schedule="step")
+    with pytest.raises(ValueError, match="unknown optim"):
+        optimizer_config({"optimizer": {"learning_rate": 1e-3}})
+    from configs import base
+    assert optimizer_config(base.get_config()).lr == base.get_config().optimizer.lr
+
+
+def test_optimizer_clips_global_norm_then_adamw():
+    import optax
+    from verltool_jax.train.optimizer import make_optimizer
+    params = {"w": jnp.ones((3,)), "b": jnp.zeros((2,))}
+    grads = {"w": jnp.array([3.0, 4.0, 0.0]), "b": jnp.array([0.0, 0.0])}   # norm 5
+    opt = make_optimizer(dict(lr=0.1, max_grad_norm=1.0, weight_decay=0.0, b1=0.0, b2=0.0,
+                              eps=1e-12))
+    upd, _ = opt.update(grads, opt.init(params), params)
+    # b1 = b2 = 0: Adam's step is -lr * g / |g| elementwise = -lr * sign(g)
+    np.testing.assert_allclose(upd["w"], [-0.1, -0.1, 0.0], atol=1e-6)
+    ref = optax.adamw(0.1, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0)
+    opt = make_optimizer(dict(lr=0.1, max_grad_norm=1.0, weight_decay=0.0))
+    upd_clip, _ = opt.update(grads, opt.init(params), params)
+    upd_ref, _ = ref.update(jax.tree.map(lambda g: g / 5.0, grads), ref.init(params), params)
+    np.testing.assert_allclose(upd_clip["w"], upd_ref["w"], rtol=1e-6)

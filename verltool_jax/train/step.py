@@ -184,10 +184,12 @@ def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformati
 
             def accumulate(g_sum, mb):
                 (_, metrics), g = grad_fn(params, mb, norm)
-                return jax.tree.map(jnp.add, g_sum, g), metrics
+                return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g), metrics
 
-            zeros = jax.tree.map(jnp.zeros_like, params)
+            # accumulate in float32 (bf16 params would lose small micro-batch gradients)
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
             grads, metrics = jax.lax.scan(accumulate, zeros, mini)
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
             metrics = _reduce_metrics(metrics, 0)
             gnorm = optax.tree.norm(grads)
             ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(gnorm)
