@@ -88,6 +88,7 @@ def test_shuffle_is_deterministic_and_resume_is_exact(tmp_path):
     b = PromptPipeline.from_files([path], tok, seed=3)
     b.set_state(state)
     assert order(b, 12) == expected
+    assert b.example_at(4).prompt_ids == prompt_token_ids(tok, b.rows[4]["prompt"])
     assert b.consumed == a.consumed == 22
 
     c = PromptPipeline.from_files([path], tok, seed=5)

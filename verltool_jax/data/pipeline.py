@@ -145,8 +145,16 @@ class PromptPipeline(RowPipeline):
                  overlong: str = "drop"):
         if overlong not in ("drop", "error"):
             raise ValueError(f"overlong must be 'drop' or 'error', got {overlong!r}")
-        super().__init__(rows, _prompt_transform(tokenizer, max_prompt_tokens, overlong),
-                         seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+        self._transform = _prompt_transform(tokenizer, max_prompt_tokens, overlong)
+        super().__init__(rows, self._transform, seed=seed, shuffle=shuffle,
+                         num_epochs=num_epochs)
+
+    def example_at(self, index: int) -> Optional[PromptExample]:
+        """The example of row ``index`` (e.g. to replay prompts in flight at a checkpoint);
+        None if that row's prompt is over ``max_prompt_tokens`` (with overlong="drop")."""
+        if not 0 <= index < len(self.rows):
+            raise IndexError(f"row index {index} out of range (0..{len(self.rows) - 1})")
+        return self._transform(int(index), self.rows[int(index)])
 
     @classmethod
     def from_files(cls, paths: Sequence[str | os.PathLike], tokenizer, fmt: str = "auto",
