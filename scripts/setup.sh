@@ -4,12 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v bwrap >/dev/null 2>&1; then
+if ! command -v bwrap >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1 || ! command -v prlimit >/dev/null 2>&1; then
   echo "[setup] installing bubblewrap (the tool server's sandbox)"
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq bubblewrap sqlite3 >/dev/null
+    apt-get update -qq && apt-get install -y -qq bubblewrap util-linux sqlite3 >/dev/null
   else
-    sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap sqlite3 >/dev/null
+    sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap util-linux sqlite3 >/dev/null
   fi
 fi
 
