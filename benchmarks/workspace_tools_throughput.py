@@ -1,5 +1,5 @@
-"""Throughput and latency of the image, file_editor, bash and run_tests tools through the
-real tool server.
+"""Throughput and latency of the image, file_editor, bash, run_tests and mcp tools through
+the real tool server.
 
 A tool server (``tool_server.testing.run_server``) runs all four tools; ``--clients``
 concurrent clients send ``--requests`` requests in total, one action per request. Printed
@@ -11,7 +11,8 @@ per row: requests/s, p50 and p99 latency (ms) and the number of non-valid answer
   trajectory (workspace and shell already made);
 * ``bash first command``: a new trajectory per request: workspace copy of the
   ``--files``-file repository + sandboxed shell start + one command + cleanup;
-* ``run_tests (pytest, 2 tests)``: steady state, a fresh sandboxed pytest each time.
+* ``run_tests (pytest, 2 tests)``: steady state, a fresh sandboxed pytest each time;
+* ``mcp add``: the ``mcp`` tool calling ``add`` on ``tests/mcp_test_server.py`` (stdio).
 
 Then the cost of one workspace copy as the tools make it (working tree copied with
 ``cp -a --reflink=auto``, git objects hardlinked when the server is root), next to a full
@@ -155,6 +156,12 @@ def main() -> None:
             max(k, n // 4), k)
         row("run_tests (pytest, 2 tests)", url, lambda i, c: one(
             f"rt{c}", tool_call("run_tests"), ex), max(k, n // 8), k)
+
+    mcp_server = os.path.join(ROOT, "tests", "mcp_test_server.py")
+    with run_server(tools=["mcp"], timeout=60, workdir=workdir, startup_timeout=120,
+                    tool_opt={"mcp_command": f"python {mcp_server}"}) as url:
+        row("mcp add (stdio server)", url, lambda i, c: one(
+            f"mcp{c}", tool_call("add", a=i, b=1), {}), n, k)
 
     def timed(fn, reps: int = 5) -> float:
         out = []
