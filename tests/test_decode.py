@@ -1,7 +1,6 @@
 """KV-cache decoding equals the full forward, for a batch of prompts of different lengths."""
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

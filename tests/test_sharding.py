@@ -142,7 +142,12 @@ def test_init_distributed_two_real_processes():
                    JAX_PLATFORMS="cpu")
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outs = [p.communicate(timeout=120) for p in procs]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     results = sorted(line.split()[1:] for out, _ in outs for line in out.splitlines()
                      if line.startswith("RESULT"))
     assert results == [["0", "2", "4", "2"], ["1", "2", "4", "2"]], outs

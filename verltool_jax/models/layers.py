@@ -1,7 +1,6 @@
 """Building blocks of the decoder: RMSNorm, grouped-query attention, SwiGLU MLP."""
 from __future__ import annotations
 
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
