@@ -145,23 +145,3 @@ def parse_tool_call_for(action: str, names: Collection[str],
             claim_near_misses and near_miss(parsed.name, names) is not None)):
         return parsed, True
     return None, False
-
-
-def require(args: dict, key: str, types: Union[type, tuple], tool: str, hint: str = ""):
-    """``args[key]`` checked against ``types``; raises ``ValueError`` naming field and fix."""
-    if key not in args:
-        raise ValueError(f'{tool}: missing argument "{key}".{(" " + hint) if hint else ""}')
-    val = args[key]
-    if isinstance(val, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise ValueError(f'{tool}: argument "{key}" must be {_type_names(types)}, got a boolean.')
-    if not isinstance(val, types):
-        raise ValueError(f'{tool}: argument "{key}" must be {_type_names(types)}, got '
-                         f"{type(val).__name__} ({val!r:.60}).{(' ' + hint) if hint else ''}")
-    return val
-
-
-def _type_names(types) -> str:
-    ts = types if isinstance(types, tuple) else (types,)
-    names = {int: "an integer", float: "a number", str: "a string", list: "a list",
-             dict: "an object", bool: "true or false"}
-    return " or ".join(names.get(t, t.__name__) for t in ts)

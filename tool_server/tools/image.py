@@ -26,7 +26,7 @@ import binascii
 import io
 import math
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
