@@ -35,8 +35,8 @@ from tool_server.workspace import Workspace
 
 log = logging.getLogger("tool_server.shell")
 
-__all__ = ["command_timeout", "workspace_argv", "workspace_limits", "OutputBuffer", "ShellResult", "ShellSession",
-           "run_once", "SandboxUnavailable"]
+__all__ = ["command_timeout", "workspace_argv", "workspace_limits", "OutputBuffer",
+           "ShellResult", "ShellSession", "run_once", "format_result", "SandboxUnavailable"]
 
 
 def command_timeout(extra: Optional[dict], key: str, server_timeout_s: float,

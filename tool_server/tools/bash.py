@@ -24,8 +24,8 @@ import re
 from typing import Any, Optional
 
 from tool_server.tools._options import tool_option
-from tool_server.tools._shell import (SandboxUnavailable, command_timeout, ShellSession, format_result,
-                                      workspace_argv, workspace_limits)
+from tool_server.tools._shell import (SandboxUnavailable, ShellSession, command_timeout,
+                                      format_result, workspace_argv, workspace_limits)
 from tool_server.tools._tags import last_tag_body
 from tool_server.tools.base import Observation
 from tool_server.workspace import WorkspaceError, WorkspaceTool

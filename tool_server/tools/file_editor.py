@@ -350,7 +350,8 @@ class FileEditorTool(WorkspaceTool):
         if command == "str_replace":
             old_str = args.get("old_str")
             if not isinstance(old_str, str):
-                raise EditorError('str_replace needs "old_str" (a string that occurs exactly once).')
+                raise EditorError('str_replace needs "old_str" (a string that occurs exactly '
+                                  "once).")
             new_text, first = replace_unique(text, old_str, new_str, shown)
             write_text(ws, rel, new_text)
             return f"The file {shown} has been edited. " + snippet(
