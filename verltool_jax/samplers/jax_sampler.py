@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import functools
 import json
 import queue
 import random
@@ -47,6 +48,32 @@ class _Request:
     stop: StopState
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=8)
+def _kernels(graphdef):
+    """Jitted ``(prefill+sample, decode+sample)`` for a model structure; shared by every
+    sampler of the same model, so a second sampler (a pool) compiles nothing new."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from verltool_jax.models.decode import decode_step, prefill
+    from .sampling_ops import row_keys, sample_tokens
+
+    def _prefill(state, cache, ids, mask, new_rows, temp, top_k, top_p, seeds, counts):
+        # rows taking a new request forget their old slots and restart at position 0
+        cache = cache.replace(kv_mask=cache.kv_mask & ~new_rows[:, None],
+                              positions=jnp.where(new_rows, 0, cache.positions))
+        cache, logits = prefill(nnx.merge(graphdef, state), cache, ids, mask)
+        tok, lp = sample_tokens(logits, temp, top_k, top_p, row_keys(seeds, counts))
+        return cache, tok, lp
+
+    def _decode(state, cache, tokens, active, temp, top_k, top_p, seeds, counts):
+        cache, logits = decode_step(nnx.merge(graphdef, state), cache, tokens, active)
+        tok, lp = sample_tokens(logits, temp, top_k, top_p, row_keys(seeds, counts))
+        return cache, tok, lp
+
+    return jax.jit(_prefill, donate_argnums=(1,)), jax.jit(_decode, donate_argnums=(1,))
 
 
 def _bucket(n: int, lo: int = 16) -> int:
@@ -119,26 +146,9 @@ class JAXSampler:
 
     # ------------------------------------------------------------------ jitted kernels
     def _build_fns(self, jax, nnx) -> None:
-        import jax.numpy as jnp
-        from verltool_jax.models.decode import decode_step, init_cache, prefill
-        from .sampling_ops import row_keys, sample_tokens
-        graphdef = self._graphdef
+        from verltool_jax.models.decode import init_cache
         self._init_cache = lambda: init_cache(self.config, self.max_batch_size, self.cache_len)
-
-        def _prefill(state, cache, ids, mask, new_rows, temp, top_k, top_p, seeds, counts):
-            cache = cache.replace(kv_mask=cache.kv_mask & ~new_rows[:, None],
-                                  positions=jnp.where(new_rows, 0, cache.positions))
-            cache, logits = prefill(nnx.merge(graphdef, state), cache, ids, mask)
-            tok, lp = sample_tokens(logits, temp, top_k, top_p, row_keys(seeds, counts))
-            return cache, tok, lp
-
-        def _decode(state, cache, tokens, active, temp, top_k, top_p, seeds, counts):
-            cache, logits = decode_step(nnx.merge(graphdef, state), cache, tokens, active)
-            tok, lp = sample_tokens(logits, temp, top_k, top_p, row_keys(seeds, counts))
-            return cache, tok, lp
-
-        self._prefill = jax.jit(_prefill, donate_argnums=(1,))
-        self._decode = jax.jit(_decode, donate_argnums=(1,))
+        self._prefill, self._decode = _kernels(self._graphdef)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -340,7 +350,9 @@ class JAXSampler:
                    "policy_version_end": self.version}
         if stop_token_id is not None:
             metrics["stop_token_id"] = stop_token_id
-        if not r.future.done():
+        try:
             r.future.set_result(Completion(token_ids=r.tokens, logprobs=r.logprobs,
                                            finish_reason=reason, stop_string=stop_string,
                                            policy_version=r.version, metrics=metrics))
+        except cf.InvalidStateError:          # the caller gave up (timeout) meanwhile
+            pass
