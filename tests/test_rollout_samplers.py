@@ -16,7 +16,7 @@ import os
 import pytest
 
 from conftest_rollout import tool_url  # noqa: F401 (fixture)
-from verltool_jax.rollout.agent_loop import run_rollout
+from verltool_jax.rollout.agent_loop import make_formatter, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.tools_client import ToolClient
@@ -27,7 +27,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 PROMPT = "<|im_start|>user\nWhat is 6 * 7? Use python.<|im_end|>\n<|im_start|>assistant\n"
 CFG = RolloutConfig(max_turns=2, max_response_tokens=96, max_action_tokens=8,
                     max_obs_tokens=16, close_action_on_length="</python>", temperature=1.0,
-                    obs_template="<result>{obs}</result>", seed=3)
+                    obs_template="<result>{obs}</result>")
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +65,21 @@ def check_records(groups, tok, tiny_dir, version):
                 assert v == version and lp < 0.0
             else:
                 assert v == -1 and lp == 0.0
-        # observations are the formatted, separately tokenized text
-        start = tok.convert_tokens_to_ids("<result>")
-        assert t.response_ids.count(start) == t.tool_calls
+        # each unsampled run = the closing tag we appended + the observation, tokenized alone
+        runs, cur = [], []
+        for tid_, m in zip(t.response_ids, t.loss_mask):
+            if m == 0:
+                cur.append(tid_)
+            elif cur:
+                runs.append(cur)
+                cur = []
+        if cur:
+            runs.append(cur)
+        fmt = make_formatter(tok, CFG)
+        assert len(runs) == t.tool_calls
+        for run_, obs in zip(runs, t.observations):
+            body = run_[1:] if run_[0] == closing else run_
+            assert body == fmt(obs)[0]
         assert closing in t.response_ids
         # token-in/token-out: the model's own logprobs of the recorded sequence
         ids = t.prompt_ids + t.response_ids
@@ -90,3 +102,14 @@ async def run(sampler, tok, url):
 def test_agent_loop_with_vllm_sampler(tiny_dir, sampler_tokenizer, tool_url, vllm_sampler):
     groups = asyncio.run(run(vllm_sampler, sampler_tokenizer, tool_url))
     check_records(groups, sampler_tokenizer, tiny_dir, version=vllm_sampler.version)
+
+
+def test_agent_loop_with_jax_sampler(tiny_dir, sampler_tokenizer, tool_url, sampler_flax_model):
+    from verltool_jax.samplers.jax_sampler import JAXSampler
+    sampler = JAXSampler.from_pretrained(tiny_dir, max_model_len=192, max_batch_size=4)
+    try:
+        sampler.update_weights(sampler_flax_model, 2)   # same weights, published as version 2
+        groups = asyncio.run(run(sampler, sampler_tokenizer, tool_url))
+    finally:
+        sampler.close()
+    check_records(groups, sampler_tokenizer, tiny_dir, version=2)

@@ -109,18 +109,17 @@ class TrajectoryBuilder:
                      int(comp.policy_version))
         is_action = (comp.finish_reason == "stop" and comp.stop_string is not None
                      and comp.stop_string in self.cfg.action_stop_strings)
-        forced = False
-        if (not is_action and comp.finish_reason == "length" and self._close_ids
-                and self.remaining >= len(self._close_ids)):
-            # Cut mid-action by the per-turn cap: close the tag (not sampled: mask 0).
-            self._append(self._close_ids, 0, [0.0] * len(self._close_ids), -1)
-            is_action = forced = True
-        if not is_action:
+        forced = (not is_action and comp.finish_reason == "length" and bool(self._close_ids)
+                  and self.remaining >= len(self._close_ids))
+        if not (is_action or forced):
             self._end("eos" if comp.finish_reason == "stop" else "budget")
             return None
         if t.tool_calls >= self.cfg.max_turns:
             self._end("max_turns")
             return None
+        if forced:
+            # Cut mid-action by the per-turn cap: close the tag (not sampled: mask 0).
+            self._append(self._close_ids, 0, [0.0] * len(self._close_ids), -1)
         # Decoding is used only for the text sent to the tool, never for training ids.
         text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=False)
         if forced:

@@ -1,0 +1,263 @@
+"""Asynchronous vs batch-synchronous rollout (issue 7 ablation).
+
+Same prompts, same real vLLM CPU sampler with a tiny model, same real tool server, three
+tool-latency profiles:
+
+* ``python``: the sandboxed ``python_code`` tool as it is;
+* ``search``: ``sleep_search``, latency lognormal with mean ``--search-mean-s`` (1 s) and
+  log-sd ``--search-sigma`` (1.0), seeded per (trajectory, call);
+* ``mix``: half of the prompts ask for python, half for search.
+
+For each profile the script runs the batch-synchronous baseline
+(``rollout.sync_baseline``) and the asynchronous loop (``rollout.agent_loop``) and prints
+sync wall time, async wall time, speedup, and a lower bound on the async time:
+
+    bound = max( max_i serial_i ,  G / peak_tps )
+    serial_i = sum of trajectory i's tool latencies + sum over its turns of
+               (a + b * tokens of the turn)      # its own time if it ran alone
+    G = all tokens generated in the async run; peak_tps = the sampler's peak decode
+        throughput, measured in this run (all requests submitted at once)
+
+where ``a + b*n`` is the single-request generation time fitted on this sampler in this
+run. Prefill work is left out of the bound, so the bound is optimistic (lower).
+
+How a random tiny model produces actions: before the runs, the script warms the tiny
+model for a few hundred steps (PyTorch, on CPU, ~1 min) on synthetic agent transcripts
+in the experiment's format (1-4 ``<search>``/``<python>`` actions, each followed by a
+``<result>`` observation, then ``<answer>..</answer>`` and EOS; the number of actions is
+random per transcript). Sampling at temperature 1 then ends each turn on an action stop
+string or EOS by itself, and the number of tool calls varies across trajectories as it
+does with a real policy. Nothing is forced: a turn cut by ``max_action_tokens`` without
+an action ends its trajectory ("budget"), and the table reports the turn statistics.
+
+Sampling is unseeded (vLLM CPU 0.32 crashes on per-request seeds when a seeded request's
+prefill is chunked: "CPU Generator does not use offset"), so the sync and async runs
+draw different but identically distributed actions; the search latencies are seeded per
+(trajectory id, call index) and are the same in both runs.
+
+Run:  python experiments/async_vs_sync.py            (several minutes on 2 CPU cores)
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WORDS = ("the a of city country year river capital population founded largest name who what "
+         "which where when first president author book film river mountain").split()
+SYSTEM = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def question(rng: random.Random, tool: str) -> str:
+    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 8)))
+    return f"Use {tool}. {words.capitalize()}?"
+
+
+def transcript(rng: random.Random, tool: str) -> str:
+    """One synthetic agent episode: k in 1..4 actions with observations, then an answer."""
+    text = SYSTEM.format(q=question(rng, tool))
+    for _ in range(rng.randint(1, 4)):
+        if tool == "search":
+            q = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5)))
+            text += f"<search>{q}</search><result>Doc 1: results for '{q}'.</result>"
+        else:
+            a, b = rng.randint(2, 99), rng.randint(2, 99)
+            text += f"<python>print({a} * {b})</python><result>{a * b}\n</result>"
+    return text + f"<answer>{rng.randint(1, 999)}</answer><|im_end|>"
+
+
+def warm_tiny_model(out: Path, steps: int, seed: int) -> Path:
+    """Build the tiny qwen2 checkpoint and fit it briefly to the transcript format."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verltool_jax.testing.tiny import build_tiny_hf
+
+    marker = out / f"warmed_{steps}_{seed}"
+    if marker.exists():                 # reuse a model warmed by an earlier run
+        print(f"  reusing the warmed model in {out}", flush=True)
+        return out
+    build_tiny_hf(out, "qwen2", seed=seed)
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(steps):
+        texts = [transcript(rng, rng.choice(["search", "python"])) for _ in range(16)]
+        enc = [tok.encode(t, add_special_tokens=False) for t in texts]
+        n = max(map(len, enc))
+        ids = torch.full((len(enc), n), tok.pad_token_id)
+        mask = torch.zeros((len(enc), n), dtype=torch.long)
+        for i, e in enumerate(enc):
+            ids[i, :len(e)] = torch.tensor(e)
+            mask[i, :len(e)] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(f"  warm-up step {step}: loss {loss.item():.3f}", flush=True)
+    model.save_pretrained(out, safe_serialization=True)
+    print(f"  warm-up: {steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
+    marker.touch()
+    return out
+
+
+# ------------------------------------------------------------------ sampler measurements
+async def measure_sampler(sampler, prompt_ids: list[int], n_concurrent: int, n_tokens: int):
+    """Peak decode throughput (tokens/s, n_concurrent requests at once, EOS ignored via
+    a fixed length) and the single-request time model ``t(n) = a + b*n``."""
+    from verltool_jax.samplers.base import SamplingParams
+
+    async def one(n, i):
+        p = SamplingParams(max_tokens=n, temperature=1.0)
+        t0 = time.perf_counter()
+        c = await sampler.generate(prompt_ids, p, request_id=f"probe{i}-{n}")
+        return time.perf_counter() - t0, len(c.token_ids)
+
+    await one(4, 0)                                   # warm the engine
+    pts = [await one(n, k) for n in (4, n_tokens) for k in range(3)]   # (seconds, tokens)
+    mx = statistics.mean(n for _, n in pts)
+    my = statistics.mean(t for t, _ in pts)
+    var = sum((n - mx) ** 2 for _, n in pts)
+    b = sum((n - mx) * (t - my) for t, n in pts) / var if var else 0.0
+    a = my - b * mx
+    best = 0.0
+    for rep in range(2):
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*(one(n_tokens, 100 + rep * n_concurrent + i)
+                                     for i in range(n_concurrent)))
+        best = max(best, sum(r[1] for r in res) / (time.perf_counter() - t0))
+    return best, max(a, 0.0), max(b, 0.0)
+
+
+def lower_bound(trajs, peak_tps: float, a: float, b: float) -> tuple[float, float, float]:
+    """``(bound, slowest serial time, total generation work / peak throughput)``."""
+    serial = max(sum(t.tool_latencies) + sum(a + b * n for n in t.gen_tokens) for t in trajs)
+    work = sum(sum(t.gen_tokens) for t in trajs) / peak_tps
+    return max(serial, work), serial, work
+
+
+async def run_profile(mode: str, prompts, n_samples, sampler, url, tok, cfg):
+    from verltool_jax.rollout.agent_loop import run_rollout
+    from verltool_jax.rollout.sync_baseline import run_rollout_sync
+    from verltool_jax.tools_client import ToolClient
+
+    fn = run_rollout if mode == "async" else run_rollout_sync
+    async with ToolClient(url, timeout_s=60.0, max_connections=512) as client:
+        t0 = time.perf_counter()
+        groups = await fn(prompts, n_samples, sampler, client, tok, cfg)
+        wall = time.perf_counter() - t0
+    return wall, [t for g in groups for t in g]
+
+
+def describe(trajs) -> str:
+    calls = [t.tool_calls for t in trajs]
+    term = {}
+    for t in trajs:
+        term[t.termination] = term.get(t.termination, 0) + 1
+    return (f"tool calls/traj mean {statistics.mean(calls):.2f} (min {min(calls)}, max "
+            f"{max(calls)}), terminations {dict(sorted(term.items()))}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--n-samples", type=int, default=4)
+    ap.add_argument("--max-turns", type=int, default=4)
+    ap.add_argument("--max-action-tokens", type=int, default=32)
+    ap.add_argument("--search-mean-s", type=float, default=1.0)
+    ap.add_argument("--search-sigma", type=float, default=1.0)
+    ap.add_argument("--warm-steps", type=int, default=200)
+    ap.add_argument("--profiles", default="python,search,mix")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seeds the model warm-up, the prompts and the search latencies")
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from tool_server.testing import run_server
+    from verltool_jax.rollout.config import RolloutConfig
+    from verltool_jax.samplers.vllm_sampler import VLLMSampler
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="async_vs_sync_"))
+    print(f"[1/3] warming the tiny model in {work}", flush=True)
+    model_dir = warm_tiny_model(work / "model", args.warm_steps, args.seed)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = RolloutConfig(max_turns=args.max_turns, max_response_tokens=512,
+                        max_action_tokens=args.max_action_tokens, max_obs_tokens=64,
+                        action_stop_strings=("</python>", "</search>"), temperature=1.0,
+                        obs_template="<result>{obs}</result>", seed=None)
+    rng = random.Random(args.seed + 1)
+    n_traj = args.prompts * args.n_samples
+
+    def prompts_for(profile: str):
+        tools = {"python": ["python"] * args.prompts, "search": ["search"] * args.prompts,
+                 "mix": ["python", "search"] * (args.prompts // 2) + ["search"] * (args.prompts % 2)
+                 }[profile]
+        return [{"prompt_ids": tok.encode(SYSTEM.format(q=question(rng, t)),
+                                          add_special_tokens=False),
+                 "group_id": f"{profile}{i}"} for i, t in enumerate(tools)]
+
+    print("[2/3] starting the vLLM CPU sampler and the tool server", flush=True)
+    sampler = VLLMSampler(model_dir, max_model_len=1024, seed=args.seed)
+    rows = []
+    try:
+        profiles = args.profiles.split(",")
+        tools = ["sleep_search"] + (["python_code"] if {"python", "mix"} & set(profiles) else [])
+        with run_server(tools=tools, timeout=30.0,
+                        max_concurrency=1024, tool_max_concurrency=1024,
+                        tool_opt={"sleep_search_mean_s": args.search_mean_s,
+                                  "sleep_search_sigma": args.search_sigma,
+                                  "sleep_search_seed": args.seed}) as url:
+            probe_prompt = prompts_for("search")[0]["prompt_ids"]
+            peak, a, b = asyncio.run(measure_sampler(sampler, probe_prompt, n_traj,
+                                                     args.max_action_tokens))
+            print(f"  sampler: peak {peak:.0f} tok/s with {n_traj} concurrent requests; "
+                  f"single request t(n) = {a * 1000:.1f} ms + {b * 1000:.2f} ms * n", flush=True)
+            print(f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
+                  f"trajectories per run", flush=True)
+            for profile in profiles:
+                prompts = prompts_for(profile)
+                sync_wall, sync_t = asyncio.run(run_profile("sync", prompts, args.n_samples,
+                                                            sampler, url, tok, cfg))
+                async_wall, async_t = asyncio.run(run_profile("async", prompts, args.n_samples,
+                                                              sampler, url, tok, cfg))
+                bound, serial, gen_work = lower_bound(async_t, peak, a, b)
+                rows.append((profile, sync_wall, async_wall, sync_wall / async_wall, bound,
+                             async_wall / bound))
+                print(f"  {profile}: sync {sync_wall:.1f} s ({describe(sync_t)})", flush=True)
+                print(f"  {profile}: async {async_wall:.1f} s ({describe(async_t)}); bound "
+                      f"{bound:.1f} s = max(slowest serial {serial:.1f} s, generation work "
+                      f"{gen_work:.1f} s)", flush=True)
+    finally:
+        sampler.close()
+
+    print()
+    print("| profile | sync wall (s) | async wall (s) | speedup | async lower bound (s) "
+          "| async / bound |")
+    print("|---|---|---|---|---|---|")
+    for p, s, a_, sp, lb, r in rows:
+        print(f"| {p} | {s:.1f} | {a_:.1f} | {sp:.2f}x | {lb:.1f} | {r:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
