@@ -1,0 +1,154 @@
+"""Sampler throughput (JAX vs vLLM CPU) and weight-sync cost vs parameter bytes.
+
+    python benchmarks/sampler_throughput.py [--prompts 64] [--new-tokens 128] [--skip-vllm]
+
+1. Generated tokens/s of the JAX sampler and of the vLLM CPU engine for the same tiny
+   random qwen2 model and the same requests (``--prompts`` prompts of 16 token ids,
+   ``--new-tokens`` new tokens each, T=1, all submitted at once); one warm-up round
+   (compilation) is excluded. Completions that sample EOS stop early, so the figure is
+   generated tokens / wall seconds.
+2. Weight sync seconds for two model sizes: Flax params -> HF names -> payload -> in-place
+   reload in the vLLM engine (+ prefix-cache reset), end to end as the trainer sees it,
+   and the JAX sampler's param swap (a reference swap, no copy: microseconds).
+
+Prints one table per part. Needs the `if __name__ == "__main__"` guard (vLLM spawns).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SIZES = {  # name -> tiny_config_dict overrides
+    "tiny (h128, 2 layers)": dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
+                                  head_dim=64, intermediate_size=256),
+    "small (h512, 6 layers)": dict(hidden_size=512, num_layers=6, num_heads=8, num_kv_heads=2,
+                                   head_dim=64, intermediate_size=1408),
+}
+
+
+def build(root: Path, name: str, overrides: dict, tok_dir=None) -> Path:
+    from verltool_jax.testing.tiny import build_tiny_hf
+    d = root / name.split()[0]
+    build_tiny_hf(d, "qwen2", tokenizer_dir=tok_dir, **overrides)
+    return d
+
+
+def prompts(n: int, length: int = 16, vocab: int = 512, seed: int = 0) -> list[list[int]]:
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return [rng.integers(20, vocab, length).tolist() for _ in range(n)]
+
+
+async def _run_all(sampler, reqs, params):
+    return await asyncio.gather(*[sampler.generate(p, params, request_id=f"r{i}")
+                                  for i, p in enumerate(reqs)])
+
+
+def throughput(sampler, reqs, new_tokens: int) -> tuple[float, int, float]:
+    from verltool_jax.samplers import SamplingParams
+    warm = SamplingParams(max_tokens=min(8, new_tokens), temperature=1.0, seed=0)
+    asyncio.run(_run_all(sampler, reqs, warm))                  # compile / warm up
+    params = SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=1)
+    t0 = time.perf_counter()
+    comps = asyncio.run(_run_all(sampler, reqs, params))
+    dt = time.perf_counter() - t0
+    n = sum(len(c.token_ids) for c in comps)
+    return n / dt, n, dt
+
+
+def param_bytes(model) -> int:
+    import jax
+    from flax import nnx
+    _, st = nnx.split(model, nnx.Param)
+    return sum(x.nbytes for x in jax.tree_util.tree_leaves(st))
+
+
+def perturbed_state(model):
+    import jax
+    from flax import nnx
+    _, st = nnx.split(model, nnx.Param)
+    return jax.tree_util.tree_map(lambda x: x * 1.01, st)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--sync-repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    from verltool_jax.models.hf_io import load_hf
+    from verltool_jax.samplers.jax_sampler import JAXSampler
+    root = Path(tempfile.mkdtemp(prefix="sampler_bench_"))
+    names = list(SIZES)
+    ckpts = {names[0]: build(root, names[0], SIZES[names[0]])}
+    ckpts[names[1]] = build(root, names[1], SIZES[names[1]], tok_dir=ckpts[names[0]])
+    reqs = prompts(args.prompts)
+    max_len = 16 + args.new_tokens + 16
+
+    # ---- part 1: throughput on the tiny model
+    rows = []
+    js = JAXSampler.from_pretrained(ckpts[names[0]], max_model_len=max_len,
+                                    max_batch_size=args.prompts)
+    rows.append(("JAX sampler", *throughput(js, reqs, args.new_tokens)))
+    js.close()
+    vllm_samplers = {}
+    if not args.skip_vllm:
+        from verltool_jax.samplers.vllm_sampler import VLLMSampler
+        vs = VLLMSampler(ckpts[names[0]], max_model_len=max_len, name="bench-vllm")
+        vllm_samplers[names[0]] = vs
+        rows.append(("vLLM CPU engine", *throughput(vs, reqs, args.new_tokens)))
+    print(f"\n== generation: {args.prompts} prompts x {args.new_tokens} new tokens, "
+          f"model {names[0]}, T=1, fp32, {os.cpu_count()} CPU cores ==")
+    print(f"{'backend':<18}{'tokens/s':>10}{'tokens':>9}{'seconds':>9}")
+    for name, tps, n, dt in rows:
+        print(f"{name:<18}{tps:>10.1f}{n:>9d}{dt:>9.2f}")
+
+    # ---- part 2: weight sync vs parameter bytes
+    print(f"\n== weight sync (Flax params -> sampler), median of {args.sync_repeats} ==")
+    print(f"{'model':<24}{'param MB':>9}{'vLLM s':>9}{'vLLM MB/s':>10}{'JAX swap us':>12}")
+    import statistics
+    for name in names:
+        model = load_hf(ckpts[name])
+        nbytes = param_bytes(model)
+        new = perturbed_state(model)
+        js = JAXSampler(model, None, max_model_len=max_len, max_batch_size=4)
+        jt = []
+        for v in range(args.sync_repeats):
+            t0 = time.perf_counter()
+            js.update_weights(new, v + 1)
+            jt.append(time.perf_counter() - t0)
+        js.close()
+        vt = float("nan")
+        if not args.skip_vllm:
+            from verltool_jax.samplers.vllm_sampler import VLLMSampler
+            vs = vllm_samplers.get(name) or VLLMSampler(ckpts[name], max_model_len=max_len,
+                                                        name=f"bench-{name.split()[0]}")
+            vllm_samplers[name] = vs
+            ts = []
+            for v in range(args.sync_repeats):
+                t0 = time.perf_counter()
+                vs.update_weights(new, v + 1)
+                ts.append(time.perf_counter() - t0)
+            vt = statistics.median(ts)
+        mb = nbytes / 2 ** 20
+        print(f"{name:<24}{mb:>9.2f}{vt:>9.3f}{mb / vt:>10.1f}{statistics.median(jt) * 1e6:>12.1f}")
+    for vs in vllm_samplers.values():
+        vs.close()
+
+
+if __name__ == "__main__":
+    main()
