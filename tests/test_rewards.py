@@ -116,7 +116,7 @@ def test_unknown_data_source_names_fix():
 
 @pytest.fixture(scope="module")
 def pool():
-    with RewardPool(num_workers=2, timeout_s=1.0, grace_s=1.0, warm_up=False,
+    with RewardPool(num_workers=2, timeout_s=1.0, grace_s=5.0, warm_up=False,
                     reward_modules=("rewards_testlib",),
                     shaping=ShapingSettings(format_penalty=0.5, tool_use_bonus=0.1,
                                             invalid_tool_penalty=0.2)) as p:

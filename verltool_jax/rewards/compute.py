@@ -76,6 +76,7 @@ _INIT_ERROR: Optional[str] = None
 def _init_worker(modules: Sequence[str], warm: bool) -> None:
     global _INIT_ERROR
     try:
+        import math_verify  # noqa: F401  never imported lazily under an item's timer
         import verltool_jax.rewards  # noqa: F401  registers the built-in rewards
         if warm:
             from verltool_jax.rewards.math_reward import warm_up

@@ -50,6 +50,22 @@ def numbers_equal(a: Fraction, b: Fraction, rel_tol: float = 1e-9) -> bool:
     return a == b or abs(a - b) <= rel_tol * max(abs(a), abs(b))
 
 
+class _NoTimeoutWarning:
+    """Drops math-verify's per-call "Timeout is disabled" warning (our timer is in charge)."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+def _quiet_math_verify() -> None:
+    import logging
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTimeoutWarning) for f in logger.filters):
+            logger.addFilter(_NoTimeoutWarning())
+
+
 def symbolic_equal(pred: str, gold: str) -> bool:
     """``math_verify.verify(parse(gold), parse(pred))``.
 
@@ -63,6 +79,8 @@ def symbolic_equal(pred: str, gold: str) -> bool:
     main = threading.current_thread() is threading.main_thread()
     outer_timer = main and signal.getitimer(signal.ITIMER_REAL)[0] > 0
     t = 5 if main and not outer_timer else None
+    if t is None:
+        _quiet_math_verify()
     g = parse(f"${gold}$", parsing_timeout=t)
     p = parse(f"${pred}$", parsing_timeout=t)
     if not g or not p:
