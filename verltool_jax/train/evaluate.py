@@ -16,7 +16,7 @@ from verltool_jax.rewards.compute import RewardPool, assign_rewards
 
 def prompt_items(examples: Sequence[Any], prefix: str) -> list[PromptItem]:
     """``PromptExample`` s -> ``PromptItem`` s with unique group ids ``{prefix}{index}``."""
-    return [PromptItem(list(e.prompt_ids), dict(e.row), f"{prefix}{e.index}") for e in examples]
+    return [PromptItem(**e.to_prompt(f"{prefix}{e.index}")) for e in examples]
 
 
 def summarize(trajs: Sequence[Trajectory], prefix: str) -> dict:

@@ -18,7 +18,6 @@ step, rng, and the data position, including prompts that were in flight).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import signal
@@ -32,6 +31,7 @@ from flax import nnx
 
 from verltool_jax.algos.advantages import compute_advantages
 from verltool_jax.algos.dapo import informative_groups, overlong_penalty
+from verltool_jax.cli.sections import split_section
 from verltool_jax.data.pipeline import PromptPipeline, SFTPipeline
 from verltool_jax.models.hf_io import load_hf
 from verltool_jax.models.logprobs import token_logprobs
@@ -64,10 +64,8 @@ PAD_MULTIPLE = 16     # sequence lengths are padded to a multiple of this (few j
 
 def rollout_config(config) -> RolloutConfig:
     """The :class:`RolloutConfig` fields of ``config.rollout`` (others are trainer knobs)."""
-    known = {f.name for f in dataclasses.fields(RolloutConfig)}
-    d = {k: v for k, v in config.rollout.items() if k in known}
-    d.setdefault("seed", int(config.trainer.seed))
-    return RolloutConfig.from_mapping(d)
+    mine, _ = split_section(config.rollout, RolloutConfig)
+    return RolloutConfig.from_mapping(mine)
 
 
 def sampler_parity(model, trajs: list[Trajectory], version: int, temperature: float,
@@ -190,7 +188,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ rollout
     def _prompt_item(self, example, prefix: str = "p") -> PromptItem:
-        return PromptItem(list(example.prompt_ids), dict(example.row), f"{prefix}{example.index}")
+        return PromptItem(**example.to_prompt(f"{prefix}{example.index}"))
 
     async def _produce(self, queue: TrajectoryQueue, pending: dict, replay: list) -> None:
         """Asynchronous rollout workers: start a group whenever the queue admits one."""
@@ -348,11 +346,8 @@ class Trainer:
         c = self.config
         steps = int(c.trainer.steps)
         replay_idx = list(data_state.get("replay", []))
-        rows = self.prompts.rows
         # Re-create the examples that were in flight at the checkpoint (same rows).
-        from verltool_jax.data.pipeline import _prompt_transform
-        tf = _prompt_transform(self.tokenizer, None, "drop")
-        replay = [tf(i, rows[i]) for i in replay_idx]
+        replay = [e for e in map(self.prompts.example_at, replay_idx) if e is not None]
         pending: dict = {}
         self.step_count = start_step
         self._t_last = time.perf_counter()
