@@ -20,11 +20,11 @@ def _run_server():
 
 @pytest.fixture(scope="session")
 def tool_url():
-    """A real tool server with python_code and the sleep_search experiment tool.
+    """A real tool server with python_code, sql and the sleep_search experiment tool.
 
     sleep_search latencies here are ~20 ms (lognormal), so tests stay fast.
     """
-    with _run_server()(tools=["python_code", "sleep_search"], timeout=5.0,
+    with _run_server()(tools=["python_code", "sleep_search", "sql"], timeout=5.0,
                        tool_opt={"sleep_search_mean_s": 0.02, "sleep_search_sigma": 0.5}) as url:
         yield url
 

@@ -201,3 +201,22 @@ def test_rollout_feeds_a_trainer_on_policy_and_drops_stale_groups(tok, tool_url)
         await q2.set_version(2)
     asyncio.run(advance())
     assert q2.depth() == 0 and q2.metrics.dropped_stale == 2
+
+
+def test_data_row_extra_info_reaches_the_tool(tok, tool_url, tmp_path):
+    import sqlite3
+    db = tmp_path / "t.sqlite"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE city (name TEXT, pop INTEGER)")
+        con.execute("INSERT INTO city VALUES ('Oslo', 709000)")
+    script = {0: "<sql>SELECT pop FROM city WHERE name = 'Oslo';</sql>", 1: "end"}
+    cfg = RolloutConfig(max_turns=2, max_response_tokens=256)
+
+    async def go():
+        async with ToolClient(tool_url) as c:
+            return await run_rollout(
+                [{"prompt_ids": prompt_ids(tok), "data": {"extra_info": {"db_path": str(db)}}}],
+                1, ScriptedSampler(tok, lambda rid, k: script[k]), c, tok, cfg)
+    ((t,),) = asyncio.run(go())
+    assert t.tool_calls == 1 and t.invalid_tool_calls == 0, t.observations
+    assert "709000" in t.observations[0]

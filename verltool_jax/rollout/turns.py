@@ -62,8 +62,14 @@ class TrajectoryBuilder:
 
     @property
     def extra_field(self) -> dict:
-        ef = self.traj.data.get("extra_fields", self.traj.data.get("extra_field", {}))
-        return dict(ef) if isinstance(ef, dict) else {}
+        """What the tool server gets as this trajectory's ``extra_field``: the data row's
+        ``extra_fields`` / ``extra_field`` if given, else its ``extra_info`` (verl layout,
+        e.g. ``{"db_path": ...}`` for the sql tool)."""
+        d = self.traj.data
+        for key in ("extra_fields", "extra_field", "extra_info"):
+            if isinstance(d.get(key), dict):
+                return dict(d[key])
+        return {}
 
     def _end(self, reason: str) -> None:
         if not self.traj.termination:
