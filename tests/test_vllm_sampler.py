@@ -219,3 +219,38 @@ def test_dead_engine_is_reported_then_restarted_with_the_synced_weights(vllm_sam
         assert [c.token_ids for c in after] == [c.token_ids for c in before]
     finally:
         vllm_sampler.max_restarts = max(old_max, vllm_sampler.restarts + 1)
+
+
+def test_sync_during_generation_completes_and_records_both_versions(vllm_sampler,
+                                                                    sampler_flax_model):
+    """A sync while requests run: they finish (recomputed on the new weights), tagged with
+    the version they started on and the one they ended on."""
+    import threading
+    from flax import nnx
+    _, orig = nnx.split(sampler_flax_model, nnx.Param)
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    ref = _gather(vllm_sampler, PROMPTS[:2], greedy)
+    par = logprob_parity(sampler_flax_model, list(zip(PROMPTS[:2], ref)), 1.0)
+    assert par["mean_abs_diff"] < 1e-3                    # greedy logprobs are at T = 1
+
+    async def run():
+        task = asyncio.ensure_future(asyncio.gather(*[
+            vllm_sampler.generate(p, SamplingParams(max_tokens=300, temperature=1.0, seed=i))
+            for i, p in enumerate(PROMPTS[:3])]))
+        await asyncio.sleep(0.3)
+        t = threading.Thread(target=vllm_sampler.update_weights, args=(orig, 21))
+        t.start()
+        while t.is_alive():
+            await asyncio.sleep(0.05)
+        return await asyncio.wait_for(task, 120)
+    try:
+        v0 = vllm_sampler.version
+        comps = asyncio.run(run())
+        assert vllm_sampler.version == 21
+        for c in comps:
+            assert c.policy_version == v0 and c.metrics["policy_version_end"] in (v0, 21)
+            assert len(c.token_ids) == len(c.logprobs) > 0
+        assert any(c.metrics["policy_version_end"] == 21 for c in comps) or \
+            all(c.finish_reason == "stop" for c in comps)
+    finally:
+        restore_checkpoint_weights(vllm_sampler)

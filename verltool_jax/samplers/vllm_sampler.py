@@ -242,7 +242,7 @@ class VLLMSampler:
             self._inflight -= 1
 
     # ---------------------------------------------------------------- weight sync
-    async def _load_payload(self, payload: WeightPayload) -> None:
+    async def _load_payload(self, payload: WeightPayload, version: Optional[int] = None) -> None:
         engine = self._engine
         await engine.pause_generation(mode="keep", clear_cache=False)
         try:
@@ -253,15 +253,16 @@ class VLLMSampler:
             # KV computed with the old weights must not be reused: drop the prefix cache
             # and recompute the running requests with the new weights.
             await engine.reset_prefix_cache(reset_running_requests=True)
+            if version is not None:      # before resuming: every later token is `version`'s
+                self.version = int(version)
         finally:
             await engine.resume_generation()
 
     def load_payload(self, payload: WeightPayload, version: int) -> dict:
         """Install an already packed payload as ``version``; returns timing metrics."""
         t0 = time.perf_counter()
-        self._call(self._load_payload(payload), self.request_timeout_s)
+        self._call(self._load_payload(payload, version), self.request_timeout_s)
         self._last_payload = payload if self.max_restarts > 0 else None
-        self.version = int(version)
         self.last_sync = {"sync_seconds": time.perf_counter() - t0, "sync_bytes": payload.nbytes,
                           "version": self.version}
         return self.last_sync
