@@ -1,0 +1,51 @@
+"""A pool of two real vLLM CPU engines (slow: starts a second engine next to the shared one)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest_samplers import (SAMPLER_MAX_MODEL_LEN, restore_checkpoint_weights,  # noqa: F401
+                               sampler_ckpt, sampler_flax_model, vllm_sampler)
+from verltool_jax.samplers import SamplerPool, SamplingParams
+from verltool_jax.samplers.parity import logprob_parity
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def test_pool_of_two_engines_routes_and_syncs_both(vllm_sampler, sampler_flax_model):
+    import jax
+    import numpy as np
+    from flax import nnx
+    from verltool_jax.samplers.vllm_sampler import VLLMSampler
+    second = VLLMSampler(sampler_ckpt(), max_model_len=SAMPLER_MAX_MODEL_LEN, name="vllm-2")
+    pool = SamplerPool([vllm_sampler, second])
+    graphdef, orig = nnx.split(sampler_flax_model, nnx.Param)
+    try:
+        params = SamplingParams(max_tokens=6, temperature=0.9, seed=2)
+
+        async def turns(k):
+            return await asyncio.gather(*[pool.generate([5 + i, 9, 17] + [30] * k, params,
+                                                        request_id=f"traj{i}")
+                                          for i in range(6)])
+        first, second_turn = asyncio.run(turns(0)), asyncio.run(turns(2))
+        idx = [c.metrics["sampler_index"] for c in first]
+        assert sorted(set(idx)) == [0, 1]
+        assert [c.metrics["sampler_index"] for c in second_turn] == idx
+        rng = np.random.default_rng(3)
+        new = jax.tree_util.tree_map(lambda x: x + rng.normal(0, 0.3, x.shape).astype(np.float32),
+                                     orig)
+        pool.update_weights(new, version=9)
+        assert vllm_sampler.version == second.version == pool.version == 9
+        prompts = [[5 + i, 9, 17] for i in range(6)]
+
+        async def fresh():
+            return await asyncio.gather(*[pool.generate(p, params, request_id=f"new{i}")
+                                          for i, p in enumerate(prompts)])
+        comps = asyncio.run(fresh())
+        assert {c.metrics["sampler_index"] for c in comps} == {0, 1}
+        par = logprob_parity(nnx.merge(graphdef, new), list(zip(prompts, comps)), 0.9)
+        assert par["mean_abs_diff"] < 1e-3, par                # both engines run the new weights
+    finally:
+        restore_checkpoint_weights(vllm_sampler)
+        second.close()
