@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest_samplers import sampler_ckpt, sampler_flax_model  # noqa: F401
+from conftest_samplers import sampler_ckpt
 from verltool_jax.samplers import (SamplerDeadError, SamplerRequestError, SamplingParams)
 from verltool_jax.samplers.parity import logprob_parity
 from verltool_jax.samplers.sampling_ops import sample_tokens, truncate_logits

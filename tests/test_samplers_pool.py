@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from conftest_samplers import sampler_ckpt, sampler_flax_model  # noqa: F401
+from conftest_samplers import sampler_ckpt
 from verltool_jax.samplers import SamplerPool, SamplingParams, StickyLeastLoadedRouter
 from verltool_jax.samplers.weight_sync import pack_named_tensors, payload_to_torch
 

@@ -5,8 +5,7 @@ import asyncio
 
 import pytest
 
-from conftest_samplers import (SAMPLER_MAX_MODEL_LEN, restore_checkpoint_weights,  # noqa: F401
-                               sampler_ckpt, sampler_flax_model, vllm_sampler)
+from conftest_samplers import SAMPLER_MAX_MODEL_LEN, restore_checkpoint_weights, sampler_ckpt
 from verltool_jax.samplers import SamplerPool, SamplingParams
 from verltool_jax.samplers.parity import logprob_parity
 

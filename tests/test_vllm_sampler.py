@@ -1,4 +1,7 @@
-"""The vLLM backend, for real: one vLLM CPU engine (session fixture) on a tiny fp32 qwen2."""
+"""The vLLM backend, for real: one vLLM CPU engine (session fixture) on a tiny fp32 qwen2.
+
+Fixtures (vllm_sampler, sampler_flax_model, sampler_tokenizer) come from tests/conftest.py.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest_samplers import (SAMPLER_MAX_MODEL_LEN, restore_checkpoint_weights,  # noqa: F401
-                               sampler_ckpt, sampler_flax_model, sampler_tokenizer, vllm_sampler)
+from conftest_samplers import SAMPLER_MAX_MODEL_LEN, restore_checkpoint_weights, sampler_ckpt
 from verltool_jax.samplers import (SamplerDeadError, SamplerRequestError, SamplerTimeoutError,
                                    SamplingParams)
 from verltool_jax.samplers.parity import logprob_parity

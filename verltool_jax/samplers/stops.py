@@ -7,7 +7,7 @@ completed it; then ``max_tokens`` ends it with "length".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 
