@@ -31,15 +31,16 @@ def _flat(params) -> dict:
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """Run A: 2 async RL steps from scratch. Run B: same out_dir, 3 steps, sync mode:
-    resumes from A's checkpoint and does one more step."""
+    """Run A: 2 async RL steps from scratch with the vLLM sampler. Run B: same out_dir,
+    3 steps, sync mode, JAX sampler: resumes from A's checkpoint and does one more step."""
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.train.trainer import Trainer
     out = tmp_path_factory.mktemp("e2e") / "run"
     a = Trainer(_config(out, "trainer.steps=2"), echo=False)
     summary_a = a.run()
     init = load_hf(out / "init_model")
-    b = Trainer(_config(out, "trainer.steps=3", "rollout.mode=sync"), echo=False)
+    b = Trainer(_config(out, "trainer.steps=3", "rollout.mode=sync", "sampler.backend=jax"),
+                echo=False)
     restored_from = {}
     orig_restore = None
 

@@ -70,23 +70,23 @@ def prepare_task_files(config, out_dir: Path) -> dict:
     return files
 
 
-def make_sampler(config, model_dir: Path, tokenizer):
-    """The sampler pool of ``config.sampler`` (vLLM engines or the JAX sampler)."""
+def make_sampler(config, model_dir: Path, tokenizer=None):
+    """The sampler pool of ``config.sampler``: ``num_engines`` vLLM engines or JAX samplers
+    on the checkpoint ``model_dir`` (one engine: returned as is; several: a SamplerPool
+    with sticky least-loaded routing)."""
+    from verltool_jax.samplers.factory import make_sampler as make_backend
     s = config.sampler
-    if s.backend == "vllm":
-        from verltool_jax.samplers.vllm_sampler import VLLMSampler
-        engines = [VLLMSampler(model_dir, max_model_len=s.max_model_len, dtype=s.dtype,
-                               seed=s.seed + i, gpu_memory_utilization=s.gpu_memory_utilization,
-                               enforce_eager=s.enforce_eager, name=f"vllm{i}")
-                   for i in range(s.num_engines)]
-    elif s.backend == "jax":
-        from verltool_jax.models.hf_io import load_hf
-        from verltool_jax.samplers.jax_sampler import JaxSampler
-        engines = [JaxSampler(load_hf(model_dir, dtype=s.dtype), tokenizer,
-                              max_model_len=s.max_model_len, seed=s.seed + i)
-                   for i in range(s.num_engines)]
-    else:
+    if s.backend not in ("vllm", "jax"):
         raise ValueError(f"sampler.backend must be 'vllm' or 'jax', got {s.backend!r}")
+    engines = []
+    for i in range(int(s.num_engines)):
+        if s.backend == "vllm":
+            kw = dict(max_model_len=s.max_model_len, dtype=s.dtype, seed=s.seed + i,
+                      gpu_memory_utilization=s.gpu_memory_utilization,
+                      enforce_eager=s.enforce_eager)
+        else:
+            kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
+        engines.append(make_backend(model_dir, backend=s.backend, name=f"{s.backend}{i}", **kw))
     if len(engines) == 1:
         return engines[0]
     from verltool_jax.samplers.pool import SamplerPool

@@ -106,9 +106,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ helpers
     def say(self, msg: str) -> None:
-        log.info(msg)
+        """Progress for the user: printed (``echo``) or logged, never both."""
         if self.echo:
             print(msg, flush=True)
+        else:
+            log.info(msg)
 
     def _install_signal_handlers(self) -> None:
         def handler(signum, frame):
@@ -440,7 +442,10 @@ class Trainer:
             if int(c.sft.steps) > 0:
                 self.run_sft()
             self.state = self._new_state(self.model)
-        self.train_step = make_train_step(self.algo, self.state.graphdef, self.optimizer)
+        # The JAX sampler serves the trainer's own param buffers (no copy), so they must not
+        # be donated to the next step while rollouts still read them.
+        self.train_step = make_train_step(self.algo, self.state.graphdef, self.optimizer,
+                                          donate=c.sampler.backend != "jax")
         self.say(f"[trainer] starting the {c.sampler.backend} sampler")
         self.sampler = build.make_sampler(c, self.model_dir, self.tokenizer)
         try:
