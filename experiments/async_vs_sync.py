@@ -8,21 +8,24 @@ tool-latency profiles:
   log-sd ``--search-sigma`` (1.0), seeded per (trajectory, call);
 * ``mix``: half of the prompts ask for python, half for search.
 
-For each profile the script runs the batch-synchronous baseline
-(``rollout.sync_baseline``) and the asynchronous loop (``rollout.agent_loop``) and prints
-sync wall time, async wall time, speedup, and a lower bound on the async time:
+For each profile, ``--repeats`` times (new trajectory ids, hence new latency draws),
+the script runs the batch-synchronous baseline (``rollout.sync_baseline``) and the
+asynchronous loop (``rollout.agent_loop``) on the same prompts and prints sync wall time,
+async wall time, speedup, and a lower bound on the async time:
 
     bound = max( max_i serial_i ,  G / peak_tps )
     serial_i = sum of trajectory i's tool latencies + sum over its turns of
                (a + b * tokens of the turn)      # its own time if it ran alone
-    G = all tokens generated in the async run; peak_tps = the sampler's peak decode
-        throughput, measured in this run (all requests submitted at once)
+    G = all tokens generated in the async run; peak_tps = the sampler's peak
+        throughput, measured right before the async run (all requests at once)
 
-where ``a + b*n`` is the single-request generation time fitted on this sampler in this
-run. Prefill work is left out of the bound, so the bound is optimistic (lower).
+where ``a + b*n`` is the single-request generation time fitted on this sampler right
+before the async run (fastest of 5 requests per length). Prefill work is left out of the
+bound, so the bound is optimistic (lower). The tool latencies are the ones measured in
+the async run. The vLLM engine core runs in its own process (see below).
 
 How a random tiny model produces actions: before the runs, the script warms the tiny
-model for a few hundred steps (PyTorch, on CPU, ~1 min) on synthetic agent transcripts
+model for 300 steps (PyTorch, on CPU; cached in --workdir) on synthetic agent transcripts
 in the experiment's format (1-4 ``<search>``/``<python>`` actions, each followed by a
 ``<result>`` observation, then ``<answer>..</answer>`` and EOS; the number of actions is
 random per transcript). Sampling at temperature 1 then ends each turn on an action stop
@@ -50,7 +53,10 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# The engine core in its own process: in-process (=0) it competes for the GIL with the
+# rollout's event loop, which then answers each trajectory late (measured: the last
+# trajectory's generation took 11-18 s in-process vs 0.6-0.9 s with its own process).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -190,6 +196,8 @@ def main() -> None:
     ap.add_argument("--search-sigma", type=float, default=1.0)
     ap.add_argument("--warm-steps", type=int, default=300)
     ap.add_argument("--profiles", default="python,search,mix")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs per profile (new trajectory ids, so new latency draws)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seeds the model warm-up, the prompts and the search latencies")
     ap.add_argument("--workdir", default=None)
@@ -212,13 +220,13 @@ def main() -> None:
     rng = random.Random(args.seed + 1)
     n_traj = args.prompts * args.n_samples
 
-    def prompts_for(profile: str):
+    def prompts_for(profile: str, rep: int = 0):
         tools = {"python": ["python"] * args.prompts, "search": ["search"] * args.prompts,
                  "mix": ["python", "search"] * (args.prompts // 2) + ["search"] * (args.prompts % 2)
                  }[profile]
         return [{"prompt_ids": tok.encode(SYSTEM.format(q=question(rng, t)),
                                           add_special_tokens=False),
-                 "group_id": f"{profile}{i}"} for i, t in enumerate(tools)]
+                 "group_id": f"{profile}{rep}_{i}"} for i, t in enumerate(tools)]
 
     print("[2/3] starting the vLLM CPU sampler and the tool server", flush=True)
     sampler = VLLMSampler(model_dir, max_model_len=1024, seed=args.seed)
@@ -235,33 +243,44 @@ def main() -> None:
             print(f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
                   f"trajectories per run", flush=True)
             for profile in profiles:
-                prompts = prompts_for(profile)
-                sync_wall, sync_t = asyncio.run(run_profile("sync", prompts, args.n_samples,
-                                                            sampler, url, tok, cfg))
-                # measured right before the async run, under the same machine load
-                peak, a, b = asyncio.run(measure_sampler(sampler, probe_prompt, n_traj,
-                                                         args.max_action_tokens))
-                print(f"  sampler: peak {peak:.0f} tok/s with {n_traj} concurrent requests; "
-                      f"single request t(n) = {a * 1000:.1f} ms + {b * 1000:.2f} ms * n",
-                      flush=True)
-                async_wall, async_t = asyncio.run(run_profile("async", prompts, args.n_samples,
-                                                              sampler, url, tok, cfg))
-                bound, serial, gen_work = lower_bound(async_t, peak, a, b)
-                rows.append((profile, sync_wall, async_wall, sync_wall / async_wall, bound,
-                             async_wall / bound))
-                print(f"  {profile}: sync {sync_wall:.1f} s ({describe(sync_t)})", flush=True)
-                print(f"  {profile}: async {async_wall:.1f} s ({describe(async_t)}); bound "
-                      f"{bound:.1f} s = max(slowest serial {serial:.1f} s, generation work "
-                      f"{gen_work:.1f} s)", flush=True)
+                for rep in range(args.repeats):
+                    prompts = prompts_for(profile, rep)
+                    sync_wall, sync_t = asyncio.run(run_profile(
+                        "sync", prompts, args.n_samples, sampler, url, tok, cfg))
+                    # measured right before the async run, under the same machine load
+                    peak, a, b = asyncio.run(measure_sampler(sampler, probe_prompt, n_traj,
+                                                             args.max_action_tokens))
+                    async_wall, async_t = asyncio.run(run_profile(
+                        "async", prompts, args.n_samples, sampler, url, tok, cfg))
+                    bound, serial, gen_work = lower_bound(async_t, peak, a, b)
+                    rows.append((profile, sync_wall, async_wall, bound))
+                    last = max(async_t, key=lambda t: t.wall_time_s)
+                    print(f"  {profile} #{rep}: sampler peak {peak:.0f} tok/s, alone t(n) = "
+                          f"{a * 1000:.1f} ms + {b * 1000:.2f} ms * n\n"
+                          f"    sync  {sync_wall:.1f} s: {describe(sync_t)}\n"
+                          f"    async {async_wall:.1f} s: {describe(async_t)}\n"
+                          f"    bound {bound:.1f} s = max(slowest serial {serial:.1f} s, "
+                          f"generation work {gen_work:.1f} s); last to finish: "
+                          f"{last.wall_time_s:.1f} s = generation "
+                          f"{sum(last.gen_latencies):.1f} s (alone "
+                          f"{sum(a + b * n for n in last.gen_tokens):.1f} s) + tools "
+                          f"{sum(last.tool_latencies):.1f} s, {last.num_turns} turns", flush=True)
     finally:
         sampler.close()
 
     print()
-    print("| profile | sync wall (s) | async wall (s) | speedup | async lower bound (s) "
+    print("| profile | run | sync wall (s) | async wall (s) | speedup | async lower bound (s) "
           "| async / bound |")
-    print("|---|---|---|---|---|---|")
-    for p, s, a_, sp, lb, r in rows:
-        print(f"| {p} | {s:.1f} | {a_:.1f} | {sp:.2f}x | {lb:.1f} | {r:.2f} |")
+    print("|---|---|---|---|---|---|---|")
+    for p in profiles:
+        mine = [r for r in rows if r[0] == p]
+        for k, (_, s_, a_, lb) in enumerate(mine):
+            print(f"| {p} | {k} | {s_:.1f} | {a_:.1f} | {s_ / a_:.2f}x | {lb:.1f} | {a_ / lb:.2f} |")
+        sp = [s_ / a_ for _, s_, a_, _ in mine]
+        ab = [a_ / lb for _, _, a_, lb in mine]
+        print(f"| {p} | median | {statistics.median(r[1] for r in mine):.1f} | "
+              f"{statistics.median(r[2] for r in mine):.1f} | {statistics.median(sp):.2f}x | "
+              f"{statistics.median(r[3] for r in mine):.1f} | {statistics.median(ab):.2f} |")
 
 
 if __name__ == "__main__":
