@@ -131,3 +131,18 @@ def test_bad_settings_name_the_field():
         TrajectoryQueue(max_staleness=-1)
     with pytest.raises(ValueError, match="max_groups"):
         TrajectoryQueue(max_groups=0)
+
+
+async def test_admission_counts_from_start_version():
+    """A resumed run's queue admits (max_staleness + 1) batches ahead of *its* start."""
+    import asyncio
+    q = TrajectoryQueue(max_groups=8, max_staleness=1, groups_per_batch=2, start_version=5)
+    assert q.version == 5
+    for _ in range(4):                       # (0 + 1 + 1) * 2 groups may start now
+        await asyncio.wait_for(q.admit(), 1)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(q.admit(), 0.1)
+    await q.set_version(6)                   # one update later: two more
+    await asyncio.wait_for(q.admit(), 1)
+    with pytest.raises(ValueError, match="start_version"):
+        TrajectoryQueue(start_version=-1)

@@ -12,6 +12,8 @@
   number ``s`` only while ``s - dropped < (version + max_staleness + 1) * groups_per_batch``,
   so rollout for the next step overlaps with training of the current one exactly when
   ``max_staleness >= 1``, and with ``max_staleness = 0`` rollout is on-policy.
+  ``start_version`` (a resumed run) is the version the count starts from: ``version``
+  above is then the number of updates since the queue was made.
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ class TrajectoryQueue:
 
     def __init__(self, max_groups: int = 64, max_staleness: int = 1,
                  group_size: Optional[int] = None,
-                 groups_per_batch: Optional[int] = None) -> None:
+                 groups_per_batch: Optional[int] = None, start_version: int = 0) -> None:
         if max_groups < 1:
             raise ValueError(f"TrajectoryQueue.max_groups must be >= 1, got {max_groups}")
         if max_staleness < 0:
@@ -81,7 +83,10 @@ class TrajectoryQueue:
         self.max_staleness = max_staleness
         self.group_size = group_size
         self.groups_per_batch = groups_per_batch
-        self.version = 0
+        if start_version < 0:
+            raise ValueError(f"TrajectoryQueue.start_version must be >= 0, got {start_version}")
+        self.start_version = start_version
+        self.version = start_version
         self.metrics = QueueMetrics()
         self._ready: deque[list[Trajectory]] = deque()
         self._pending: dict[str, list[Trajectory]] = {}
@@ -100,7 +105,8 @@ class TrajectoryQueue:
     def _admissible(self) -> bool:
         if self.groups_per_batch is None:
             return True
-        allowed = (self.version + self.max_staleness + 1) * self.groups_per_batch
+        allowed = ((self.version - self.start_version + self.max_staleness + 1)
+                   * self.groups_per_batch)
         return self._started - self.metrics.dropped_stale < allowed
 
     async def admit(self) -> None:

@@ -359,11 +359,8 @@ class Trainer:
         if mode == "async":
             self.queue = TrajectoryQueue(max_groups=max(4, 4 * int(c.trainer.batch_groups)),
                                          max_staleness=int(c.rollout.max_staleness),
-                                         groups_per_batch=int(c.trainer.batch_groups))
-            await self.queue.set_version(start_step)
-            self.queue.version = start_step
-            # Admission counts started groups from version 0.
-            self.queue._started = start_step * int(c.trainer.batch_groups)
+                                         groups_per_batch=int(c.trainer.batch_groups),
+                                         start_version=start_step)
             producer = asyncio.create_task(self._produce(self.queue, pending, replay))
         bar = ProgressBar(steps, initial=start_step, enabled=bool(c.logging.progress_bar))
         eval_every = int(c.trainer.eval_every)
