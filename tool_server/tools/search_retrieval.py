@@ -15,7 +15,7 @@ from tool_server.observations import invalid_observation
 from tool_server.retrieval.format import format_information, format_no_results
 from tool_server.retrieval.options import RetrievalOptions
 from tool_server.tools._options import tool_option
-from tool_server.tools._tags import last_tag_body
+from tool_server.tools._search import empty_query_observation, parse_query_action
 from tool_server.tools.base import BaseTool, Observation, ToolSettings
 
 log = logging.getLogger(__name__)
@@ -43,16 +43,13 @@ class SearchRetrievalTool(BaseTool):
             log.error("search_retrieval: cannot open the retrieval index: %s", e)
 
     def parse_action(self, action: str) -> tuple[Any, bool]:
-        query = last_tag_body(action, self.tag)
-        return (query, True) if query is not None else (None, False)
+        return parse_query_action(action, self.tag)
 
     async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
                              ) -> tuple[Observation, bool, bool]:
         query: str = parsed
         if not query:
-            return invalid_observation(
-                "empty_query", "Search error: the query is empty. Write the query between the "
-                "tags: <search>your query</search>."), False, False
+            return empty_query_observation(self.tag), False, False
         try:
             hits = await self.retrieval.service().search(query, self.topk)
         except Exception as e:  # an index failure is an observation, never a crash

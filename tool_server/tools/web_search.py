@@ -24,7 +24,8 @@ from tool_server.observations import invalid_observation
 from tool_server.retrieval.format import format_information, format_no_results
 from tool_server.retrieval.options import RetrievalOptions
 from tool_server.tools._options import tool_option
-from tool_server.tools._tags import last_tag_body, tag_regex
+from tool_server.tools._search import empty_query_observation, parse_query_action
+from tool_server.tools._tags import tag_regex
 from tool_server.tools.base import BaseTool, Observation, ToolSettings
 from tool_server.websearch import (CachedBackend, LocalBackend, SearchBackend, SearchCache,
                                    SearchError, SerperBackend)
@@ -85,16 +86,13 @@ class WebSearchTool(BaseTool):
             log.error("web_search: backend not ready: %s", e)
 
     def parse_action(self, action: str) -> tuple[Any, bool]:
-        query = last_tag_body(action, self.tag)
-        return (query, True) if query is not None else (None, False)
+        return parse_query_action(action, self.tag)
 
     async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
                              ) -> tuple[Observation, bool, bool]:
         query: str = parsed
         if not query:
-            return invalid_observation(
-                "empty_query", f"Search error: the query is empty. Write the query between the "
-                f"tags: <{self.tag}>your query</{self.tag}>."), False, False
+            return empty_query_observation(self.tag), False, False
         try:
             results = await self.backend.search(query, self.topk)
         except SearchError as e:
