@@ -145,3 +145,10 @@ def parse_tool_call_for(action: str, names: Collection[str],
             claim_near_misses and near_miss(parsed.name, names) is not None)):
         return parsed, True
     return None, False
+
+
+def invalid_call(message: str) -> tuple[dict, bool, bool]:
+    """``conduct_action``'s result for a call that cannot be run (a :class:`ToolCallError`,
+    bad arguments, a failed operation): ``message`` is both the observation and the
+    ``invalid_reason``; the trajectory is not done and the action is not valid."""
+    return {"obs": message, "invalid_reason": message}, False, False

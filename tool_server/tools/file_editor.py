@@ -26,8 +26,8 @@ import stat
 import uuid
 from typing import Any, Optional
 
-from tool_server.tools._parsing import (ToolCall, ToolCallError, parse_tool_call_for,
-                                        register_names)
+from tool_server.tools._parsing import (ToolCall, ToolCallError, invalid_call,
+                                        parse_tool_call_for, register_names)
 from tool_server.tools.base import Observation
 from tool_server.workspace import Workspace, WorkspaceError, WorkspaceTool
 
@@ -290,20 +290,20 @@ class FileEditorTool(WorkspaceTool):
     def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
                        ) -> tuple[Observation, bool, bool]:
         if isinstance(parsed, ToolCallError):
-            return {"obs": parsed.message, "invalid_reason": parsed.message}, False, False
+            return invalid_call(parsed.message)
         assert isinstance(parsed, ToolCall)
         try:
             ws = self.workspace(trajectory_id, extra_field)
             text = self._run(ws, parsed.arguments)
         except (EditorError, WorkspaceError) as e:
-            return {"obs": str(e), "invalid_reason": str(e)}, False, False
+            return invalid_call(str(e))
         except FileNotFoundError:
             msg = (f"{parsed.arguments.get('path')!r} does not exist (paths are relative to the "
                    "repository root; use view on '.' to list files).")
-            return {"obs": msg, "invalid_reason": msg}, False, False
+            return invalid_call(msg)
         except (NotADirectoryError, IsADirectoryError, PermissionError, OSError) as e:
             msg = f"file_editor could not access {parsed.arguments.get('path')!r}: {e.strerror}."
-            return {"obs": msg, "invalid_reason": msg}, False, False
+            return invalid_call(msg)
         return self._truncate(text), False, True
 
     def _truncate(self, text: str) -> str:

@@ -31,7 +31,8 @@ from typing import Any, Sequence
 from PIL import Image, UnidentifiedImageError
 
 from tool_server.tools._options import tool_option
-from tool_server.tools._parsing import ToolCall, ToolCallError, parse_tool_call_for, register_names
+from tool_server.tools._parsing import (ToolCall, ToolCallError, invalid_call,
+                                        parse_tool_call_for, register_names)
 from tool_server.tools.base import BaseTool, Observation
 
 IMAGE_TOOL_NAMES = register_names({"crop_image", "zoom_in", "rotate"})
@@ -177,14 +178,14 @@ class ImageTool(BaseTool):
     def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
                        ) -> tuple[Observation, bool, bool]:
         if isinstance(parsed, ToolCallError):
-            return {"obs": parsed.message, "invalid_reason": parsed.message}, False, False
+            return invalid_call(parsed.message)
         assert isinstance(parsed, ToolCall)
         try:
             images = self._images(trajectory_id, extra_field)
             text, img = self._run(parsed, images)
         except ValueError as e:
             msg = f"{parsed.name} failed: {e}"
-            return {"obs": msg, "invalid_reason": msg}, False, False
+            return invalid_call(msg)
         images.append(img)
         idx = len(images) - 1
         return {"obs": f"Image {idx}: {img.width}x{img.height} pixels ({text}).",
