@@ -193,11 +193,17 @@ def collect(pid, out_r, err_r, wall_s, max_output):
     return bufs[out_r], bufs[err_r], timed_out, truncated
 
 
-def serve_fork(proto_in, proto_out, mode, workroot):
+def read_requests(fd):
+    """Each request message read from ``fd``, until the server closes it."""
     while True:
-        msg = read_msg(proto_in)
+        msg = read_msg(fd)
         if msg is None:
             return
+        yield msg
+
+
+def serve_fork(proto_in, proto_out, mode, workroot):
+    for msg in read_requests(proto_in):
         t0 = time.monotonic()
         limits = msg["limits"]
         workdir = tempfile.mkdtemp(dir=workroot, prefix="run_")
@@ -258,10 +264,7 @@ def serve_kernel(proto_in, proto_out, workroot):
     os.chdir(workroot)
     namespace = fresh_namespace()
     first = True
-    while True:
-        msg = read_msg(proto_in)
-        if msg is None:
-            return
+    for msg in read_requests(proto_in):
         t0 = time.monotonic()
         limits = msg["limits"]
         if first:  # memory, processes, files: for the whole kernel
