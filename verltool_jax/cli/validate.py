@@ -31,40 +31,52 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.format": ("auto", "parquet", "jsonl"),
 }
 
-# key -> (predicate, what it must be)
-RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "rollout.max_turns": (lambda v: v >= 0, ">= 0"),
-    "rollout.max_response_tokens": (lambda v: v >= 1, ">= 1"),
-    "rollout.max_obs_tokens": (lambda v: v >= 1, ">= 1"),
-    "rollout.n_samples": (lambda v: v >= 1, ">= 1"),
-    "rollout.max_staleness": (lambda v: v >= 0, ">= 0"),
-    "rollout.temperature": (lambda v: v >= 0, ">= 0"),
+Rule = tuple[Callable[[Any], bool], str]  # (predicate, what the value must be)
+
+
+def _at_least(bound: int, note: str = "") -> Rule:
+    """``value >= bound``, described as ``>= bound`` (with ``note`` in brackets)."""
+    return (lambda v: v >= bound), f">= {bound}" + (f" ({note})" if note else "")
+
+
+def _above(bound: int) -> Rule:
+    """``value > bound``, described as ``> bound``."""
+    return (lambda v: v > bound), f"> {bound}"
+
+
+RANGES: dict[str, Rule] = {
+    "rollout.max_turns": _at_least(0),
+    "rollout.max_response_tokens": _at_least(1),
+    "rollout.max_obs_tokens": _at_least(1),
+    "rollout.n_samples": _at_least(1),
+    "rollout.max_staleness": _at_least(0),
+    "rollout.temperature": _at_least(0),
     "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.top_k": (lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"),
     "rollout.obs_template": (lambda v: v.count("{obs}") == 1, "a string containing {obs} once"),
     "algo.clip_ratio_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "algo.clip_ratio_high": (lambda v: v >= 0, ">= 0"),
-    "algo.dual_clip_c": (lambda v: v > 1, "> 1"),
-    "algo.kl_coef": (lambda v: v >= 0, ">= 0"),
-    "algo.entropy_coef": (lambda v: v >= 0, ">= 0"),
-    "algo.ppo_epochs": (lambda v: v >= 1, ">= 1"),
-    "algo.mini_batch_size": (lambda v: v >= 1, ">= 1"),
-    "algo.micro_batch_size": (lambda v: v >= 1, ">= 1"),
-    "algo.tis_cap": (lambda v: v >= 0, ">= 0 (0 disables truncated importance sampling)"),
-    "optimizer.lr": (lambda v: v > 0, "> 0"),
-    "optimizer.warmup_steps": (lambda v: v >= 0, ">= 0"),
-    "optimizer.weight_decay": (lambda v: v >= 0, ">= 0"),
-    "optimizer.max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
-    "sampler.num_engines": (lambda v: v >= 1, ">= 1"),
+    "algo.clip_ratio_high": _at_least(0),
+    "algo.dual_clip_c": _above(1),
+    "algo.kl_coef": _at_least(0),
+    "algo.entropy_coef": _at_least(0),
+    "algo.ppo_epochs": _at_least(1),
+    "algo.mini_batch_size": _at_least(1),
+    "algo.micro_batch_size": _at_least(1),
+    "algo.tis_cap": _at_least(0, "0 disables truncated importance sampling"),
+    "optimizer.lr": _above(0),
+    "optimizer.warmup_steps": _at_least(0),
+    "optimizer.weight_decay": _at_least(0),
+    "optimizer.max_grad_norm": _at_least(0, "0 disables clipping"),
+    "sampler.num_engines": _at_least(1),
     "sampler.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "trainer.steps": (lambda v: v >= 0, ">= 0"),
-    "trainer.batch_groups": (lambda v: v >= 1, ">= 1"),
-    "trainer.log_every": (lambda v: v >= 1, ">= 1"),
-    "trainer.ckpt_every": (lambda v: v >= 0, ">= 0 (0: only at the end)"),
-    "trainer.keep_ckpts": (lambda v: v >= 1, ">= 1"),
-    "trainer.eval_every": (lambda v: v >= 0, ">= 0 (0: only at the end)"),
-    "reward.timeout_s": (lambda v: v > 0, "> 0"),
-    "reward.num_workers": (lambda v: v >= 0, ">= 0 (0: in-process)"),
+    "trainer.steps": _at_least(0),
+    "trainer.batch_groups": _at_least(1),
+    "trainer.log_every": _at_least(1),
+    "trainer.ckpt_every": _at_least(0, "0: only at the end"),
+    "trainer.keep_ckpts": _at_least(1),
+    "trainer.eval_every": _at_least(0, "0: only at the end"),
+    "reward.timeout_s": _above(0),
+    "reward.num_workers": _at_least(0, "0: in-process"),
     "mesh_shape": (lambda v: len(v) == 3 and all(isinstance(x, int) and (x >= 1 or x == -1)
                                                  for x in v) and list(v).count(-1) <= 1,
                    "3 ints (data, fsdp, tp), each >= 1 or one -1 meaning 'the rest'"),
