@@ -48,6 +48,9 @@ def main(argv=None) -> int:
     if not checkpoint.exists():
         print(f"error: --checkpoint {checkpoint} does not exist", file=sys.stderr)
         return 2
+    if (checkpoint / "checkpoints").is_dir() and (checkpoint / "init_model").is_dir():
+        # A run directory: use its own tokenizer, task data and model files.
+        cl.config.trainer.out_dir = str(checkpoint)
     tr = Trainer(cl.config)
     tr.setup()
     what = _load_policy(tr, checkpoint)
