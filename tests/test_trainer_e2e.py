@@ -138,3 +138,20 @@ def test_bad_data_row_is_a_clear_error(tmp_path):
         t = Trainer(cfg, echo=False)
         t.setup()
         t.run()
+
+
+def test_eval_entry_point_scores_the_checkpoint(two_runs, capsys, tmp_path):
+    from verltool_jax import eval as eval_cli
+    report = tmp_path / "eval.html"
+    rc = eval_cli.main(["--config", str(REPO / "configs/tiny_math.py") + ":smoke",
+                        "--config.sampler.backend=jax", "--config.logging.progress_bar=false",
+                        "--checkpoint", str(two_runs["out"]), "--report", str(report)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("[eval] orbax checkpoint"))
+    assert "step 3" in line
+    metrics = json.loads(line.split(": ", 1)[1])
+    assert metrics["eval/num"] == 8 and 0.0 <= metrics["eval/acc"] <= 1.0
+    assert "&lt;python&gt;" in report.read_text() or "tool calls" in report.read_text()
+    assert eval_cli.main(["--config", "configs/tiny_math.py:smoke",
+                          "--checkpoint", str(tmp_path / "missing")]) == 2
