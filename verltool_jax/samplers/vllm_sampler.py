@@ -81,6 +81,10 @@ class VLLMSampler:
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            # vLLM's own default for an engine built from AsyncEngineArgs is 128 running
+            # sequences; an agentic rollout keeps every live trajectory's turn in flight
+            # (hundreds), so admit as many as vLLM's offline CPU/GPU default (256).
+            max_num_seqs=256,
             worker_extension_cls="verltool_jax.samplers.vllm_worker_ext.WeightSyncWorkerExtension",
         )
         self._engine_args.update(engine_kwargs or {})
@@ -162,11 +166,17 @@ class VLLMSampler:
     # ---------------------------------------------------------------- generation
     def _vllm_params(self, params: SamplingParams, max_new: int):
         from vllm import SamplingParams as VSP
+        from vllm.sampling_params import RequestOutputKind
+        # FINAL_ONLY: the front end builds one RequestOutput per request (at its end), not
+        # one cumulative copy of the ids and logprobs per decoding step, and the awaiting
+        # task wakes once, not once per token -- with hundreds of requests in flight that
+        # per-step work competes with the rollout's event loop for the GIL.
         return VSP(max_tokens=max_new, temperature=params.temperature, top_p=params.top_p,
                    top_k=params.top_k if params.top_k > 0 else -1, stop=list(params.stop),
                    stop_token_ids=list(params.stop_token_ids), seed=params.seed, logprobs=0,
                    include_stop_str_in_output=True, skip_special_tokens=False,
-                   spaces_between_special_tokens=False)
+                   spaces_between_special_tokens=False,
+                   output_kind=RequestOutputKind.FINAL_ONLY)
 
     async def _generate_on_loop(self, prompt: list[int], vparams, request_id: str,
                                 version: int) -> Completion:
