@@ -9,7 +9,7 @@ tool-latency profiles:
 * ``mix``: half of the prompts ask for python, half for search.
 
 A profile is what the prompts ask for; the tiny model picks the tag itself and does not
-follow the request (measured at 256 trajectories: 21-30% of the calls are search in
+follow the request (measured at 256 trajectories: 21-32% of the calls are search in
 *every* profile), so the three profiles are close to the same mixed workload; each run
 prints its calls per tool. The tool server is the same for every profile (both tools).
 
