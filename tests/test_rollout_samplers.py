@@ -51,9 +51,16 @@ def check_records(groups, tok, tiny_dir, version):
     trajs = [t for g in groups for t in g]
     assert len(trajs) == 4 and len({t.trajectory_id for t in trajs}) == 4
     closing = tok.convert_tokens_to_ids("</python>")
+    # A random model samples EOS with probability ~1/512 per token, so now and then a
+    # trajectory ends in its first turn; the rest must have gone through the tool server.
+    early_eos = [t for t in trajs if t.termination == "eos" and t.tool_calls == 0]
+    assert len(early_eos) <= 1, [(t.termination, t.num_turns) for t in trajs]
     for t in trajs:
         t.check()
         assert t.termination in ("max_turns", "budget", "eos"), (t.termination, t.error)
+        if t in early_eos:
+            assert t.num_turns == 1 and sum(t.loss_mask) == len(t.response_ids)
+            continue
         assert t.num_turns >= 2 and t.tool_calls >= 1
         assert t.versions[0] == version         # stamped from Completion.policy_version
         # the server answered every action with an observation (invalid: no tool takes it)
