@@ -23,6 +23,7 @@ import json
 import os
 import selectors
 import shutil
+import stat
 import signal
 import struct
 import sys
@@ -242,19 +243,37 @@ def serve_fork(proto_in, proto_out, mode, workroot):
             "elapsed_s": round(time.monotonic() - t0, 4)})
 
 
-def _clear_dir(path):
+def _clear_dir(path, dev=None):
+    """Delete what a call left under ``path``, staying on ``path``'s own file system.
+
+    Read-only binds can sit below the sandbox's /tmp (a checkout under /tmp puts its
+    venv at /tmp/<repo>/.venv); crossing into them would walk thousands of files that
+    cannot be deleted, on every call. Directories holding a mount are kept.
+    """
     try:
-        for name in os.listdir(path):
-            p = os.path.join(path, name)
-            if os.path.isdir(p) and not os.path.islink(p):
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
+        dev = os.lstat(path).st_dev if dev is None else dev
+        names = os.listdir(path)
     except OSError:
-        pass
+        return
+    for name in names:
+        p = os.path.join(path, name)
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if st.st_dev != dev:
+            continue                      # a mount point: not ours to clear
+        if stat.S_ISDIR(st.st_mode):
+            _clear_dir(p, dev)
+            try:
+                os.rmdir(p)
+            except OSError:
+                pass                      # still holds a mount (or was not ours)
+        else:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
 
 
 def serve_kernel(proto_in, proto_out, workroot):
