@@ -18,8 +18,8 @@ from tool_server_helpers import obs_text, write_faulty_tool
 def server(tmp_path_factory):
     tool_dir = write_faulty_tool(str(tmp_path_factory.mktemp("tools")))
     # The per-call timeout counts time queued for a sandboxed worker too: 200 first-turn
-    # python calls arrive at once on 4 workers, so leave room for a loaded CI machine
-    # (4 s was seen to expire there); the hanging tool still shows the timeout path.
+    # python calls arrive at once on 4 workers, so leave room for a loaded machine; the
+    # hanging tool still shows the timeout path.
     with run_server(["python_code", "faulty"], tool_dir=[tool_dir], timeout=12,
                     workers=4) as url:
         yield url
