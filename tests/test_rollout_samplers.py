@@ -87,7 +87,10 @@ def check_records(groups, tok, tiny_dir, version):
         for run_, obs in zip(runs, t.observations):
             body = run_[1:] if run_[0] == closing else run_
             assert body == fmt(obs)[0]
-        assert closing in t.response_ids
+        # every action ends on a stop string: the closing tag we appended after
+        # max_action_tokens, or (a random model now and then samples one) its own
+        assert t.actions and all(a.endswith(CFG.action_stop_strings) for a in t.actions), \
+            t.actions
         # token-in/token-out: the model's own logprobs of the recorded sequence
         ids = t.prompt_ids + t.response_ids
         ref = hf_logprobs(tiny_dir, ids, len(t.prompt_ids))
