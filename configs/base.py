@@ -119,6 +119,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.trainer.ckpt_every = 20
     c.trainer.keep_ckpts = 2
     c.trainer.eval_every = 0
+    c.trainer.parity_every = 1            # sampler-vs-trainer logprob check; 0: off
     c.trainer.out_dir = "runs/default"
     c.trainer.seed = 0
 

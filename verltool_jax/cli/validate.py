@@ -75,6 +75,7 @@ RANGES: dict[str, Rule] = {
     "trainer.ckpt_every": _at_least(0, "0: only at the end"),
     "trainer.keep_ckpts": _at_least(1),
     "trainer.eval_every": _at_least(0, "0: only at the end"),
+    "trainer.parity_every": _at_least(0, "0: off"),
     "reward.timeout_s": _above(0),
     "reward.num_workers": _at_least(0, "0: in-process"),
     "mesh_shape": (lambda v: len(v) == 3 and all(isinstance(x, int) and (x >= 1 or x == -1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 log = logging.getLogger("verltool_jax.train")
 

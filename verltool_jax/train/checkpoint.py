@@ -14,7 +14,7 @@ restored with the template's shapes, dtypes and shardings.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import orbax.checkpoint as ocp

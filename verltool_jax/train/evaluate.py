@@ -14,9 +14,13 @@ from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.rewards.compute import RewardPool, assign_rewards
 
 
+def prompt_item(example: Any, prefix: str) -> PromptItem:
+    """A ``PromptExample`` as the rollout's ``PromptItem``, group id ``{prefix}{index}``."""
+    return PromptItem(**example.to_prompt(f"{prefix}{example.index}"))
+
+
 def prompt_items(examples: Sequence[Any], prefix: str) -> list[PromptItem]:
-    """``PromptExample`` s -> ``PromptItem`` s with unique group ids ``{prefix}{index}``."""
-    return [PromptItem(**e.to_prompt(f"{prefix}{e.index}")) for e in examples]
+    return [prompt_item(e, prefix) for e in examples]
 
 
 def summarize(trajs: Sequence[Trajectory], prefix: str) -> dict:

@@ -23,11 +23,10 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import numpy as np
-from flax import nnx
 
 from verltool_jax.algos.advantages import compute_advantages
 from verltool_jax.algos.dapo import informative_groups, overlong_penalty
@@ -51,7 +50,7 @@ from verltool_jax.train import build
 from verltool_jax.train.batch import batch_from_trajectories, shift_targets
 from verltool_jax.train.checkpoint import Checkpointer
 from verltool_jax.train.config import algo_config
-from verltool_jax.train.evaluate import evaluate, prompt_items, summarize
+from verltool_jax.train.evaluate import evaluate, prompt_item, prompt_items, summarize
 from verltool_jax.train.optimizer import make_optimizer, optimizer_config
 from verltool_jax.train.sft import make_sft_step, sft_batch
 from verltool_jax.train.state import TrainState
@@ -189,9 +188,6 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ rollout
-    def _prompt_item(self, example, prefix: str = "p") -> PromptItem:
-        return PromptItem(**example.to_prompt(f"{prefix}{example.index}"))
-
     async def _produce(self, queue: TrajectoryQueue, pending: dict, replay: list) -> None:
         """Asynchronous rollout workers: start a group whenever the queue admits one."""
         formatter = make_formatter(self.tokenizer, self.rollout_cfg)
@@ -215,7 +211,7 @@ class Trainer:
                 else:
                     example = await asyncio.to_thread(next, self.prompts)
                 serial += 1
-                item = self._prompt_item(example, prefix=f"s{serial}-")
+                item = prompt_item(example, prefix=f"s{serial}-")
                 pending[item.group_id] = example.index
                 t = asyncio.create_task(one_group(item))
                 tasks.add(t)
@@ -233,7 +229,7 @@ class Trainer:
         examples = replay[:k]
         del replay[:k]
         examples += self.prompts.next_batch(k - len(examples))
-        items = [self._prompt_item(e, prefix=f"b{self.step_count}-") for e in examples]
+        items = [prompt_item(e, prefix=f"b{self.step_count}-") for e in examples]
         return await run_rollout_sync(items, int(self.config.rollout.n_samples), self.sampler,
                                       self.tool_client, self.tokenizer, self.rollout_cfg)
 
@@ -286,8 +282,8 @@ class Trainer:
         t_reward = time.perf_counter() - t0
         version = int(self.step_count)
         parity: dict = {}
-        if self.config.trainer.get("parity_every", 1) and \
-                self.step_count % max(1, int(self.config.trainer.get("parity_every", 1))) == 0:
+        every = int(self.config.trainer.parity_every)
+        if every and self.step_count % every == 0:
             model = self.state.model()
             parity = await asyncio.to_thread(sampler_parity, model, trajs, version,
                                              self.algo.temperature, self.pad_id, self.max_len)
@@ -302,7 +298,6 @@ class Trainer:
         self.step_count += 1
         stats = summarize(trajs, "rollout")
         sampled = sum(int(sum(t.loss_mask)) for t in trajs)
-        step_time = t_wait + t_reward + t_train + t_sync
         metrics.update(stats)
         metrics.update(parity)
         metrics.update({
@@ -320,7 +315,6 @@ class Trainer:
         self._last_trajs = trajs
         if self.queue is not None:
             metrics.update(self.queue.summary())
-        del step_time
         return metrics
 
     def _data_state(self, pending: dict) -> dict:
@@ -406,8 +400,6 @@ class Trainer:
                 as client:
             self.tool_client = client
             start_step = int(jax.device_get(self.state.step))
-            if start_step == 0 and self.sampler.version != 0:
-                pass
             before = await self._eval(start_step, "start" if start_step else "after-sft")
             if c.stage == "rl" and start_step < int(c.trainer.steps):
                 await self._rl(start_step, self._resume_data)
@@ -421,7 +413,9 @@ class Trainer:
         self._install_signal_handlers()
         t_start = time.perf_counter()
         self.setup()
-        self.ckpt = Checkpointer(self.out / "checkpoints", save_every=int(c.trainer.ckpt_every),
+        # ckpt_every = 0: only the final save (forced at the end of RL, and on Ctrl-C).
+        every = int(c.trainer.ckpt_every) or int(c.trainer.steps) + 1
+        self.ckpt = Checkpointer(self.out / "checkpoints", save_every=every,
                                  keep=int(c.trainer.keep_ckpts))
         self._resume_data: dict = {}
         self.prompts = PromptPipeline.from_files(
