@@ -156,7 +156,7 @@ class VLLMSampler:
             self.restarts += 1
             old, self._engine = self._engine, None
             try:
-                old.shutdown(timeout=5)
+                old.shutdown(timeout=5)     # on the loop: its handler task cannot be awaited here
             except Exception:
                 pass
             await self._start_engine()
@@ -297,15 +297,33 @@ class VLLMSampler:
         self.last_sync["pack_seconds"] = pack_s
 
     # ---------------------------------------------------------------- lifecycle
+    def _shutdown_engine(self, engine, timeout: float) -> None:
+        """Shut ``engine`` down without a spurious error log.
+
+        ``AsyncLLM.shutdown`` stops the engine-core process before it cancels its output
+        handler task, which then logs the engine's death as "output_handler failed" with a
+        traceback; cancel the handler (on the engine loop) first.
+        """
+        handler = getattr(engine, "output_handler", None)
+        if handler is not None and self._loop.is_running():
+            async def cancel() -> None:
+                handler.cancel()
+                await asyncio.gather(handler, return_exceptions=True)
+            try:
+                asyncio.run_coroutine_threadsafe(cancel(), self._loop).result(timeout)
+            except Exception:
+                pass
+        try:
+            engine.shutdown(timeout=timeout)
+        except Exception:
+            pass
+
     def close(self) -> None:
         if self._closed:
             return
         engine, self._engine = self._engine, None
         if engine is not None:
-            try:
-                engine.shutdown(timeout=10)
-            except Exception:
-                pass
+            self._shutdown_engine(engine, 10)
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
