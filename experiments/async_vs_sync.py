@@ -1,17 +1,18 @@
 """Asynchronous vs batch-synchronous rollout (issue 7 ablation).
 
-Same prompts, same real vLLM CPU sampler with a tiny model, same real tool server, three
+Same prompts, same real vLLM CPU sampler with a tiny model, a real tool server, three
 tool-latency profiles:
 
-* ``python``: the sandboxed ``python_code`` tool as it is;
+* ``python``: the sandboxed ``python_code`` tool as it is (the server serves only it);
 * ``search``: ``sleep_search``, latency lognormal with mean ``--search-mean-s`` (1 s) and
-  log-sd ``--search-sigma`` (1.0), seeded per (trajectory, call);
-* ``mix``: half of the prompts ask for python, half for search.
+  log-sd ``--search-sigma`` (1.0), seeded per (trajectory, call) (served alone);
+* ``mix``: half of the prompts ask for python, half for search (both served).
 
-A profile is what the prompts ask for; the tiny model picks the tag itself and does not
-follow the request (measured at 256 trajectories: 21-32% of the calls are search in
-*every* profile), so the three profiles are close to the same mixed workload; each run
-prints its calls per tool. The tool server is the same for every profile (both tools).
+Each prompt ends with the tool to use ("... Use python."), and the warmed tiny model
+follows it (98% of first actions in a check of 128 samples per tool); each profile's
+server serves only its tools, so a stray tag is an invalid action (a fast error
+observation), as it would be in a task that offers one tool. Each run prints its calls
+per tool.
 
 For each profile, ``--repeats`` times (new trajectory ids, hence new latency draws),
 the script runs the batch-synchronous baseline (``rollout.sync_baseline``) and the
@@ -32,6 +33,17 @@ latency and the fastest of 5 single python calls measured right before the run -
 neither the batch's contention at the tool server nor at the sampler inflates the
 bound. Prefill work is left out, so the bound is optimistic (lower) throughout.
 
+The script also prints a *shared-CPU bound*, ``max(max_i serial_i, G / peak_tps +
+P / peak_python)`` with ``P`` the python calls of the async run and ``peak_python`` the
+python tool's peak calls/s (all calls at once, sampler idle): on this machine the
+sandboxed python tool and the sampler share the same CPU cores, so their work adds up.
+It is an estimate (either peak may leave some CPU unused), shown next to the issue's
+bound, not instead of it. It also prints the sampler's decode step time alone and with
+every trajectory in flight: the issue's bound takes the slowest trajectory's turns at
+single-request speed *and* the batch at peak throughput, which a sampler can give at once
+only if its step time barely depends on the batch size (a GPU); on a CPU it grows about
+linearly with the batch (see the ``decode step`` line).
+
 Workload size: 64 prompts x 4 samples = 256 trajectories per run by default (``--prompts``,
 ``--n-samples``), small next to a real RL step (VerlTool's recipes roll out 512-1024
 trajectories per step), and the speedup over the synchronous baseline grows with the
@@ -41,8 +53,9 @@ process (see below); the engine admits up to 256 running sequences
 (``VLLMSampler``'s default ``max_num_seqs``).
 
 How a random tiny model produces actions: before the runs, the script warms the tiny
-model for 300 steps (PyTorch, on CPU; cached in --workdir) on synthetic agent transcripts
-in the experiment's format (1-4 ``<search>``/``<python>`` actions, each followed by a
+model for 300 steps (PyTorch, on CPU; about 30 s; cached in --workdir) on synthetic agent
+transcripts in the experiment's format (a question ending with the tool to use, then
+1-4 actions with that tool's tag, each followed by a
 ``<result>`` observation, then ``<answer>..</answer>`` and EOS; the number of actions is
 random per transcript). Sampling at temperature 1 then ends each turn on an action stop
 string or EOS by itself, and the number of tool calls varies across trajectories as it
@@ -80,11 +93,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 WORDS = ("the a of city country year river capital population founded largest name who what "
          "which where when first president author book film river mountain").split()
 SYSTEM = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+# The tool server of each profile serves what its task would (python: the math task's
+# sandboxed python; search: the heavy-tailed stand-in; mix: both).
+PROFILE_TOOLS = {"python": ["python_code"], "search": ["sleep_search"],
+                 "mix": ["sleep_search", "python_code"]}
 
 
 def question(rng: random.Random, tool: str) -> str:
+    """A question that ends with the tool to use (the last words before the answer turn,
+    so the tiny model learns to follow the request; see ``warm_tiny_model``)."""
     words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 8)))
-    return f"Use {tool}. {words.capitalize()}?"
+    return f"{words.capitalize()}? Use {tool}."
 
 
 def transcript(rng: random.Random, tool: str) -> str:
@@ -107,7 +126,7 @@ def warm_tiny_model(out: Path, steps: int, seed: int) -> Path:
 
     from verltool_jax.testing.tiny import build_tiny_hf
 
-    marker = out / f"warmed_{steps}_{seed}"
+    marker = out / f"warmed_v2_{steps}_{seed}"
     if marker.exists():                 # reuse a model warmed by an earlier run
         print(f"  reusing the warmed model in {out}", flush=True)
         return out
@@ -234,6 +253,62 @@ async def run_profile(mode: str, prompts, n_samples, sampler, url, tok, cfg):
     return wall, [t for g in groups for t in g]
 
 
+async def measure_tool_peak(url: str, n: int) -> float:
+    """The python tool's peak throughput (calls/s): ``n`` single calls submitted at once,
+    sampler idle, best of 2."""
+    from verltool_jax.tools_client import ToolClient
+    best = 0.0
+    async with ToolClient(url, timeout_s=60.0, max_connections=512) as client:
+        for rep in range(2):
+            ids = [f"probe-peak{rep}-{i}" for i in range(n)]
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client.get_observation(t, "<python>print(12 * 34)</python>")
+                                   for t in ids))
+            best = max(best, n / (time.perf_counter() - t0))
+            await client.finish(ids)
+    return best
+
+
+def python_calls(trajs) -> int:
+    return sum(1 for t in trajs for act in t.actions if "</python>" in act)
+
+
+async def run_once(profile, rep, prompts, args, sampler, url, tok, cfg, n_traj, probe_prompt):
+    """Sync then async on ``prompts``; print the details; return the table row."""
+    sync_wall, sync_t = await run_profile("sync", prompts, args.n_samples, sampler, url, tok,
+                                          cfg)
+    # measured right before the async run, under the same machine load
+    peak, a, b = await measure_sampler(sampler, probe_prompt, n_traj, args.max_action_tokens)
+    serves_python = "python_code" in PROFILE_TOOLS[profile]
+    py_alone = await measure_python_alone(url) if serves_python else 0.0
+    py_peak = await measure_tool_peak(url, n_traj) if serves_python else float("inf")
+    async_wall, async_t = await run_profile("async", prompts, args.n_samples, sampler, url,
+                                            tok, cfg)
+    bound, serial, gen_work = lower_bound(async_t, peak, a, b, py_alone)
+    tool_work = python_calls(async_t) / py_peak
+    shared = max(serial, gen_work + tool_work)
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    last = max(async_t, key=lambda t: t.wall_time_s)
+    py_text = (f", python call alone {py_alone * 1000:.1f} ms, python peak {py_peak:.0f} "
+               f"calls/s" if serves_python else "")
+    print(f"  {profile} #{rep} (load average {load}; tools {','.join(PROFILE_TOOLS[profile])}): "
+          f"sampler peak {peak:.0f} tok/s, alone t(n) = {a * 1000:.1f} ms + {b * 1000:.2f} ms * n"
+          f"{py_text}\n"
+          f"    decode step: {b * 1000:.1f} ms alone, {n_traj / peak * 1000:.1f} ms with {n_traj} "
+          f"sequences ({n_traj / peak / max(b, 1e-9):.1f}x)\n"
+          f"    sync  {sync_wall:.1f} s: {describe(sync_t)}\n"
+          f"    async {async_wall:.1f} s: {describe(async_t)}\n"
+          f"    bound {bound:.1f} s = max(slowest serial {serial:.1f} s, generation work "
+          f"{gen_work:.1f} s); shared-CPU bound {shared:.1f} s = max(slowest serial, generation "
+          f"work + python work {tool_work:.1f} s)\n"
+          f"    last to finish: {last.wall_time_s:.1f} s = generation "
+          f"{sum(last.gen_latencies):.1f} s (alone {sum(a + b * n for n in last.gen_tokens):.1f} s)"
+          f" + tools {sum(last.tool_latencies):.1f} s (alone "
+          f"{sum(alone_tool_latencies(last, py_alone)):.1f} s), {last.num_turns} turns",
+          flush=True)
+    return profile, sync_wall, async_wall, bound, shared
+
+
 def describe(trajs) -> str:
     calls = [t.tool_calls for t in trajs]
     term = {}
@@ -286,48 +361,26 @@ def main() -> None:
                                           add_special_tokens=False),
                  "group_id": f"{profile}{rep}_{i}"} for i, t in enumerate(tools)]
 
-    print("[2/3] starting the vLLM CPU sampler and the tool server", flush=True)
+    print("[2/3] starting the vLLM CPU sampler", flush=True)
     sampler = VLLMSampler(model_dir, max_model_len=1024, seed=args.seed)
     rows = []
     try:
         profiles = args.profiles.split(",")
-        tools = ["sleep_search", "python_code"]          # the same server for every profile
-        with run_server(tools=tools, timeout=30.0,
-                        max_concurrency=1024, tool_max_concurrency=1024,
-                        tool_opt={"sleep_search_mean_s": args.search_mean_s,
-                                  "sleep_search_sigma": args.search_sigma,
-                                  "sleep_search_seed": args.seed}) as url:
-            probe_prompt = prompts_for("search")[0]["prompt_ids"]
-            print(f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
-                  f"trajectories per run", flush=True)
-            for profile in profiles:
+        probe_prompt = prompts_for("search")[0]["prompt_ids"]
+        print(f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
+              f"trajectories per run", flush=True)
+        for profile in profiles:
+            # Each profile gets the server its task would have: an action for a tool that
+            # is not served is an invalid action (a fast error observation).
+            with run_server(tools=PROFILE_TOOLS[profile], timeout=30.0,
+                            max_concurrency=1024, tool_max_concurrency=1024,
+                            tool_opt={"sleep_search_mean_s": args.search_mean_s,
+                                      "sleep_search_sigma": args.search_sigma,
+                                      "sleep_search_seed": args.seed}) as url:
                 for rep in range(args.repeats):
-                    prompts = prompts_for(profile, rep)
-                    sync_wall, sync_t = asyncio.run(run_profile(
-                        "sync", prompts, args.n_samples, sampler, url, tok, cfg))
-                    # measured right before the async run, under the same machine load
-                    peak, a, b = asyncio.run(measure_sampler(sampler, probe_prompt, n_traj,
-                                                             args.max_action_tokens))
-                    py_alone = asyncio.run(measure_python_alone(url))
-                    async_wall, async_t = asyncio.run(run_profile(
-                        "async", prompts, args.n_samples, sampler, url, tok, cfg))
-                    bound, serial, gen_work = lower_bound(async_t, peak, a, b, py_alone)
-                    rows.append((profile, sync_wall, async_wall, bound))
-                    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-                    last = max(async_t, key=lambda t: t.wall_time_s)
-                    print(f"  {profile} #{rep} (load average {load}): sampler peak {peak:.0f} "
-                          f"tok/s, alone t(n) = {a * 1000:.1f} ms + {b * 1000:.2f} ms * n, "
-                          f"python call alone {py_alone * 1000:.1f} ms\n"
-                          f"    sync  {sync_wall:.1f} s: {describe(sync_t)}\n"
-                          f"    async {async_wall:.1f} s: {describe(async_t)}\n"
-                          f"    bound {bound:.1f} s = max(slowest serial {serial:.1f} s, "
-                          f"generation work {gen_work:.1f} s); last to finish: "
-                          f"{last.wall_time_s:.1f} s = generation "
-                          f"{sum(last.gen_latencies):.1f} s (alone "
-                          f"{sum(a + b * n for n in last.gen_tokens):.1f} s) + tools "
-                          f"{sum(last.tool_latencies):.1f} s (alone "
-                          f"{sum(alone_tool_latencies(last, py_alone)):.1f} s), "
-                          f"{last.num_turns} turns", flush=True)
+                    rows.append(asyncio.run(run_once(profile, rep, prompts_for(profile, rep),
+                                                     args, sampler, url, tok, cfg, n_traj,
+                                                     probe_prompt)))
     finally:
         sampler.close()
 
@@ -335,17 +388,18 @@ def main() -> None:
     print(f"{n_traj} trajectories per run; load average (1, 5, 15 min) at the end: "
           + " ".join(f"{x:.1f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs")
     print("| profile | run | sync wall (s) | async wall (s) | speedup | async lower bound (s) "
-          "| async / bound |")
-    print("|---|---|---|---|---|---|---|")
+          "| async / bound | shared-CPU bound (s) | async / shared-CPU bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    med = statistics.median
     for p in profiles:
         mine = [r for r in rows if r[0] == p]
-        for k, (_, s_, a_, lb) in enumerate(mine):
-            print(f"| {p} | {k} | {s_:.1f} | {a_:.1f} | {s_ / a_:.2f}x | {lb:.1f} | {a_ / lb:.2f} |")
-        sp = [s_ / a_ for _, s_, a_, _ in mine]
-        ab = [a_ / lb for _, _, a_, lb in mine]
-        print(f"| {p} | median | {statistics.median(r[1] for r in mine):.1f} | "
-              f"{statistics.median(r[2] for r in mine):.1f} | {statistics.median(sp):.2f}x | "
-              f"{statistics.median(r[3] for r in mine):.1f} | {statistics.median(ab):.2f} |")
+        for k, (_, s_, a_, lb, sb) in enumerate(mine):
+            print(f"| {p} | {k} | {s_:.1f} | {a_:.1f} | {s_ / a_:.2f}x | {lb:.1f} | "
+                  f"{a_ / lb:.2f} | {sb:.1f} | {a_ / sb:.2f} |")
+        print(f"| {p} | median | {med(r[1] for r in mine):.1f} | {med(r[2] for r in mine):.1f} "
+              f"| {med(r[1] / r[2] for r in mine):.2f}x | {med(r[3] for r in mine):.1f} | "
+              f"{med(r[2] / r[3] for r in mine):.2f} | {med(r[4] for r in mine):.1f} | "
+              f"{med(r[2] / r[4] for r in mine):.2f} |")
 
 
 if __name__ == "__main__":
