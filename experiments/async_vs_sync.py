@@ -240,6 +240,43 @@ def tool_mix(trajs) -> str:
     return ", ".join(f"{k} {v}" for k, v in n.items() if v)
 
 
+def cpu_seconds(engine_pids: list[int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far, by group: ``sampler`` (the vLLM engine
+    processes and their descendants), ``tools`` (every other child process tree: the tool
+    server, its sandboxes, the fork servers and the calls they reaped) and ``rollout``
+    (this process: the rollout loop, the tool client and vLLM's front end)."""
+    import psutil
+
+    def tree(p: "psutil.Process") -> float:
+        total = 0.0
+        for q in [p] + p.children(recursive=True):
+            try:
+                c = q.cpu_times()
+                total += c.user + c.system + c.children_user + c.children_system
+            except psutil.Error:
+                pass
+        return total
+
+    me = psutil.Process()
+    own = me.cpu_times()
+    out = {"sampler": 0.0, "tools": 0.0, "rollout": own.user + own.system}
+    for child in me.children():
+        try:
+            out["sampler" if child.pid in engine_pids else "tools"] += tree(child)
+        except psutil.Error:
+            pass
+    return out
+
+
+def cpu_line(before: dict, after: dict, wall: float) -> str:
+    d = {k: after[k] - before[k] for k in after}
+    total = sum(d.values())
+    cores = os.cpu_count() or 1
+    return (f"CPU {total:.1f} s = {total / (wall * cores):.0%} of {cores} cores x wall "
+            f"(sampler {d['sampler']:.1f} s, tool server {d['tools']:.1f} s, rollout + vLLM "
+            f"front end {d['rollout']:.1f} s)")
+
+
 async def run_profile(mode: str, prompts, n_samples, sampler, url, tok, cfg):
     from verltool_jax.rollout.agent_loop import run_rollout
     from verltool_jax.rollout.sync_baseline import run_rollout_sync
@@ -275,15 +312,20 @@ def python_calls(trajs) -> int:
 
 async def run_once(profile, rep, prompts, args, sampler, url, tok, cfg, n_traj, probe_prompt):
     """Sync then async on ``prompts``; print the details; return the table row."""
+    engines = sampler.engine_pids()
+    cpu0 = cpu_seconds(engines)
     sync_wall, sync_t = await run_profile("sync", prompts, args.n_samples, sampler, url, tok,
                                           cfg)
+    sync_cpu = cpu_line(cpu0, cpu_seconds(engines), sync_wall)
     # measured right before the async run, under the same machine load
     peak, a, b = await measure_sampler(sampler, probe_prompt, n_traj, args.max_action_tokens)
     serves_python = "python_code" in PROFILE_TOOLS[profile]
     py_alone = await measure_python_alone(url) if serves_python else 0.0
     py_peak = await measure_tool_peak(url, n_traj) if serves_python else float("inf")
+    cpu0 = cpu_seconds(engines)
     async_wall, async_t = await run_profile("async", prompts, args.n_samples, sampler, url,
                                             tok, cfg)
+    async_cpu = cpu_line(cpu0, cpu_seconds(engines), async_wall)
     bound, serial, gen_work = lower_bound(async_t, peak, a, b, py_alone)
     tool_work = python_calls(async_t) / py_peak
     shared = max(serial, gen_work + tool_work)
@@ -297,7 +339,9 @@ async def run_once(profile, rep, prompts, args, sampler, url, tok, cfg, n_traj, 
           f"    decode step: {b * 1000:.1f} ms alone, {n_traj / peak * 1000:.1f} ms with {n_traj} "
           f"sequences ({n_traj / peak / max(b, 1e-9):.1f}x)\n"
           f"    sync  {sync_wall:.1f} s: {describe(sync_t)}\n"
+          f"          {sync_cpu}\n"
           f"    async {async_wall:.1f} s: {describe(async_t)}\n"
+          f"          {async_cpu}\n"
           f"    bound {bound:.1f} s = max(slowest serial {serial:.1f} s, generation work "
           f"{gen_work:.1f} s); shared-CPU bound {shared:.1f} s = max(slowest serial, generation "
           f"work + python work {tool_work:.1f} s)\n"
