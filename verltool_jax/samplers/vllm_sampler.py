@@ -39,6 +39,15 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
            "float16": "float16", "fp16": "float16"}
 
 
+async def _cancel_remaining_tasks(timeout_s: float) -> None:
+    """Cancel every other task on the running loop and wait up to ``timeout_s`` for them."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
+
+
 class VLLMSampler:
     """One vLLM engine (one device group). See the module docstring.
 
@@ -325,6 +334,15 @@ class VLLMSampler:
         if engine is not None:
             self._shutdown_engine(engine, 10)
         self._closed = True
+        if self._loop.is_running():
+            # Let the tasks vLLM cancelled on shutdown (its output-queue task) finish
+            # cancelling before the loop stops; otherwise the interpreter reports them
+            # at exit as "Task was destroyed but it is pending!".
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_remaining_tasks(2.0),
+                                                 self._loop).result(5)
+            except Exception:
+                pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
