@@ -9,7 +9,7 @@ tool-latency profiles:
 * ``mix``: half of the prompts ask for python, half for search (both served).
 
 Each prompt ends with the tool to use ("... Use python."), and the warmed tiny model
-follows it (98% of first actions in a check of 128 samples per tool); each profile's
+follows it (93-99% of the calls in each python or search run use that tag); each profile's
 server serves only its tools, so a stray tag is an invalid action (a fast error
 observation), as it would be in a task that offers one tool. Each run prints its calls
 per tool.
