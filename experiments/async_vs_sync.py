@@ -67,7 +67,8 @@ prefill is chunked: "CPU Generator does not use offset"), so the sync and async 
 draw different but identically distributed actions; the search latencies are seeded per
 (trajectory id, call index) and are the same in both runs.
 
-Run:  python experiments/async_vs_sync.py            (several minutes on 2 CPU cores)
+Run:  python experiments/async_vs_sync.py   (about 10 minutes on 2 CPU cores; --repeats 1
+      --prompts 16 for a 1-minute look)
 """
 from __future__ import annotations
 
