@@ -17,7 +17,7 @@ import random
 from typing import Any, Optional
 
 from tool_server.tools._options import tool_option
-from tool_server.tools._tags import last_tag_body
+from tool_server.tools._search import parse_query_action
 from tool_server.tools.base import BaseTool, Observation, ToolSettings
 
 
@@ -41,8 +41,7 @@ class SleepSearchTool(BaseTool):
         self.seed: int = tool_option(extra, "sleep_search_seed", int, 0)
 
     def parse_action(self, action: str) -> tuple[Any, bool]:
-        query = last_tag_body(action, "search")
-        return (query, True) if query is not None else (None, False)
+        return parse_query_action(action, "search")
 
     async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
                              ) -> tuple[Observation, bool, bool]:

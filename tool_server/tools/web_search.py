@@ -16,22 +16,17 @@ holding the key), ``web_search_concurrency`` (8), ``web_search_retries`` (3),
 """
 from __future__ import annotations
 
-import logging
 import os
-from typing import Any, Optional
+from typing import Optional
 
-from tool_server.observations import invalid_observation
-from tool_server.retrieval.format import format_information, format_no_results
 from tool_server.retrieval.options import RetrievalOptions
 from tool_server.tools._options import tool_option
-from tool_server.tools._search import empty_query_observation, parse_query_action
+from tool_server.tools._search import QuerySearchTool
 from tool_server.tools._tags import tag_regex
-from tool_server.tools.base import BaseTool, Observation, ToolSettings
+from tool_server.tools.base import ToolSettings
 from tool_server.websearch import (CachedBackend, LocalBackend, SearchBackend, SearchCache,
                                    SearchError, SerperBackend)
 from tool_server.websearch.serper import DEFAULT_KEY_ENV, DEFAULT_URL
-
-log = logging.getLogger(__name__)
 
 BACKENDS = ("local", "serper")
 
@@ -64,10 +59,12 @@ def make_backend(settings: ToolSettings) -> SearchBackend:
     return CachedBackend(backend, SearchCache(cache_path, ttl_s=ttl))
 
 
-class WebSearchTool(BaseTool):
+class WebSearchTool(QuerySearchTool):
     name = "web_search"
     usage = ("Search the web: <search>your query</search>. Returns the top results inside "
              "<information>...</information>.")
+    search_errors = (SearchError,)
+    warm_up_failure = "backend not ready"
 
     def __init__(self, settings: Optional[ToolSettings] = None) -> None:
         super().__init__(settings)
@@ -77,30 +74,11 @@ class WebSearchTool(BaseTool):
         self.topk: int = tool_option(extra, "topk", int, 3, minimum=1)
         self.backend = make_backend(self.settings)
 
-    async def astart(self) -> None:
-        """Prepare the backend at server start (the local backend loads its index); a
-        failure is logged and reported as an observation on each search."""
-        try:
-            await self.backend.warm_up()
-        except Exception as e:
-            log.error("web_search: backend not ready: %s", e)
+    async def warm_up(self) -> None:
+        await self.backend.warm_up()
 
-    def parse_action(self, action: str) -> tuple[Any, bool]:
-        return parse_query_action(action, self.tag)
-
-    async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
-                             ) -> tuple[Observation, bool, bool]:
-        query: str = parsed
-        if not query:
-            return empty_query_observation(self.tag), False, False
-        try:
-            results = await self.backend.search(query, self.topk)
-        except SearchError as e:
-            log.warning("web_search failed for trajectory %s: %s", trajectory_id, e)
-            return invalid_observation("search_error", f"Search error: {e}"), False, False
-        if not results:
-            return format_no_results(query), False, True
-        return format_information((r.title, r.snippet) for r in results), False, True
+    async def search(self, query: str) -> list[tuple[str, str]]:
+        return [(r.title, r.snippet) for r in await self.backend.search(query, self.topk)]
 
     def close(self) -> None:
         super().close()
