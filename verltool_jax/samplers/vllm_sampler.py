@@ -39,9 +39,11 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
            "float16": "float16", "fp16": "float16"}
 
 
-async def _cancel_remaining_tasks(timeout_s: float) -> None:
-    """Cancel every other task on the running loop and wait up to ``timeout_s`` for them."""
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+async def _cancel_tasks(tasks: Optional[list] = None, timeout_s: float = 2.0) -> None:
+    """Cancel ``tasks`` (default: every other task on the running loop) and wait up to
+    ``timeout_s`` for them to end."""
+    if tasks is None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     for t in tasks:
         t.cancel()
     if tasks:
@@ -165,7 +167,7 @@ class VLLMSampler:
             self.restarts += 1
             old, self._engine = self._engine, None
             try:
-                old.shutdown(timeout=5)     # on the loop: its handler task cannot be awaited here
+                old.shutdown(timeout=5)     # dead already: its output handler has ended
             except Exception:
                 pass
             await self._start_engine()
@@ -306,43 +308,33 @@ class VLLMSampler:
         self.last_sync["pack_seconds"] = pack_s
 
     # ---------------------------------------------------------------- lifecycle
-    def _shutdown_engine(self, engine, timeout: float) -> None:
-        """Shut ``engine`` down without a spurious error log.
-
-        ``AsyncLLM.shutdown`` stops the engine-core process before it cancels its output
-        handler task, which then logs the engine's death as "output_handler failed" with a
-        traceback; cancel the handler (on the engine loop) first.
-        """
-        handler = getattr(engine, "output_handler", None)
-        if handler is not None and self._loop.is_running():
-            async def cancel() -> None:
-                handler.cancel()
-                await asyncio.gather(handler, return_exceptions=True)
+    def _cancel_on_loop(self, tasks: Optional[list] = None) -> None:
+        """Cancel ``tasks`` (default: all) on the engine loop and wait for them (best effort)."""
+        if self._loop.is_running():
             try:
-                asyncio.run_coroutine_threadsafe(cancel(), self._loop).result(timeout)
+                asyncio.run_coroutine_threadsafe(_cancel_tasks(tasks), self._loop).result(5)
             except Exception:
                 pass
-        try:
-            engine.shutdown(timeout=timeout)
-        except Exception:
-            pass
 
     def close(self) -> None:
         if self._closed:
             return
         engine, self._engine = self._engine, None
         if engine is not None:
-            self._shutdown_engine(engine, 10)
-        self._closed = True
-        if self._loop.is_running():
-            # Let the tasks vLLM cancelled on shutdown (its output-queue task) finish
-            # cancelling before the loop stops; otherwise the interpreter reports them
-            # at exit as "Task was destroyed but it is pending!".
+            # AsyncLLM.shutdown stops the engine core before it cancels its output handler,
+            # which then logs the death as "output_handler failed" with a traceback:
+            # cancel the handler first.
+            handler = getattr(engine, "output_handler", None)
+            if handler is not None:
+                self._cancel_on_loop([handler])
             try:
-                asyncio.run_coroutine_threadsafe(_cancel_remaining_tasks(2.0),
-                                                 self._loop).result(5)
+                engine.shutdown(timeout=10)
             except Exception:
                 pass
+        self._closed = True
+        # Let what vLLM cancelled on shutdown (its output-queue task) finish cancelling
+        # before the loop stops, else: "Task was destroyed but it is pending!" at exit.
+        self._cancel_on_loop()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
