@@ -232,13 +232,17 @@ async def measure_python_alone(url: str, n: int = 5) -> float:
     return best
 
 
-def tool_mix(trajs) -> str:
-    """How many calls went to each tool (the model picks the tag; the prompt only asks)."""
+def calls_per_tool(trajs) -> dict[str, int]:
+    """How many calls went to each tool tag (the model writes the tag; the prompt asks)."""
     n = {"search": 0, "python": 0, "other": 0}
     for t in trajs:
         for act in t.actions:
             n["search" if "</search>" in act else "python" if "</python>" in act else "other"] += 1
-    return ", ".join(f"{k} {v}" for k, v in n.items() if v)
+    return n
+
+
+def tool_mix(trajs) -> str:
+    return ", ".join(f"{k} {v}" for k, v in calls_per_tool(trajs).items() if v)
 
 
 def cpu_seconds(engine_pids: list[int]) -> dict[str, float]:
@@ -308,7 +312,7 @@ async def measure_tool_peak(url: str, n: int) -> float:
 
 
 def python_calls(trajs) -> int:
-    return sum(1 for t in trajs for act in t.actions if "</python>" in act)
+    return calls_per_tool(trajs)["python"]
 
 
 async def run_once(profile, rep, prompts, args, sampler, url, tok, cfg, n_traj, probe_prompt):
