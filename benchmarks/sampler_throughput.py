@@ -39,7 +39,7 @@ SIZES = {  # name -> tiny_config_dict overrides
 
 
 def build(root: Path, name: str, overrides: dict, tok_dir=None) -> Path:
-    from verltool_jax.testing.tiny import build_tiny_hf
+    from verltool_jax.models.tiny import build_tiny_hf
     d = root / name.split()[0]
     build_tiny_hf(d, "qwen2", tokenizer_dir=tok_dir, **overrides)
     return d

@@ -1,6 +1,6 @@
 """Throughput and latency of the search tools through the real tool server.
 
-For each row a tool server is started (``tool_server.testing.run_server``) and
+For each row a tool server is started (``tool_server.launcher.run_server``) and
 ``--clients`` concurrent clients send ``--requests`` requests in total, one action per
 request (as asynchronous rollout does), each with a distinct query. Printed per row:
 requests/s, p50 and p99 latency (ms), and how many queries one retrieval batch served on
@@ -36,7 +36,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tool_server.retrieval.corpus import write_corpus  # noqa: E402
 from tool_server.retrieval.synthetic import make_corpus, town_name  # noqa: E402
-from tool_server.testing import run_server  # noqa: E402
+from tool_server.launcher import run_server  # noqa: E402
 from tool_server.websearch.fake_api import FakeSearchAPI  # noqa: E402
 
 API_KEY = "bench-key"

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import aiohttp  # noqa: E402
 import psutil  # noqa: E402
 
-from tool_server.testing import run_server  # noqa: E402
+from tool_server.launcher import run_server  # noqa: E402
 
 SIMPLE = "<python>print(1+1)</python>"
 CPU_HEAVY = "<python>print(sum(i * i for i in range(300000)))</python>"

@@ -1,7 +1,7 @@
 """Throughput and latency of the image, file_editor, bash, run_tests and mcp tools through
 the real tool server.
 
-A tool server (``tool_server.testing.run_server``) runs all four tools; ``--clients``
+A tool server (``tool_server.launcher.run_server``) runs all four tools; ``--clients``
 concurrent clients send ``--requests`` requests in total, one action per request. Printed
 per row: requests/s, p50 and p99 latency (ms) and the number of non-valid answers. Rows:
 
@@ -16,7 +16,7 @@ per row: requests/s, p50 and p99 latency (ms) and the number of non-valid answer
 
 Then the cost of one workspace copy as the tools make it (working tree copied with
 ``cp -a --reflink=auto``, git objects hardlinked when the server is root), next to a full
-copy and an all-hardlink copy (``cp -al``, not used: unsafe, see ``tool_server/workspace.py``).
+copy and an all-hardlink copy (``cp -al``, not used: unsafe, see ``tool_server/kit/workspace.py``).
 ``--workdir /dev/shm`` puts the workspaces on a tmpfs.
 
 Run: ``python benchmarks/workspace_tools_throughput.py [--requests 200 --clients 8]
@@ -45,8 +45,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from search_tools_throughput import percentile  # noqa: E402
-from tool_server.testing import run_server  # noqa: E402
-from tool_server.workspace import copy_tree  # noqa: E402
+from tool_server.launcher import run_server  # noqa: E402
+from tool_server.kit.workspace import copy_tree  # noqa: E402
 
 CALC = "def add(a, b):\n    return a + b\n"
 TESTS = "from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n\n\n" \

@@ -6,7 +6,7 @@
 
 ``arg`` is a comma-separated list of variants: ``sync`` (batch-synchronous rollout, the
 ablation baseline) and ``smoke`` (tiny sizes, a few steps); e.g. ``:smoke,sync``.
-The model and tokenizer are built locally (``verltool_jax.testing.tiny``); the task data
+The model and tokenizer are built locally (``verltool_jax.models.tiny``); the task data
 (``verltool_jax.tasks.tiny_math``) is generated into ``<out_dir>/data``.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
+from verltool_jax.tasks import task_section
 
 VARIANTS = ("sync", "smoke")
 
@@ -35,7 +36,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # A tiny Qwen2-architecture model with a BPE tokenizer trained on our own text.
     c.model.family = "qwen2"
     c.model.max_seq_len = 256
-    c.model.tiny = ml_collections.ConfigDict()
     c.model.tiny.vocab_size = 512
     c.model.tiny.hidden_size = 128
     c.model.tiny.num_layers = 4
@@ -45,8 +45,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.model.tiny.intermediate_size = 512
     c.model.tiny.seed = 0
 
-    c.task = ml_collections.ConfigDict()
-    c.task.name = "tiny_math"
+    c.task = task_section("tiny_math")
     c.task.digits = (4,)                  # factor sizes; (4,): 4-digit x 4-digit
     c.task.num_train = 2000
     c.task.num_eval = 200

@@ -125,7 +125,7 @@ def warm_tiny_model(out: Path, steps: int, seed: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verltool_jax.testing.tiny import build_tiny_hf
+    from verltool_jax.models.tiny import build_tiny_hf
 
     marker = out / f"warmed_v2_{steps}_{seed}"
     if marker.exists():                 # reuse a model warmed by an earlier run
@@ -387,7 +387,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from tool_server.testing import run_server
+    from tool_server.launcher import run_server
     from verltool_jax.rollout.config import RolloutConfig
     from verltool_jax.samplers.vllm_sampler import VLLMSampler
 

@@ -9,12 +9,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tok(tmp_path_factory):
     """The tiny project tokenizer (byte-level BPE with atomic markup tokens, ChatML)."""
-    from verltool_jax.testing.tiny import build_tokenizer
+    from verltool_jax.models.tiny import build_tokenizer
     return build_tokenizer(tmp_path_factory.mktemp("rollout_tok"))
 
 
 def _run_server():
-    from tool_server.testing import run_server
+    from tool_server.launcher import run_server
     return run_server
 
 

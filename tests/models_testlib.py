@@ -20,7 +20,7 @@ atexit.register(shutil.rmtree, _ROOT, True)
 
 @functools.lru_cache(maxsize=None)
 def tokenizer_dir() -> Path:
-    from verltool_jax.testing.tiny import build_tokenizer
+    from verltool_jax.models.tiny import build_tokenizer
     d = _ROOT / "tokenizer"
     build_tokenizer(d, vocab_size=512)
     return d
@@ -31,7 +31,7 @@ def tiny_ckpt(family: str, tie: bool = True) -> Path:
     """A tiny (hidden 128, 2 layers, head_dim 64, vocab 512) checkpoint of ``family``."""
     import torch
     from transformers import AutoModelForCausalLM
-    from verltool_jax.testing.tiny import build_tiny_hf
+    from verltool_jax.models.tiny import build_tiny_hf
 
     d = _ROOT / f"{family}_{'tied' if tie else 'untied'}"
     kw = {} if family == "qwen2" else {"num_heads": 4, "num_kv_heads": 2}  # head_dim 64, GQA 2

@@ -1,6 +1,6 @@
 """The asynchronous agent loop with a real tool server and a scripted sampler.
 
-The scripted sampler (``verltool_jax.rollout.testing.ScriptedSampler``) drives exact
+The scripted sampler (``scripted_sampler.ScriptedSampler``) drives exact
 scenarios; ``test_rollout_samplers.py`` runs the same loop with the real vLLM and JAX
 samplers.
 """
@@ -11,10 +11,11 @@ import pytest
 
 from conftest_rollout import slow_tool_url, tok, tool_url  # noqa: F401 (fixtures)
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
+from verltool_jax.rollout.producer import RolloutProducer, keyed_items
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.rollout.sync_baseline import run_rollout_sync
-from verltool_jax.rollout.testing import ScriptedSampler
+from scripted_sampler import ScriptedSampler
 from verltool_jax.tools_client import ToolClient
 
 PROMPT = "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n"
@@ -27,11 +28,15 @@ def prompt_ids(tok, text=PROMPT):
 def rollout(tok, url, script, cfg, n_prompts=1, n_samples=1, queue=None, sampler=None, **client):
     sampler = sampler or ScriptedSampler(tok, script)
 
+    items = [PromptItem(prompt_ids(tok), group_id=f"p{i}") for i in range(n_prompts)]
+
     async def go():
         async with ToolClient(url, **client) as c:
-            return await run_rollout([
-                PromptItem(prompt_ids(tok), group_id=f"p{i}") for i in range(n_prompts)],
-                n_samples, sampler, c, tok, cfg, queue)
+            if queue is None:
+                return await run_rollout(items, n_samples, sampler, c, tok, cfg)
+            return await RolloutProducer(keyed_items(items), n_samples=n_samples,
+                                         sampler=sampler, tool_client=c, tokenizer=tok,
+                                         cfg=cfg, queue=queue).run()
     return asyncio.run(go()), sampler
 
 
@@ -46,7 +51,7 @@ def test_two_turns_with_python_token_in_token_out(tok, tool_url):
     assert t.actions == ["Let me compute. <python>print(6*7)</python>"]
     turn0 = sampler.encode_turn(script[0])
     turn1 = sampler.encode_turn(script[1]) + [tok.eos_token_id]
-    obs_ids = tok.encode("<result>" + t.observations[0] + "</result>", add_special_tokens=False)
+    obs_ids = tok.encode(cfg.obs_template.format(obs=t.observations[0]), add_special_tokens=False)
     # token-in/token-out: exactly the sampled ids, then the observation tokenized alone
     assert t.response_ids == turn0 + obs_ids + turn1
     # the sampled ids are not what re-tokenizing the text would give
@@ -67,7 +72,8 @@ def test_observation_truncated_in_tokens(tok, tool_url):
     script = {0: "<python>print('ab ' * 500)</python>", 1: "done"}
     for side in ("head", "tail"):
         cfg = RolloutConfig(max_turns=2, max_response_tokens=512, max_obs_tokens=20,
-                            obs_truncate_side=side, obs_truncate_marker="[cut]")
+                            obs_truncate_side=side, obs_truncate_marker="[cut]",
+                            obs_template="<result>{obs}</result>")
         (t,), = rollout(tok, tool_url, lambda rid, k: script[k], cfg)[0]
         assert t.obs_truncated == 1
         obs_ids = [i for i, m in zip(t.response_ids, t.loss_mask) if m == 0]
@@ -184,9 +190,10 @@ def test_rollout_feeds_a_trainer_on_policy_and_drops_stale_groups(tok, tool_url)
 
     async def go():
         async with ToolClient(tool_url) as c:
-            await asyncio.gather(trainer(), run_rollout(
-                [PromptItem(prompt_ids(tok), group_id=f"p{i}") for i in range(6)], 2, sampler,
-                c, tok, cfg, q))
+            producer = RolloutProducer(
+                keyed_items([PromptItem(prompt_ids(tok), group_id=f"p{i}") for i in range(6)]),
+                n_samples=2, sampler=sampler, tool_client=c, tokenizer=tok, cfg=cfg, queue=q)
+            await asyncio.gather(trainer(), producer.run())
     asyncio.run(go())
     # max_staleness=0: every batch was sampled entirely by the trainer's current version
     assert seen == [[0] * 4, [1] * 4, [2] * 4]

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from tool_server.testing import post_json, run_server
+from tool_server.launcher import post_json, run_server
 from tool_server.tools.bash import parse_bash_action
 from tool_server.tools.run_tests import parse_test_counts, reward_from_counts
 from workspace_tools_testlib import (call, disk_freed, finish, live, make_repo, snapshot,

@@ -125,7 +125,7 @@ def test_sections_feed_the_components():
 
     from verltool_jax.cli import split_section
     from verltool_jax.rollout.config import RolloutConfig
-    from verltool_jax.testing.tiny import build_tiny_hf, tiny_config_dict
+    from verltool_jax.models.tiny import build_tiny_hf, tiny_config_dict
     cfg = load_config(TINY)
     kwargs, rest = split_section(cfg.rollout, RolloutConfig)
     rc = RolloutConfig(**kwargs)                           # validates every field

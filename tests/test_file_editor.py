@@ -3,10 +3,10 @@ import os
 
 import pytest
 
-from tool_server.testing import run_server
+from tool_server.launcher import run_server
 from tool_server.tools.file_editor import (EditorError, insert_after, line_count, read_text,
                                           replace_unique, write_text)
-from tool_server.workspace import Workspace
+from tool_server.kit.workspace import Workspace
 from workspace_tools_testlib import (CALC, call, disk_freed, finish, live, make_repo,
                                      snapshot, tool_call, workspaces)
 

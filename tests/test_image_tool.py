@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tool_server.testing import run_server
+from tool_server.launcher import run_server
 from tool_server.tools.image import box_to_pixels, resolve_box, to_data_url
 from workspace_tools_testlib import call, finish, live, tool_call
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tool_server.testing import get_json, run_server
+from tool_server.launcher import get_json, run_server
 from workspace_tools_testlib import call, finish, live, tool_call
 
 MCP_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcp_test_server.py")

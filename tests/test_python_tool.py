@@ -8,7 +8,7 @@ import pytest
 
 from tool_server.python_pool import RunResult
 from tool_server.sandbox import ResourceLimits
-from tool_server.testing import get_json, run_server
+from tool_server.launcher import get_json, run_server
 from tool_server.tools.python_code import clean_paths, extract_code, format_result
 from tool_server_helpers import obs_text, one
 

@@ -9,8 +9,9 @@ import pytest
 
 from conftest_data import tiny_tokenizer
 from verltool_jax.rewards import (RewardItem, RewardPool, ShapingSettings, assign_rewards,
-                                  extract_answer, get_reward_fn, model_text,
-                                  resolve_reward_name, response_segments)
+                                  extract_answer, get_reward_fn,
+                                  resolve_reward_name)
+from verltool_jax.rollout.response_text import model_text, response_segments
 from verltool_jax.rewards.math_reward import math_equivalent
 from verltool_jax.rewards.qa_reward import exact_match, f1_score, normalize_answer
 from verltool_jax.rewards.sql_reward import SQLExecutionError, execute_readonly, extract_sql
@@ -188,7 +189,8 @@ def test_trajectories_scored_off_the_event_loop(pool):
 
 def test_reward_metrics():
     from verltool_jax.reporting import names
-    from verltool_jax.rewards import RewardResult, reward_metrics
+    from verltool_jax.reporting import reward_metrics
+    from verltool_jax.rewards import RewardResult
     res = [RewardResult(1.0, True, {"has_answer": True, "seconds": 0.2}),
            RewardResult(-0.5, False, {"has_answer": False}),
            RewardResult(0.0, False, {"timeout": True}),

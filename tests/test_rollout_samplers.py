@@ -16,7 +16,8 @@ import os
 import pytest
 
 from conftest_rollout import tool_url  # noqa: F401 (fixture)
-from verltool_jax.rollout.agent_loop import make_formatter, run_rollout
+from verltool_jax.rollout.agent_loop import PromptItem, make_formatter
+from verltool_jax.rollout.producer import RolloutProducer, keyed_items
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.tools_client import ToolClient
@@ -100,10 +101,11 @@ def check_records(groups, tok, tiny_dir, version):
 
 async def run(sampler, tok, url):
     q = TrajectoryQueue(max_groups=4, max_staleness=0)
-    prompts = [{"prompt_ids": tok.encode(PROMPT, add_special_tokens=False), "group_id": g}
+    prompts = [PromptItem(tok.encode(PROMPT, add_special_tokens=False), group_id=g)
                for g in ("a", "b")]
     async with ToolClient(url) as c:
-        groups = await run_rollout(prompts, 2, sampler, c, tok, CFG, q)
+        groups = await RolloutProducer(keyed_items(prompts), n_samples=2, sampler=sampler,
+                                       tool_client=c, tokenizer=tok, cfg=CFG, queue=q).run()
     assert q.depth() == 2
     return groups
 

@@ -16,7 +16,7 @@ import pytest
 import tool_server
 from tool_server.sandbox import (ResourceLimits, SandboxUnavailable, bwrap_argv,
                                  require_sandbox, sandbox_status)
-from tool_server.testing import get_json, run_server
+from tool_server.launcher import get_json, run_server
 from tool_server_helpers import obs_text, one
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(tool_server.__file__)))
@@ -241,7 +241,7 @@ def test_sandbox_unavailable_raised_without_bwrap(monkeypatch, tmp_path):
 
 def test_unsafe_flag_logs_a_loud_warning():
     import subprocess as sp
-    from tool_server.testing import server_argv, _REPO_ROOT
+    from tool_server.launcher import server_argv, _REPO_ROOT
     proc = sp.Popen(server_argv(["python_code"], workers=1, unsafe_no_sandbox=True),
                     stdout=sp.PIPE, stderr=sp.PIPE, text=True, cwd=_REPO_ROOT)
     try:

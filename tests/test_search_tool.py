@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tool_server.retrieval.synthetic import synthetic_index, town_name
-from tool_server.tools.base import ToolSettings
+from tool_server.kit.base import ToolSettings
 from tool_server.tools.search_retrieval import SearchRetrievalTool
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -95,7 +95,7 @@ def test_dense_index_and_concurrent_trajectories_share_batches():
 
 
 def test_end_to_end_through_the_server():
-    from tool_server.testing import get_json, post_json, run_server
+    from tool_server.launcher import get_json, post_json, run_server
 
     idx = synthetic_index("bm25")
     with run_server(tools=["search_retrieval"], tool_opt={"retrieval_index": idx, "topk": 2},
@@ -125,7 +125,7 @@ def test_end_to_end_through_the_server():
 
 
 def test_end_to_end_without_index_answers_with_an_error_observation():
-    from tool_server.testing import post_json, run_server
+    from tool_server.launcher import post_json, run_server
 
     with run_server(tools=["search_retrieval"], env={"VERLTOOL_RETRIEVAL_INDEX": ""}) as url:
         status, body = post_json(url + "/get_observation", {

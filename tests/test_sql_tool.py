@@ -5,7 +5,7 @@ import sqlite3
 
 import pytest
 
-from tool_server.testing import run_server
+from tool_server.launcher import run_server
 from tool_server.tools.sql import format_table, run_query
 from tool_server_helpers import obs_text, one
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from tool_server.testing import get_json, post_json, run_server
+from tool_server.launcher import get_json, post_json, run_server
 from tool_server_helpers import one
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

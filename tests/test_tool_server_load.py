@@ -10,7 +10,7 @@ import time
 import aiohttp
 import pytest
 
-from tool_server.testing import get_json, run_server
+from tool_server.launcher import get_json, run_server
 from tool_server_helpers import obs_text, write_faulty_tool
 
 

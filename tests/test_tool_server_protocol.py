@@ -10,9 +10,9 @@ import urllib.request
 
 import pytest
 
-from tool_server.observations import truncate_text
+from tool_server.kit.observations import truncate_text
 from tool_server.protocol import ProtocolError, parse_request
-from tool_server.testing import get_json, post_json, run_server
+from tool_server.launcher import get_json, post_json, run_server
 from tool_server_helpers import obs_text, one, write_faulty_tool
 
 
@@ -63,7 +63,7 @@ def test_routing_first_tool_wins_in_tools_order(tmp_path):
     d = tmp_path / "tools"
     d.mkdir()
     (d / "greedy.py").write_text(
-        "from tool_server.tools.base import BaseTool\n"
+        "from tool_server.kit.base import BaseTool\n"
         "class Greedy(BaseTool):\n"
         "    name = 'greedy'\n    usage = 'accepts everything'\n"
         "    def parse_action(self, a): return a, True\n"

@@ -11,7 +11,7 @@ import pytest
 
 from tool_server.retrieval.options import RetrievalOptions
 from tool_server.retrieval.synthetic import synthetic_index
-from tool_server.tools.base import ToolSettings
+from tool_server.kit.base import ToolSettings
 from tool_server.tools.web_search import WebSearchTool
 from tool_server.websearch import (CachedBackend, LocalBackend, Result, SearchCache,
                                    SearchError, SerperBackend, backoff_delay)
@@ -205,7 +205,7 @@ def test_tool_bad_options_are_clear(tmp_path):
 
 
 def test_end_to_end_http_backend_through_the_server(api, tmp_path):
-    from tool_server.testing import post_json, run_server
+    from tool_server.launcher import post_json, run_server
 
     cache = tmp_path / "cache.sqlite"
     opts = {"web_search_backend": "serper", "serper_url": api.url,
@@ -241,7 +241,7 @@ def test_end_to_end_http_backend_through_the_server(api, tmp_path):
 
 
 def test_end_to_end_local_backend_is_the_offline_default(tmp_path):
-    from tool_server.testing import post_json, run_server
+    from tool_server.launcher import post_json, run_server
 
     with run_server(tools=["web_search"], workdir=str(tmp_path),
                     tool_opt={"retrieval_index": synthetic_index("bm25"), "topk": 1}) as url:

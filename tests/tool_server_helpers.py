@@ -8,7 +8,7 @@ import textwrap
 # gives the fault-injection actions the load/fault tests need.
 FAULTY_TOOL_SOURCE = textwrap.dedent('''
     import asyncio, time
-    from tool_server.tools.base import BaseTool
+    from tool_server.kit.base import BaseTool
 
     class FaultyTool(BaseTool):
         name = "faulty"
@@ -71,7 +71,7 @@ def obs_text(obs) -> str:
 
 def one(url: str, tid: str, action: str, **kw):
     """POST one action; returns (observation, done, valid)."""
-    from tool_server.testing import post_json
+    from tool_server.launcher import post_json
     body = {"trajectory_ids": [tid], "actions": [action]}
     for k, v in kw.items():
         body[k] = [v]

@@ -6,7 +6,7 @@ import os
 import subprocess
 from typing import Optional
 
-from tool_server.testing import get_json, post_json
+from tool_server.launcher import get_json, post_json
 
 
 def call(url: str, tid: str, action: str, extra: Optional[dict] = None) -> tuple[dict, bool]:

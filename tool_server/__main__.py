@@ -1,7 +1,7 @@
 """``python -m tool_server --tools python_code,sql --host 127.0.0.1 --port 5000``.
 
 Prints ``TOOL_SERVER_READY http://HOST:PORT`` on stdout once it listens (``--port 0``
-picks a free port; :func:`tool_server.testing.run_server` reads that line).
+picks a free port; :func:`tool_server.launcher.run_server` reads that line).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from tool_server.tools.base import ToolSettings
+from tool_server.kit.base import ToolSettings
 
 log = logging.getLogger("tool_server")
 

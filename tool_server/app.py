@@ -10,7 +10,7 @@ from aiohttp import web
 from tool_server.dispatcher import Dispatcher
 from tool_server.protocol import ProtocolError, parse_request
 from tool_server.registry import discover_tools
-from tool_server.tools.base import BaseTool, ToolSettings
+from tool_server.kit.base import BaseTool, ToolSettings
 
 log = logging.getLogger("tool_server")
 

@@ -12,10 +12,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-from tool_server.observations import (invalid_observation, normalize_observation,
+from tool_server.kit.observations import (invalid_observation, normalize_observation,
                                       truncate_observation)
 from tool_server.protocol import ObservationRequest, make_response
-from tool_server.tools.base import BaseTool, Observation, ToolSettings
+from tool_server.kit.base import BaseTool, Observation, ToolSettings
 
 log = logging.getLogger("tool_server")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tool_server.tools.base import Observation
+from tool_server.kit.base import Observation
 
 
 class ProtocolError(ValueError):

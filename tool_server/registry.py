@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-from tool_server.tools.base import BaseTool
+from tool_server.kit.base import BaseTool
 
 log = logging.getLogger("tool_server.registry")
 

@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Optional
 
-from tool_server.tools._options import tool_option
+from tool_server.kit.options import tool_option
 
 from .service import RetrievalService, get_service
 

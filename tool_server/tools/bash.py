@@ -3,7 +3,7 @@
 Actions: ``<bash>cmd</bash>`` (the last one in the turn) or a fenced block
 ```` ```bash ... ``` ```` (also ``sh``/``shell``; the last one). The shell runs in the
 trajectory's workspace (a private copy of ``extra_field["repo_path"]``, shared with
-``file_editor`` and ``run_tests``, see :mod:`tool_server.workspace`), inside bubblewrap: no
+``file_editor`` and ``run_tests``, see :mod:`tool_server.kit.workspace`), inside bubblewrap: no
 network, only the workspace writable, resource limits; it refuses to run when the sandbox
 is unavailable (fail closed). State (``cd``, variables, functions) persists between
 commands of the trajectory. A command running past the timeout gets the shell killed and
@@ -15,7 +15,7 @@ Options (``--tool-opt``): ``bash_timeout_s`` (per command; default and at most 0
 server's ``--timeout``, so the shell is killed and the observation says so before the server
 gives up on the call),
 ``bash_output_cap`` (bytes kept in memory per command, 1 MiB) and the limits of
-:func:`tool_server.tools._shell.workspace_limits` (prefix ``bash``).
+:func:`tool_server.kit.shell.workspace_limits` (prefix ``bash``).
 """
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ import asyncio
 import re
 from typing import Any, Optional
 
-from tool_server.tools._options import tool_option
-from tool_server.tools._shell import (SandboxUnavailable, ShellSession, command_timeout,
+from tool_server.kit.options import tool_option
+from tool_server.kit.shell import (SandboxUnavailable, ShellSession, command_timeout,
                                       format_result, workspace_argv, workspace_limits)
-from tool_server.tools._tags import last_tag_body
-from tool_server.tools.base import Observation
-from tool_server.workspace import WorkspaceError, WorkspaceTool
+from tool_server.kit.tags import last_tag_body
+from tool_server.kit.base import Observation
+from tool_server.kit.workspace import WorkspaceError, WorkspaceTool
 
 _FENCE_RE = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
 

@@ -11,7 +11,7 @@ Action: ``<tool_call>{"name": "file_editor", "arguments": {"command": ..., "path
 * ``insert``: insert ``new_str`` after line ``insert_line`` (0 = at the top).
 
 Paths are relative to the workspace root (the repository copy shared with ``bash`` and
-``run_tests``, see :mod:`tool_server.workspace`); absolute paths are accepted only under the
+``run_tests``, see :mod:`tool_server.kit.workspace`); absolute paths are accepted only under the
 workspace's sandbox path (``/workspace/...``). A path that escapes the workspace (``..``,
 a symlink pointing outside, another absolute path) is refused. Files are opened component
 by component with ``O_NOFOLLOW`` relative to the workspace directory, so a symlink swapped in
@@ -26,10 +26,10 @@ import stat
 import uuid
 from typing import Any, Optional
 
-from tool_server.tools._parsing import (ToolCall, ToolCallError, invalid_call,
+from tool_server.kit.tool_calls import (ToolCall, ToolCallError, invalid_call,
                                         parse_tool_call_for, register_names)
-from tool_server.tools.base import Observation
-from tool_server.workspace import Workspace, WorkspaceError, WorkspaceTool
+from tool_server.kit.base import Observation
+from tool_server.kit.workspace import Workspace, WorkspaceError, WorkspaceTool
 
 FILE_EDITOR_NAMES = register_names({"file_editor", "str_replace_editor"})
 COMMANDS = ("view", "create", "str_replace", "insert")

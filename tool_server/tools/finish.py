@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tool_server.tools.base import BaseTool, Observation
+from tool_server.kit.base import BaseTool, Observation
 
 
 class FinishTool(BaseTool):

@@ -30,10 +30,10 @@ from typing import Any, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
-from tool_server.tools._options import tool_option
-from tool_server.tools._parsing import (ToolCall, ToolCallError, invalid_call,
+from tool_server.kit.options import tool_option
+from tool_server.kit.tool_calls import (ToolCall, ToolCallError, invalid_call,
                                         parse_tool_call_for, register_names)
-from tool_server.tools.base import BaseTool, Observation
+from tool_server.kit.base import BaseTool, Observation
 
 IMAGE_TOOL_NAMES = register_names({"crop_image", "zoom_in", "rotate"})
 

@@ -26,10 +26,10 @@ import shlex
 import sys
 from typing import Any, Optional
 
-from tool_server.tools._options import tool_option
-from tool_server.tools._parsing import ToolCallError, parse_tool_call_for, register_names
-from tool_server.tools._shell import command_timeout
-from tool_server.tools.base import BaseTool, Observation
+from tool_server.kit.options import tool_option
+from tool_server.kit.tool_calls import ToolCallError, parse_tool_call_for, register_names
+from tool_server.kit.shell import command_timeout
+from tool_server.kit.base import BaseTool, Observation
 
 log = logging.getLogger("tool_server.mcp")
 

@@ -27,8 +27,8 @@ from typing import Any, Optional
 
 from tool_server.python_pool import PythonPool, RunResult, SandboxProcess, WorkerDied
 from tool_server.sandbox import ResourceLimits, SandboxUnavailable, sandbox_status
-from tool_server.tools._options import tool_option
-from tool_server.tools.base import BaseTool, Observation
+from tool_server.kit.options import tool_option
+from tool_server.kit.base import BaseTool, Observation
 
 _TAG_RE = re.compile(r"<python>(.*?)</python>", re.DOTALL)
 _FENCE_RE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)

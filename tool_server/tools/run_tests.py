@@ -3,7 +3,7 @@
 Action: ``<tool_call>{"name": "run_tests", "arguments": {}}</tool_call>``. Runs
 ``extra_field["test_cmd"]`` (default ``python -m pytest -q``) with ``bash -c`` in a fresh
 sandbox over the trajectory's workspace (the same files ``bash`` and ``file_editor``
-changed; see :mod:`tool_server.workspace`), with a timeout of
+changed; see :mod:`tool_server.kit.workspace`), with a timeout of
 ``extra_field["test_timeout_s"]`` or the ``run_tests_timeout_s`` option, at most (and by
 default) 0.9 x the server's ``--timeout`` (start the server with a ``--timeout`` long enough
 for the test suite, and a shorter ``bash_timeout_s`` for shell commands).
@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tool_server.tools._parsing import ToolCallError, parse_tool_call_for, register_names
-from tool_server.tools._shell import (SandboxUnavailable, command_timeout, format_result, run_once,
+from tool_server.kit.tool_calls import ToolCallError, parse_tool_call_for, register_names
+from tool_server.kit.shell import (SandboxUnavailable, command_timeout, format_result, run_once,
                                       workspace_argv, workspace_limits)
-from tool_server.tools.base import Observation
-from tool_server.workspace import WorkspaceError, WorkspaceTool
+from tool_server.kit.base import Observation
+from tool_server.kit.workspace import WorkspaceError, WorkspaceTool
 
 RUN_TESTS_NAMES = register_names({"run_tests"})
 DEFAULT_TEST_CMD = "python -m pytest -q"

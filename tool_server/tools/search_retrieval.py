@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Optional
 
 from tool_server.retrieval.options import RetrievalOptions
-from tool_server.tools._options import tool_option
-from tool_server.tools._search import QuerySearchTool
-from tool_server.tools.base import ToolSettings
+from tool_server.kit.options import tool_option
+from tool_server.kit.search import QuerySearchTool
+from tool_server.kit.base import ToolSettings
 
 
 class SearchRetrievalTool(QuerySearchTool):

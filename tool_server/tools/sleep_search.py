@@ -16,9 +16,9 @@ import math
 import random
 from typing import Any, Optional
 
-from tool_server.tools._options import tool_option
-from tool_server.tools._search import parse_query_action
-from tool_server.tools.base import BaseTool, Observation, ToolSettings
+from tool_server.kit.options import tool_option
+from tool_server.kit.search import parse_query_action
+from tool_server.kit.base import BaseTool, Observation, ToolSettings
 
 
 def lognormal_latency(mean_s: float, sigma: float, seed: int, trajectory_id: str,

@@ -19,9 +19,9 @@ import time
 import urllib.parse
 from typing import Any, Optional, Sequence
 
-from tool_server.tools._options import tool_option
-from tool_server.tools._tags import last_tag_body
-from tool_server.tools.base import BaseTool, Observation
+from tool_server.kit.options import tool_option
+from tool_server.kit.tags import last_tag_body
+from tool_server.kit.base import BaseTool, Observation
 
 _DENIED = {sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH}
 

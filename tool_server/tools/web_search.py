@@ -20,10 +20,10 @@ import os
 from typing import Optional
 
 from tool_server.retrieval.options import RetrievalOptions
-from tool_server.tools._options import tool_option
-from tool_server.tools._search import QuerySearchTool
-from tool_server.tools._tags import tag_regex
-from tool_server.tools.base import ToolSettings
+from tool_server.kit.options import tool_option
+from tool_server.kit.search import QuerySearchTool
+from tool_server.kit.tags import tag_regex
+from tool_server.kit.base import ToolSettings
 from tool_server.websearch import (CachedBackend, LocalBackend, SearchBackend, SearchCache,
                                    SearchError, SerperBackend)
 from tool_server.websearch.serper import DEFAULT_KEY_ENV, DEFAULT_URL

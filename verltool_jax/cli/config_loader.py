@@ -15,8 +15,7 @@ from typing import Optional
 import ml_collections
 
 
-class ConfigError(ValueError):
-    """A config file, override or value is wrong; the message names the key and the fix."""
+from verltool_jax.run_config import ConfigError
 
 
 def split_spec(spec: str) -> tuple[Path, Optional[str]]:

@@ -4,6 +4,7 @@ from verltool_jax.reporting.html_report import render_report, write_trajectory_r
 from verltool_jax.reporting.metrics_writer import MetricsWriter, read_metrics
 from verltool_jax.reporting.plots import plot_metrics
 from verltool_jax.reporting.progress import ProgressBar, format_progress
+from verltool_jax.reporting.reward_summary import reward_metrics
 
 __all__ = ["MetricsWriter", "ProgressBar", "format_progress", "names", "plot_metrics",
            "read_metrics", "render_report", "write_trajectory_report"]

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-from verltool_jax.rewards.response_text import response_segments
+from verltool_jax.rollout.response_text import response_segments
 
 _DATA_URL_RE = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,[A-Za-z0-9+/=\s]+")
 

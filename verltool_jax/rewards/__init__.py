@@ -12,12 +12,10 @@ from verltool_jax.rewards.base import (DATA_SOURCES, REWARDS, RewardResult, get_
                                        resolve_reward_name)
 from verltool_jax.rewards.compute import (RewardItem, RewardPool, assign_rewards,
                                           compute_rewards, items_from, make_item)
-from verltool_jax.rewards.response_text import model_text, response_segments
 from verltool_jax.rewards.shaping import ShapingSettings, shaped_score
-from verltool_jax.rewards.summary import reward_metrics
 
 __all__ = ["DATA_SOURCES", "REWARDS", "RewardItem", "RewardPool", "RewardResult",
            "ShapingSettings", "assign_rewards", "compute_rewards", "extract_answer",
-           "get_reward_fn", "items_from", "last_boxed", "make_item", "model_text",
+           "get_reward_fn", "items_from", "last_boxed", "make_item",
            "register_data_source", "register_reward", "resolve_reward_name",
-           "response_segments", "reward_metrics", "shaped_score"]
+           "shaped_score"]

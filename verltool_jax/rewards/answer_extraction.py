@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tool_server.tools._tags import last_tag_body
+from tool_server.kit.tags import last_tag_body
 
 
 def last_boxed(text: str) -> Optional[str]:

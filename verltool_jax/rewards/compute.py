@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 from verltool_jax.rewards.base import RewardResult, get_reward_fn, resolve_reward_name
-from verltool_jax.rewards.response_text import model_text
+from verltool_jax.rollout.response_text import model_text
 from verltool_jax.rewards.shaping import ShapingSettings, shaped_score
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from tool_server.tools._tags import last_tag_body
+from tool_server.kit.tags import last_tag_body
 from verltool_jax.rewards.base import RewardResult, register_reward
 
 _FENCE_RE = re.compile(r"```sql\s*(.*?)```", re.DOTALL | re.IGNORECASE)

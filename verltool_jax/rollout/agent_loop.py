@@ -15,7 +15,6 @@ from typing import Any, Optional, Sequence, Union
 
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.observation import ObservationFormatter
-from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.rollout.turns import TrajectoryBuilder
 from verltool_jax.samplers.base import Sampler
@@ -110,14 +109,11 @@ async def rollout_group(item: PromptItem, n_samples: int, sampler: Sampler,
 
 
 async def run_rollout(prompts: Sequence[PromptLike], n_samples: int, sampler: Sampler,
-                      tool_client: ToolClient, tokenizer: Any, cfg: RolloutConfig,
-                      queue: Optional[TrajectoryQueue] = None) -> list[list[Trajectory]]:
-    """Asynchronously roll out every prompt ``n_samples`` times.
-
-    Every trajectory is its own task (at most ``cfg.max_concurrency`` at once). A group
-    goes into ``queue`` (if given) the moment its last trajectory ends, after
-    ``queue.admit()`` allowed it to start. Returns the groups in prompt order.
-    """
+                      tool_client: ToolClient, tokenizer: Any,
+                      cfg: RolloutConfig) -> list[list[Trajectory]]:
+    """Roll out a fixed list of prompts ``n_samples`` times each, every trajectory its own
+    task (at most ``cfg.max_concurrency`` at once); returns the groups in prompt order.
+    (Evaluation and one-off rollouts; training goes through ``rollout.producer``.)"""
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     items = [as_prompt_item(p, i) for i, p in enumerate(prompts)]
@@ -126,14 +122,6 @@ async def run_rollout(prompts: Sequence[PromptLike], n_samples: int, sampler: Sa
         raise ValueError("prompts have duplicate group_id values; each prompt needs its own")
     formatter = make_formatter(tokenizer, cfg)
     sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-
-    async def group_task(item: PromptItem) -> list[Trajectory]:
-        if queue is not None:
-            await queue.admit()
-        group = await rollout_group(item, n_samples, sampler, tool_client, tokenizer, cfg,
-                                    formatter, sem)
-        if queue is not None:
-            await queue.put_group(group)
-        return group
-
-    return list(await asyncio.gather(*(group_task(it) for it in items)))
+    return list(await asyncio.gather(*(
+        rollout_group(it, n_samples, sampler, tool_client, tokenizer, cfg, formatter, sem)
+        for it in items)))

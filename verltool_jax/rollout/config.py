@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional
 from verltool_jax.samplers.base import SamplingParams
 
 OBS_TEMPLATE_CHATML = "<|im_end|>\n<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
-OBS_TEMPLATE_RESULT = "<result>{obs}</result>"
+OBS_TEMPLATE_RESULT = "<result>\n{obs}\n</result>"
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,79 @@
-"""Generated tasks (data written in the verl layout), selected by ``config.task.name``."""
+"""Generated tasks: data written in the verl layout, selected by ``config.task.name``.
+
+Each task registers a :class:`TaskSpec`: a frozen dataclass typing its ``task`` config
+section (a ``name`` field plus the task's own knobs, with their defaults) and a
+``prepare(run_config, out_dir) -> TaskFiles`` that writes its data. An experiment file
+starts the section with :func:`task_section`; the run builds it with :func:`task_config`
+and writes the data with :func:`prepare_task`.
+"""
 from __future__ import annotations
 
+import dataclasses
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
 
-from verltool_jax.tasks import tiny_math
-
-TASKS = {"tiny_math": tiny_math.write_task_from_config}
+import ml_collections
 
 
-def prepare_task(config, out_dir: str | os.PathLike):
-    """Write the data of ``config.task.name`` under ``out_dir``; returns its file paths."""
-    name = config.task.name
+@dataclass(frozen=True)
+class TaskFiles:
+    """A task's data files (verl layout); ``sft`` is None for a task without demonstrations."""
+    train: Path
+    eval: Path
+    sft: Optional[Path] = None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    config_cls: type
+    prepare: Callable[[Any, Path], TaskFiles]
+
+
+TASKS: dict[str, TaskSpec] = {}
+
+
+def register_task(name: str, config_cls: type, prepare: Callable[[Any, Path], TaskFiles]) -> None:
+    if not dataclasses.is_dataclass(config_cls) or "name" not in {
+            f.name for f in dataclasses.fields(config_cls)}:
+        raise TypeError(f"task {name!r}: config_cls must be a dataclass with a 'name' field")
+    TASKS[name] = TaskSpec(config_cls, prepare)
+
+
+def _spec(name: str) -> TaskSpec:
     if name not in TASKS:
-        raise ValueError(f"task.name={name!r} is not a generated task; choose one of "
-                         f"{sorted(TASKS)} or give data.train_files")
-    return TASKS[name](config, out_dir)
+        raise ValueError(f"task.name={name!r} is not a known task; choose one of "
+                         f"{sorted(TASKS)}, or leave task.name empty and give data.train_files")
+    return TASKS[name]
+
+
+def task_section(name: str) -> ml_collections.ConfigDict:
+    """The ``task`` section of task ``name`` with every field at its default."""
+    from verltool_jax.run_config import section_dict
+    return section_dict(_spec(name).config_cls(name=name))
+
+
+def task_config(values: Mapping[str, Any]) -> Any:
+    """The typed task section of ``values`` (``values["name"]`` picks the task);
+    ValueError naming unknown keys or bad values."""
+    from verltool_jax.run_config import build_section
+    spec = _spec(values["name"])
+    problems: list[str] = []
+    cfg = build_section(spec.config_cls, values, "task.", problems)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return cfg
+
+
+def prepare_task(run_config: Any, out_dir: str | os.PathLike) -> TaskFiles:
+    """Write the data of ``run_config.task`` under ``out_dir``; returns its files."""
+    return _spec(run_config.task.name).prepare(run_config, Path(out_dir))
+
+
+def _register_builtin() -> None:
+    from verltool_jax.tasks import tiny_math
+    register_task("tiny_math", tiny_math.TinyMathTask, tiny_math.write_task_from_config)
+
+
+_register_builtin()

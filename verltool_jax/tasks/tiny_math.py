@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Sequence
 
 from verltool_jax.data.readers import write_rows
+from verltool_jax.rollout.config import OBS_TEMPLATE_RESULT
+from verltool_jax.tasks import TaskFiles
 
 DATA_SOURCE = "tiny_math"
 SYSTEM_PROMPT = "Run python as <python>code</python>; answer as <answer>number</answer>."
-DEFAULT_OBS_TEMPLATE = "<result>\n{obs}\n</result>"
+DEFAULT_OBS_TEMPLATE = OBS_TEMPLATE_RESULT
 
 
 def question(a: int, b: int) -> str:
@@ -74,10 +76,14 @@ def sample_pairs(n: int, digits: Sequence[int], rng: random.Random,
 
 
 @dataclass(frozen=True)
-class TaskFiles:
-    train: Path
-    eval: Path
-    sft: Path
+class TinyMathTask:
+    """The ``task`` config section of tiny_math."""
+    name: str = "tiny_math"
+    digits: tuple[int, ...] = (4,)      # factor sizes; (4,): 4-digit x 4-digit
+    num_train: int = 2000
+    num_eval: int = 200
+    num_demos: int = 256                # SFT demonstrations
+    seed: int = 1234
 
 
 def generate(num_train: int, num_eval: int, num_demos: int, digits: Sequence[int] = (4,),

@@ -34,7 +34,7 @@ def prepare_model_dir(config, out_dir: Path) -> Path:
     path = out_dir / "init_model"
     if _is_checkpoint(path):
         return path
-    from verltool_jax.testing.tiny import build_tiny_hf
+    from verltool_jax.models.tiny import build_tiny_hf
     t = config.model.tiny
     log.info("building a tiny %s model in %s", config.model.family, path)
     build_tiny_hf(path, family=config.model.family, vocab_size=t.vocab_size, seed=t.seed,
@@ -101,7 +101,7 @@ def tool_server_url(config) -> Iterator[str]:
     if ts.url:
         yield ts.url
         return
-    from tool_server.testing import run_server
+    from tool_server.launcher import run_server
     with run_server(tools=list(ts.tools), timeout=ts.timeout_s,
                     max_concurrency=ts.max_concurrency) as url:
         log.info("tool server with %s at %s", ",".join(ts.tools), url)

@@ -2,8 +2,7 @@
 
 :class:`AlgoConfig` is a frozen, validated dataclass; :func:`algo_config` builds it from
 an ml_collections ``ConfigDict`` / dict (either the ``algo`` section or a whole
-experiment config holding one), and :func:`default_algo_config` gives the section with
-every field at its default, for experiment configs to start from.
+experiment config holding one). Its defaults are the run defaults (``run_config``).
 """
 from __future__ import annotations
 
@@ -30,18 +29,18 @@ class AlgoConfig:
     adv_estimator: str = "grpo"             # grpo | drgrpo | rloo
     policy_loss: str = "ppo"                # ppo (= grpo / dapo / vanilla) | gspo
     clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2            # DAPO clip-higher: 0.28
+    clip_ratio_high: float = 0.28           # DAPO clip-higher (0.2: symmetric PPO clip)
     dual_clip_c: Optional[float] = 3.0      # None disables the dual clip
     loss_agg_mode: str = "token-mean"
     loss_norm_constant: Optional[float] = None
-    tis_cap: Optional[float] = None         # truncated IS weight cap vs sampler; 0/None = off
+    tis_cap: Optional[float] = 2.0          # truncated IS weight cap vs sampler; 0/None = off
     kl_coef: float = 0.0                    # KL loss against the reference policy
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0               # entropy bonus: loss -= coef * entropy
     temperature: float = 1.0                # sampling temperature (logprobs of logits / T)
     ppo_epochs: int = 1
-    mini_batch_size: Optional[int] = None
-    micro_batch_size: Optional[int] = None
+    mini_batch_size: Optional[int] = 64     # trajectories per optimizer update
+    micro_batch_size: Optional[int] = 16    # trajectories per forward/backward pass
     old_logprobs: str = "sampler"           # sampler | recompute (before the update)
     logprob_chunk_size: Optional[int] = None
     dynamic_sampling: bool = False          # DAPO: drop groups with all-equal rewards
@@ -94,6 +93,15 @@ class AlgoConfig:
 FIELDS = tuple(f.name for f in dataclasses.fields(AlgoConfig))
 
 
+def algo_choices() -> dict[str, tuple[str, ...]]:
+    """Allowed names of the registry-backed ``algo`` fields (aliases included)."""
+    from verltool_jax.algos.aggregation import AGGREGATIONS
+    return {"adv_estimator": tuple(ADVANTAGES.names()),
+            "policy_loss": tuple(POLICY_LOSSES.names()),
+            "kl_estimator": tuple(KL_ESTIMATORS.names()),
+            "loss_agg_mode": tuple(AGGREGATIONS.names())}
+
+
 def algo_config(cfg: Any = None, **overrides) -> AlgoConfig:
     """An :class:`AlgoConfig` from an ``AlgoConfig``, a mapping / ``ConfigDict`` (the
     ``algo`` section, or a config with an ``algo`` field), or None (defaults).
@@ -116,9 +124,3 @@ def algo_config(cfg: Any = None, **overrides) -> AlgoConfig:
     if unknown:
         raise ValueError(f"unknown algo config field(s) {unknown}; known: {list(FIELDS)}")
     return AlgoConfig(**d)
-
-
-def default_algo_config():
-    """The ``algo`` section as an ml_collections ``ConfigDict`` with every default."""
-    import ml_collections
-    return ml_collections.ConfigDict(dataclasses.asdict(AlgoConfig()))

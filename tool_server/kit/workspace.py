@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from tool_server.sandbox import SANDBOX_WORKDIR, sandbox_uid
-from tool_server.tools.base import BaseTool
+from tool_server.kit.base import BaseTool
 
 __all__ = ["Workspace", "WorkspaceError", "WorkspaceRegistry", "REGISTRY", "WorkspaceTool",
            "copy_tree"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Optional
 
-from tool_server.observations import invalid_observation
+from tool_server.kit.observations import invalid_observation
 from tool_server.retrieval.format import format_information, format_no_results
-from tool_server.tools._tags import last_tag_body
-from tool_server.tools.base import BaseTool, Observation
+from tool_server.kit.tags import last_tag_body
+from tool_server.kit.base import BaseTool, Observation
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Shared by ``bash`` (a persistent shell per trajectory) and ``run_tests`` (one sa
 command per call):
 
 * :func:`workspace_argv` - the bubblewrap argv that runs a command in a trajectory's
-  workspace (:mod:`tool_server.workspace`) with no network, only the workspace writable,
+  workspace (:mod:`tool_server.kit.workspace`) with no network, only the workspace writable,
   and resource limits; it fails closed (:class:`SandboxUnavailable`) unless the server was
   started with ``unsafe_no_sandbox``.
 * :class:`OutputBuffer` - collects a command's output in bounded memory (head and tail
@@ -28,10 +28,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
-from tool_server.observations import truncate_text
+from tool_server.kit.observations import truncate_text
 from tool_server.sandbox import ResourceLimits, SandboxUnavailable, bwrap_argv, require_sandbox
-from tool_server.tools._options import tool_option
-from tool_server.workspace import Workspace
+from tool_server.kit.options import tool_option
+from tool_server.kit.workspace import Workspace
 
 log = logging.getLogger("tool_server.shell")
 

@@ -2,7 +2,7 @@
 standard invalid / error / timeout observations."""
 from __future__ import annotations
 
-from tool_server.tools.base import Observation
+from tool_server.kit.base import Observation
 
 TRUNCATION_MARKER = "\n...[truncated {n} characters]...\n"
 

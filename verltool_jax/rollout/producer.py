@@ -1,0 +1,133 @@
+"""The rollout producer: the one place that turns prompts into trajectory groups for
+training, in either mode.
+
+* **async** (:meth:`RolloutProducer.run`): whenever the :class:`TrajectoryQueue` admits a
+  group (``queue.admit()``: fewer than ``max_groups`` in flight, staleness bounded), the
+  next prompt starts as its own group of ``n_samples`` trajectories, each its own asyncio
+  task; the group goes into the queue the moment its last trajectory ends.
+* **sync** (:meth:`RolloutProducer.next_groups`): the batch-synchronous baseline rolls out
+  exactly the next ``k`` prompts, turn by turn in lock step, and returns them.
+
+The producer owns the data position of the prompts it started: each prompt comes with a
+key (the trainer uses the data row's index) and stays *in flight* until the consumer
+says it trained on the group (:meth:`consumed`); :meth:`in_flight_keys` is what a
+checkpoint must replay on resume. Prompts given as ``replay`` are started first.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Hashable, Iterator, Optional, Sequence
+
+from verltool_jax.rollout.agent_loop import PromptItem, make_formatter, rollout_group
+from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.rollout.queue import QueueClosed, TrajectoryQueue
+from verltool_jax.rollout.sync_baseline import run_rollout_sync
+from verltool_jax.rollout.trajectory import Trajectory
+
+Keyed = tuple[Hashable, PromptItem]
+
+
+def keyed_items(items: Sequence[PromptItem]) -> Iterator[Keyed]:
+    """A finite list of prompts as ``(position, item)`` pairs."""
+    return iter(enumerate(items))
+
+
+class RolloutProducer:
+    """Rolls out prompts from ``prompts`` (an iterator of ``(key, PromptItem)``; it may
+    block, so it is advanced in a worker thread) ``n_samples`` times each."""
+
+    def __init__(self, prompts: Iterator[Keyed], *, n_samples: int, sampler: Any,
+                 tool_client: Any, tokenizer: Any, cfg: RolloutConfig,
+                 queue: Optional[TrajectoryQueue] = None, replay: Sequence[Keyed] = ()):
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+        self.prompts = prompts
+        self.n_samples = n_samples
+        self.sampler = sampler
+        self.tool_client = tool_client
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.queue = queue
+        self._replay = list(replay)
+        self._formatter = make_formatter(tokenizer, cfg)
+        self._sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+        self._pending: dict[str, Hashable] = {}     # group id -> key, started not consumed
+        self._exhausted = False
+
+    # -------------------------------------------------------------- data position
+    def in_flight_keys(self) -> list:
+        """Keys of the prompts started but not yet consumed (replay these on resume)."""
+        return list(self._pending.values())
+
+    def consumed(self, groups: Sequence[list[Trajectory]]) -> None:
+        """The consumer trained on ``groups``: their prompts are no longer in flight."""
+        for g in groups:
+            if g:
+                self._pending.pop(g[0].group_id, None)
+
+    async def _next(self) -> Optional[Keyed]:
+        if self._replay:
+            return self._replay.pop(0)
+        if self._exhausted:
+            return None
+        try:
+            return await asyncio.to_thread(next, self.prompts)
+        except StopIteration:
+            self._exhausted = True
+            return None
+
+    async def _group(self, item: PromptItem) -> list[Trajectory]:
+        return await rollout_group(item, self.n_samples, self.sampler, self.tool_client,
+                                   self.tokenizer, self.cfg, self._formatter, self._sem)
+
+    # -------------------------------------------------------------- async mode
+    async def run(self) -> list[list[Trajectory]]:
+        """Start a group whenever the queue admits one, until the prompts run out (then
+        wait for the groups in flight) or the queue closes / the task is cancelled.
+        Returns the groups it finished, in the order their prompts started."""
+        if self.queue is None:
+            raise ValueError("RolloutProducer.run needs a queue (async mode); use "
+                             "next_groups for the synchronous baseline")
+        tasks: list[asyncio.Task] = []
+
+        async def one(item: PromptItem) -> list[Trajectory]:
+            group = await self._group(item)
+            try:
+                await self.queue.put_group(group)
+            except QueueClosed:
+                pass
+            return group
+
+        try:
+            while True:
+                await self.queue.admit()
+                nxt = await self._next()
+                if nxt is None:
+                    break
+                key, item = nxt
+                self._pending[item.group_id] = key
+                tasks.append(asyncio.create_task(one(item)))
+            return list(await asyncio.gather(*tasks))
+        except QueueClosed:
+            return []
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -------------------------------------------------------------- sync mode
+    async def next_groups(self, k: int) -> list[list[Trajectory]]:
+        """The synchronous baseline: roll out exactly the next ``k`` prompts (fewer if the
+        prompts run out) in lock step and return their groups."""
+        items: list[PromptItem] = []
+        while len(items) < k:
+            nxt = await self._next()
+            if nxt is None:
+                break
+            key, item = nxt
+            self._pending[item.group_id] = key
+            items.append(item)
+        if not items:
+            return []
+        return await run_rollout_sync(items, self.n_samples, self.sampler, self.tool_client,
+                                      self.tokenizer, self.cfg)

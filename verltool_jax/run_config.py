@@ -1,0 +1,416 @@
+"""The run's configuration: one typed, frozen dataclass per section, and the only place
+where defaults and allowed values live.
+
+Everything else follows from these classes:
+
+* ``configs/base.py`` is :func:`default_config_dict` (an ``ml_collections.ConfigDict``
+  with every field at its default; ``Optional`` fields become typed placeholders), which
+  experiment files change;
+* command-line overrides (``verltool_jax.cli``) parse a value as the type of the field it
+  replaces, so the field types here decide what ``--config.a.b=...`` accepts;
+* validation is :func:`run_config_from_dict`: it builds a :class:`RunConfig` from the
+  ``ConfigDict``, each section checks its own fields (``choices`` / ``check`` metadata
+  here, plus the component dataclasses' own ``__post_init__``), and every problem is
+  reported at once, naming the dotted key and what it must be;
+* the trainer and the entry points read the typed :class:`RunConfig`, never raw values.
+
+Sections whose component already owns a settings dataclass reuse it:
+``rollout`` extends :class:`~verltool_jax.rollout.config.RolloutConfig`, ``algo`` is
+:class:`~verltool_jax.train.config.AlgoConfig`, ``optimizer`` extends
+:class:`~verltool_jax.train.optimizer.OptimConfig`. A field that the run derives from
+another section (``algo.temperature`` from ``rollout.temperature``, ``optimizer.total_steps``
+from ``trainer.steps``) is not part of the config dict (:data:`DERIVED`).
+
+The ``task`` section is typed by the task named in ``task.name`` (see
+:mod:`verltool_jax.tasks`); ``task.name = ""`` means the data comes from ``data.*``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+import ml_collections
+from ml_collections import config_dict
+
+from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.train.config import AlgoConfig
+from verltool_jax.train.optimizer import OptimConfig
+
+
+class ConfigError(ValueError):
+    """A config file, override or value is wrong; the message names the key and the fix."""
+
+
+def spec(default: Any = dataclasses.MISSING, *, choices: Optional[tuple] = None,
+         check: Optional[tuple[Callable[[Any], bool], str]] = None,
+         default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with validation metadata: ``choices`` (allowed values) or
+    ``check`` = ``(predicate, "what the value must be")``; ``None`` is always allowed for
+    an ``Optional`` field."""
+    md = {"choices": choices, "check": check}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=md)
+    return field(default=default, metadata=md)
+
+
+def at_least(bound: float, note: str = "") -> tuple:
+    return (lambda v: v >= bound), f">= {bound}" + (f" ({note})" if note else "")
+
+
+def above(bound: float) -> tuple:
+    return (lambda v: v > bound), f"> {bound}"
+
+
+def in_unit_interval() -> tuple:
+    return (lambda v: 0 < v <= 1), "in (0, 1]"
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_fields(cls: type, values: Mapping[str, Any], prefix: str) -> list[str]:
+    """Problems of ``values`` (field name -> value) against the ``choices`` / ``check``
+    metadata of dataclass ``cls``'s fields."""
+    problems = []
+    for f in dataclasses.fields(cls):
+        v = values.get(f.name)
+        if v is None:
+            continue
+        choices, check = f.metadata.get("choices"), f.metadata.get("check")
+        if choices is not None and v not in choices:
+            problems.append(f"{prefix}{f.name}={v!r} must be one of {list(choices)}")
+        if check is not None:
+            ok, what = check
+            try:
+                good = bool(ok(v))
+            except TypeError:
+                good = False
+            if not good:
+                problems.append(f"{prefix}{f.name}={v!r} must be {what}")
+    return problems
+
+
+def _values(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+class Checked:
+    """Mixin: ``__post_init__`` raises a ValueError listing every metadata violation."""
+
+    def __post_init__(self) -> None:
+        problems = check_fields(type(self), _values(self), "")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+# ----------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class TinyModelSection(Checked):
+    """Sizes of the tiny random model built when ``model.path`` is empty."""
+    vocab_size: int = spec(512, check=at_least(64))
+    hidden_size: int = spec(128, check=at_least(8))
+    num_layers: int = spec(4, check=at_least(1))
+    num_heads: int = spec(2, check=at_least(1))
+    num_kv_heads: int = spec(1, check=at_least(1))
+    head_dim: int = spec(64, check=at_least(8, "the vLLM CPU kernel needs 64"))
+    intermediate_size: int = spec(512, check=at_least(8))
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSection(Checked):
+    """The policy. ``path``: an HF checkpoint directory; empty: a tiny random model of
+    ``family`` with the sizes of ``tiny`` and a tokenizer trained on our own text."""
+    path: str = ""
+    tokenizer_path: str = ""                # empty: the model's own tokenizer
+    family: str = spec("qwen2", choices=("qwen2", "qwen3", "llama"))
+    dtype: str = spec("float32", choices=DTYPES)          # compute dtype
+    param_dtype: str = spec("float32", choices=DTYPES)
+    remat_policy: str = spec("none", choices=("none", "full", "dots", "dots_no_batch"))
+    max_seq_len: int = spec(2048, check=at_least(8))
+    tiny: TinyModelSection = spec(default_factory=TinyModelSection)
+
+
+@dataclass(frozen=True)
+class RolloutSection(RolloutConfig):
+    """One trajectory's rollout (the :class:`RolloutConfig` fields) plus the trainer's
+    rollout knobs: group size, staleness bound, async|sync mode, prompt length cap."""
+    # Inherited fields re-declared only to attach their checks (defaults stay the component's).
+    max_turns: int = spec(RolloutConfig.max_turns, check=at_least(0))
+    max_response_tokens: int = spec(RolloutConfig.max_response_tokens, check=at_least(1))
+    max_obs_tokens: int = spec(RolloutConfig.max_obs_tokens, check=at_least(1))
+    obs_truncate_side: str = spec(RolloutConfig.obs_truncate_side, choices=("head", "tail"))
+    temperature: float = spec(RolloutConfig.temperature, check=at_least(0))
+    top_p: float = spec(RolloutConfig.top_p, check=in_unit_interval())
+    top_k: int = spec(RolloutConfig.top_k, check=(lambda v: v == -1 or v >= 1,
+                                                  "-1 (off) or >= 1"))
+    obs_template: str = spec(RolloutConfig.obs_template,
+                             check=(lambda v: v.count("{obs}") == 1,
+                                    "a string containing {obs} once"))
+    mode: str = spec("async", choices=("async", "sync"))   # sync: the ablation baseline
+    n_samples: int = spec(8, check=at_least(1))             # trajectories per prompt (group)
+    max_staleness: int = spec(1, check=at_least(0))         # versions a group may lag
+    max_prompt_tokens: int = spec(512, check=at_least(1))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problems = check_fields(type(self), _values(self), "")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def rollout_config(self) -> RolloutConfig:
+        """The component's settings (this section without the trainer's knobs)."""
+        names = {f.name for f in dataclasses.fields(RolloutConfig)}
+        return RolloutConfig(**{k: getattr(self, k) for k in names})
+
+
+@dataclass(frozen=True)
+class OptimizerSection(OptimConfig):
+    """optax AdamW (see ``train/optimizer.py``); ``total_steps`` is ``trainer.steps``."""
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class SamplerSection(Checked):
+    backend: str = spec("vllm", choices=("vllm", "jax"))
+    num_engines: int = spec(1, check=at_least(1))
+    gpu_memory_utilization: float = spec(0.3, check=in_unit_interval())
+    dtype: str = spec("float32", choices=DTYPES)
+    enforce_eager: bool = True
+    max_model_len: int = spec(2048, check=at_least(8))
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ToolServerSection(Checked):
+    """``url``: a running server; empty: start one with ``tools`` (tool file names)."""
+    url: str = ""
+    tools: tuple[str, ...] = ("python_code",)
+    timeout_s: float = spec(10.0, check=above(0))
+    max_concurrency: int = spec(16, check=at_least(1))
+
+
+@dataclass(frozen=True)
+class RewardSection(Checked):
+    name: str = ""                          # empty: chosen per row by data_source
+    format_penalty: float = 0.0             # subtracted when the answer format is wrong
+    tool_use_bonus: float = 0.0             # added when a correct answer used a tool
+    invalid_tool_penalty: float = 0.0       # subtracted per invalid tool call
+    timeout_s: float = spec(10.0, check=above(0))   # per item; a hanging verifier scores 0
+    num_workers: int = spec(2, check=at_least(0, "0: in-process"))
+
+
+@dataclass(frozen=True)
+class DataSection(Checked):
+    train_files: tuple[str, ...] = ()       # parquet / JSONL in the verl layout
+    eval_files: tuple[str, ...] = ()
+    format: str = spec("auto", choices=("auto", "parquet", "jsonl"))
+    shuffle: bool = True
+    seed: int = 0
+    max_eval_examples: int = spec(256, check=at_least(1))
+
+
+@dataclass(frozen=True)
+class TrainerSection(Checked):
+    steps: int = spec(100, check=at_least(0))
+    batch_groups: int = spec(8, check=at_least(1))          # prompt groups per step
+    log_every: int = spec(1, check=at_least(1))
+    ckpt_every: int = spec(20, check=at_least(0, "0: only at the end"))
+    keep_ckpts: int = spec(2, check=at_least(1))
+    eval_every: int = spec(0, check=at_least(0, "0: only at the end"))
+    parity_every: int = spec(1, check=at_least(0, "0: off"))  # sampler-vs-trainer logprobs
+    out_dir: str = "runs/default"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CheckpointSection(Checked):
+    resume: bool = True                     # resume from the latest checkpoint in out_dir
+    export_hf: bool = False                 # also write an HF checkpoint at the end
+
+
+@dataclass(frozen=True)
+class SFTSection(Checked):
+    """Supervised warm start (``stage=sft``, or before RL when ``steps > 0``)."""
+    files: tuple[str, ...] = ()
+    steps: int = spec(0, check=at_least(0))
+    batch_size: int = spec(16, check=at_least(1))
+    lr: float = spec(1e-3, check=above(0))
+    warmup_steps: int = spec(0, check=at_least(0))
+
+
+@dataclass(frozen=True)
+class LoggingSection(Checked):
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "verltool-jax"
+    progress_bar: bool = True
+    report_trajectories: int = spec(16, check=at_least(0))   # in the HTML report
+    plot: bool = True
+
+
+def _mesh_ok(v: Any) -> bool:
+    return (len(v) == 3 and all(isinstance(x, int) and (x >= 1 or x == -1) for x in v)
+            and list(v).count(-1) <= 1)
+
+
+@dataclass(frozen=True)
+class RunConfig(Checked):
+    """A whole run. ``task`` is the typed section of the task ``task.name`` or None."""
+    stage: str = spec("rl", choices=("rl", "sft"))
+    mesh_shape: tuple[int, ...] = spec(
+        (-1, 1, 1), check=(_mesh_ok, "3 ints (data, fsdp, tp), each >= 1 or one -1 "
+                                     "meaning 'the rest'"))
+    model: ModelSection = spec(default_factory=ModelSection)
+    rollout: RolloutSection = spec(default_factory=RolloutSection)
+    algo: AlgoConfig = spec(default_factory=AlgoConfig)
+    optimizer: OptimizerSection = spec(default_factory=OptimizerSection)
+    sampler: SamplerSection = spec(default_factory=SamplerSection)
+    tool_server: ToolServerSection = spec(default_factory=ToolServerSection)
+    reward: RewardSection = spec(default_factory=RewardSection)
+    data: DataSection = spec(default_factory=DataSection)
+    trainer: TrainerSection = spec(default_factory=TrainerSection)
+    checkpoint: CheckpointSection = spec(default_factory=CheckpointSection)
+    sft: SFTSection = spec(default_factory=SFTSection)
+    logging: LoggingSection = spec(default_factory=LoggingSection)
+    task: Any = None
+
+    def algo_for_run(self) -> AlgoConfig:
+        """``algo`` with its derived field: logprobs at the sampling temperature."""
+        return dataclasses.replace(self.algo, temperature=self.rollout.temperature or 1.0)
+
+    def optimizer_for_run(self) -> OptimConfig:
+        """``optimizer`` with ``total_steps`` = ``trainer.steps`` (at least warmup + 1)."""
+        names = {f.name for f in dataclasses.fields(OptimConfig)}
+        d = {k: getattr(self.optimizer, k) for k in names}
+        d["total_steps"] = max(self.trainer.steps, self.optimizer.warmup_steps + 1)
+        return OptimConfig(**d)
+
+
+# Fields not in the config dict: the run sets them from other sections.
+DERIVED: dict[type, frozenset[str]] = {
+    AlgoConfig: frozenset({"temperature"}),
+    OptimizerSection: frozenset({"total_steps"}),
+    RunConfig: frozenset({"task"}),
+}
+
+
+# ----------------------------------------------------------------------------- dict <-> typed
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _inner(tp: Any) -> Any:
+    """``Optional[X]`` -> X; ``tuple[X, ...]`` -> tuple; else the type itself."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _inner(args[0]) if len(args) == 1 else Any
+    if origin in (tuple, list):
+        return tuple
+    return tp
+
+
+def config_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of section ``cls`` that appear in the config dict."""
+    derived = DERIVED.get(cls, frozenset())
+    return [f for f in dataclasses.fields(cls) if f.name not in derived]
+
+
+def section_dict(obj: Any) -> ml_collections.ConfigDict:
+    """A section dataclass instance as a ``ConfigDict`` (None -> a typed placeholder)."""
+    hints = _hints(type(obj))
+    c = ml_collections.ConfigDict()
+    for f in config_fields(type(obj)):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            c[f.name] = section_dict(v)
+        elif v is None:
+            inner = _inner(hints[f.name])
+            c[f.name] = config_dict.placeholder(inner if isinstance(inner, type) else object)
+        else:
+            c[f.name] = v
+    return c
+
+
+def default_config_dict() -> ml_collections.ConfigDict:
+    """Every section at its defaults, plus ``task.name = ""`` (no generated task)."""
+    c = section_dict(RunConfig())
+    c.task = ml_collections.ConfigDict({"name": ""})
+    return c
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, ml_collections.ConfigDict):
+        return v.to_dict()
+    if isinstance(v, list):
+        return tuple(v)
+    return v
+
+
+def build_section(cls: type, values: Mapping[str, Any], path: str,
+                  problems: list[str]) -> Any:
+    """``cls(**values)`` with nested sections built recursively; unknown keys and every
+    validation error are appended to ``problems`` (prefixed with the dotted ``path``)."""
+    fields = {f.name: f for f in config_fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for k in values.keys():
+        if k not in fields:
+            close = difflib.get_close_matches(k, list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(f"{path}{k}: unknown key{hint} (known: {sorted(fields)})")
+            continue
+        v = values[k]
+        sub = fields[k].default_factory
+        if isinstance(v, (ml_collections.ConfigDict, dict)) and dataclasses.is_dataclass(sub):
+            v = build_section(sub, v, f"{path}{k}.", problems)
+            if v is None:
+                return None
+        kwargs[k] = _plain(v)
+    n_before = len(problems)
+    problems.extend(p if p.startswith(path) else f"{path}{p}"
+                    for p in _field_problems(cls, kwargs))
+    if len(problems) > n_before:
+        return None
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:
+        problems.append(f"{path.rstrip('.') or cls.__name__}: {e}")
+        return None
+
+
+def _field_problems(cls: type, kwargs: Mapping[str, Any]) -> list[str]:
+    """Metadata checks before construction, so every bad field is named at once."""
+    return check_fields(cls, kwargs, "")
+
+
+def run_config_from_dict(config: Any) -> RunConfig:
+    """The typed :class:`RunConfig` of a ``ConfigDict`` / mapping; :class:`ConfigError`
+    listing every bad key (unknown keys, values outside their allowed set, wrong types)."""
+    from verltool_jax.train.config import algo_choices
+    problems: list[str] = []
+    d = {k: config[k] for k in config.keys()}
+    task_values = d.pop("task", None)
+    for key, names in algo_choices().items():
+        v = (d.get("algo") or {}).get(key) if d.get("algo") is not None else None
+        if v is not None and v not in names:
+            problems.append(f"algo.{key}={v!r} must be one of {list(names)}")
+    rc = None if problems else build_section(RunConfig, d, "", problems)
+    task = None
+    if task_values is not None and (task_values.get("name") or ""):
+        from verltool_jax.tasks import task_config
+        try:
+            task = task_config(task_values)
+        except ValueError as e:
+            problems.append(f"task: {e}")
+    if rc is not None:
+        n, est = rc.rollout.n_samples, rc.algo.adv_estimator
+        if est in ("grpo", "rloo") and n < 2:
+            problems.append(f"rollout.n_samples={n} must be >= 2 for algo.adv_estimator="
+                            f"{est!r} (a group of one has advantage 0, so nothing is learned)")
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return dataclasses.replace(rc, task=task)
