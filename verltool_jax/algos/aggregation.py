@@ -1,16 +1,22 @@
 """Loss aggregation: a per-token loss matrix [B,T] and its mask -> one scalar.
 
-With m[b,t] the loss mask, n_b = sum_t m[b,t] the valid tokens of row b,
-N_tok = sum_b n_b and N_seq = #{b : n_b > 0} (fully masked rows do not count):
+Follows verl ``core_algos.agg_loss``. With m[b,t] the loss mask, n_b = sum_t m[b,t]
+the valid tokens of row b, N_tok = sum_b n_b and N_seq = #{b : n_b > 0}:
 
 * ``token-mean``:              sum_{b,t} m*l / N_tok
 * ``seq-mean-token-mean``:     sum_b (sum_t m*l / n_b) / N_seq
 * ``seq-mean-token-sum``:      sum_b (sum_t m*l) / N_seq
-* ``seq-mean-token-sum-norm``: sum_b (sum_t m*l) / (N_seq * C), C a constant
-                               (config ``algo.loss_norm_constant``; default T, the
-                               padded length), as in Dr.GRPO.
+* ``seq-mean-token-sum-norm``: sum_b (sum_t m*l) / C, C a constant (config
+                               ``algo.loss_norm_constant``; default T, the padded
+                               response length, as verl's ``loss_mask.shape[-1]``):
+                               Dr.GRPO's normalisation, no division by the number of
+                               sequences.
 
-Empty denominators are taken as 1 (an all-masked batch gives loss 0, never NaN).
+Deliberate difference from verl: the seq-mean modes divide by N_seq, the rows with at
+least one valid token, where verl takes ``torch.mean`` over all B rows; a fully masked
+row (batch padding) would make verl's ``seq-mean-token-mean`` NaN (0/0) and would
+dilute the others. On batches without such rows the two agree. Empty denominators
+are taken as 1 (an all-masked batch gives loss 0, never NaN).
 
 Gradient accumulation: the mini-batch is split into micro-batches, and each
 micro-batch's aggregate must use the counts of the *whole mini-batch*
@@ -69,7 +75,7 @@ def _seq_mean_token_sum(l, m, norm, c):
 
 @AGGREGATIONS.register("seq-mean-token-sum-norm")
 def _seq_mean_token_sum_norm(l, m, norm, c):
-    return (l * m).sum() / (_safe(norm.num_seqs) * c)
+    return (l * m).sum() / c
 
 
 def check_agg_mode(mode: str) -> str:
