@@ -58,24 +58,24 @@ def _safe(x: jax.Array) -> jax.Array:
 
 
 @AGGREGATIONS.register("token-mean")
-def _token_mean(l, m, norm, c):
-    return (l * m).sum() / _safe(norm.num_tokens)
+def _token_mean(loss, m, norm, c):
+    return (loss * m).sum() / _safe(norm.num_tokens)
 
 
 @AGGREGATIONS.register("seq-mean-token-mean")
-def _seq_mean_token_mean(l, m, norm, c):
-    per_seq = (l * m).sum(-1) / _safe(m.sum(-1))
+def _seq_mean_token_mean(loss, m, norm, c):
+    per_seq = (loss * m).sum(-1) / _safe(m.sum(-1))
     return per_seq.sum() / _safe(norm.num_seqs)
 
 
 @AGGREGATIONS.register("seq-mean-token-sum")
-def _seq_mean_token_sum(l, m, norm, c):
-    return (l * m).sum() / _safe(norm.num_seqs)
+def _seq_mean_token_sum(loss, m, norm, c):
+    return (loss * m).sum() / _safe(norm.num_seqs)
 
 
 @AGGREGATIONS.register("seq-mean-token-sum-norm")
-def _seq_mean_token_sum_norm(l, m, norm, c):
-    return (l * m).sum() / c
+def _seq_mean_token_sum_norm(loss, m, norm, c):
+    return (loss * m).sum() / c
 
 
 def check_agg_mode(mode: str) -> str:
@@ -95,11 +95,11 @@ def aggregate(loss_mat: jax.Array, mask: jax.Array, mode: str,
     """
     fn = AGGREGATIONS.get(mode)
     m = mask.astype(jnp.float32)
-    l = jnp.where(m > 0, loss_mat.astype(jnp.float32), 0.0)
+    loss = jnp.where(m > 0, loss_mat.astype(jnp.float32), 0.0)
     if norm is None:
         norm = normaliser_for(m)
     c = float(norm_constant) if norm_constant else float(loss_mat.shape[-1])
-    return fn(l, m, norm, c)
+    return fn(loss, m, norm, c)
 
 
 def token_mean(x: jax.Array, mask: jax.Array, norm: Optional[Normaliser] = None) -> jax.Array:
