@@ -30,15 +30,17 @@ ESTIMATORS = ("grpo", "drgrpo", "rloo")
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
-@pytest.mark.parametrize("value,n", [(123.456, 16), (-0.7, 11), (0.1, 3), (1e-30, 7),
-                                     (-3.4e38, 5), (7.0, 2)])
-def test_all_equal_group_is_exactly_zero_for_inexact_floats(name, value, n):
+def test_all_equal_group_is_exactly_zero_for_inexact_floats(name):
     """Rewards whose float32 group mean is not the reward itself (123.456 x 16: the mean
     is one ulp off and plain GRPO gives about -0.93) still get exactly 0."""
-    rewards = [value] * n + [0.0, 1.0]
-    adv = compute_advantages(name, rewards, ["g"] * n + ["h", "h"])
-    assert np.all(adv[:n] == 0.0), adv[:n]
-    assert adv[n] < 0 < adv[n + 1]
+    cases = [(123.456, 16), (-0.7, 11), (0.1, 3), (1e-30, 7), (-3.4e38, 5), (7.0, 2)]
+    rewards, gids = [], []
+    for k, (value, n) in enumerate(cases):
+        rewards += [value] * n
+        gids += [k] * n
+    adv = compute_advantages(name, rewards + [0.0, 1.0], gids + ["mixed", "mixed"])
+    assert np.all(adv[:-2] == 0.0), adv[:-2]
+    assert adv[-2] < 0 < adv[-1]
 
 
 def test_all_equal_groups_property_random_floats():
@@ -271,6 +273,14 @@ def test_gspo_log_ratio_clamped_at_10_without_gradient_and_seq_mean_token_mean()
     d2 = d.at[0, :2].set(9.5)
     g2 = jax.grad(lambda lp: fn(lp, logp - d2, A, mask, cfg)[0])(logp)
     np.testing.assert_allclose(g2[0, :2], [math.exp(9.5) / 4] * 2, rtol=1e-5)
+
+
+def test_clamp_gradient_is_torch_clamp_at_the_bounds():
+    """clip bounds pass the whole gradient (torch.clamp), outside it is 0."""
+    from verltool_jax.algos.policy_loss import clamp
+    g = jax.grad(lambda x: clamp(x, 0.8, 1.28).sum())(jnp.array([0.5, 0.8, 1.0, 1.28, 2.0]))
+    np.testing.assert_array_equal(g, [0, 1, 1, 1, 0])
+    np.testing.assert_array_equal(clamp(jnp.array([-1.0, 11.0]), high=10.0), [-1.0, 10.0])
 
 
 def test_policy_loss_config_validation():

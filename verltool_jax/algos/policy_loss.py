@@ -74,6 +74,12 @@ PolicyLossFn = Callable[..., LossOut]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algo.policy_loss")
 
 
+def clamp(x: jax.Array, low: float = -jnp.inf, high: float = jnp.inf) -> jax.Array:
+    """min(max(x, low), high) with torch.clamp's gradient: 1 where low <= x <= high, else 0
+    (``jnp.clip`` halves it at the bounds), so gradients match verl's everywhere."""
+    return jnp.where(x < low, low, jnp.where(x > high, high, x))
+
+
 def truncated_is_weights(old_logp: jax.Array, sampler_logp: jax.Array, cap: float) -> jax.Array:
     """Truncated importance weight w = min(exp(clamp(old - sampler, -20, 20)), cap), no gradient.
 
@@ -82,14 +88,14 @@ def truncated_is_weights(old_logp: jax.Array, sampler_logp: jax.Array, cap: floa
     """
     if cap <= 0:
         raise ValueError(f"algo.tis_cap must be > 0 (or None to disable), got {cap}")
-    d = jnp.clip(old_logp - sampler_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    d = clamp(old_logp - sampler_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return jax.lax.stop_gradient(jnp.minimum(jnp.exp(d), cap))
 
 
 def _clipped_objective(ratio, adv, cfg: PolicyLossConfig):
     """max(-A r, -A clip(r)) and the dual clip; returns (loss, clipped?, dual-clipped?)."""
     l1 = -adv * ratio
-    l2 = -adv * jnp.clip(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    l2 = -adv * clamp(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
     loss = jnp.maximum(l1, l2)
     clipped = (l2 > l1).astype(jnp.float32)
     if cfg.dual_clip_c:
@@ -137,7 +143,7 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
     adv = advantages.astype(jnp.float32)
     if adv.ndim == 1:
         adv = jnp.broadcast_to(adv[:, None], logp.shape)
-    log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
     loss_tok, clipped, lower = _clipped_objective(ratio, adv, cfg)
     return _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights)
@@ -164,7 +170,7 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
     token_log_ratio = jnp.where(m > 0, logp - old_logp, 0.0)
     seq_log_ratio = token_log_ratio.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
     log_s = jax.lax.stop_gradient(seq_log_ratio)[:, None] + logp - jax.lax.stop_gradient(logp)
-    log_s = jnp.where(log_s > GSPO_LOG_RATIO_MAX, GSPO_LOG_RATIO_MAX, log_s)
+    log_s = clamp(log_s, high=GSPO_LOG_RATIO_MAX)
     ratio = jnp.exp(log_s)
     loss_tok, clipped, lower = _clipped_objective(ratio, adv, replace(cfg, dual_clip_c=None))
     return _finish(loss_tok, ratio, token_log_ratio, clipped, lower, mask, cfg, norm,
