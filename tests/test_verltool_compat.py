@@ -27,6 +27,7 @@ from tool_server.tools import _python_compat, _search_compat
 from tool_server.tools.base import ToolSettings
 from tool_server.tools.finish import FinishTool
 from tool_server.tools.search_retrieval import SearchRetrievalTool
+from tool_server.tools.sql import SqlTool
 from tool_server_helpers import one
 
 # tool_server.py, AsyncToolManager.get_usage_instructions: "Available tools:" then
@@ -212,6 +213,17 @@ def test_sql_long_result_missing_db_and_no_db(server, db):
         sql_obs("Execution Error:\n'db_id'", 0, "SELECT 1"), False, False)
 
 
+def test_sql_per_tool_override_and_db_root(db, tmp_path):
+    native = SqlTool(ToolSettings(compat="verltool", extra={"sql_compat": "native"}))
+    obs, done, valid = native.conduct_action("t", "SELECT x FROM t ORDER BY x", {"db_path": db})
+    assert obs.startswith("x\n-\n1\n2") and (done, valid) == (False, True)
+    rooted = SqlTool(ToolSettings(compat="verltool", extra={"sql_db_root": str(tmp_path)}))
+    obs, _, valid = rooted.conduct_action("t", "SELECT 1", {"db_path": db})
+    assert obs == sql_obs(f"Error: database {db!r} is outside the allowed root.", 0, "SELECT 1")
+    obs, _, _ = rooted.conduct_action("t", "SELECT 1", {"db_path": "/no/such.db"})
+    assert "outside the allowed root" in obs["obs"]      # nothing told about other paths
+
+
 # ------------------------------------------------------------ search_retrieval
 def test_search_observations(server):
     # search_retrieval.py: f'\n\n<information>{passages.strip()}</information>\n\n' with
@@ -258,6 +270,10 @@ def test_native_python_reads_stdin_and_keeps_its_format():
                                extra_fields={"stdin": "abc"})
         assert (obs, done, valid) == ("cba\n", False, True)
         assert one(url, "n", "<python>print(1)</python>") == ("1\n", False, True)
+        obs, _, _ = one(url, "k", "<python>print(input() + '!')</python>",
+                        extra_fields={"stdin": "kernel", "stateful": True})
+        assert obs == "kernel!\n"                          # the stateful interpreter too
+        one(url, "k", "", finish=True)
         obs, done, valid = one(url, "n", "The answer is 42.")
         assert (obs["obs"], done, valid) == ("", False, False)
         assert "no tool accepted" in obs["invalid_reason"]

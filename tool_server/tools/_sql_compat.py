@@ -111,11 +111,11 @@ def result_text(parsed: str, extra_field: dict,
     query = extract_query(parsed)
     if not query:
         return INVALID_TEXT
+    refused = check_path(path)  # before the existence test: nothing is told about
+    if refused:                 # paths outside the allowed root
+        return refused
     if not os.path.exists(path):
         return f"The database file {path} does not exist."
-    refused = check_path(path)
-    if refused:
-        return refused
     try:
         rows = run(path, replace_current_year(query))
     except Exception as e:  # every error becomes its text, as VerlTool's executor does
