@@ -3,7 +3,8 @@
 Per token, with A the advantage (per sequence, broadcast over the response tokens),
 logp the current policy's logprob and old the behaviour logprob:
 
-* ``ppo`` (also ``grpo``/``vanilla``, DAPO clip-higher via separate eps):
+* ``ppo`` (also ``grpo``/``vanilla``, DAPO clip-higher via separate eps; follows verl
+  ``core_algos.compute_policy_loss_vanilla``, except that the dual clip can be turned off):
     ratio = exp(clamp(logp - old, -20, 20))
     l1 = -A * ratio,  l2 = -A * clip(ratio, 1 - eps_low, 1 + eps_high)
     l  = max(l1, l2)
