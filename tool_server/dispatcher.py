@@ -29,8 +29,9 @@ class Dispatcher:
     Routing: the first tool (in the given order) whose ``parse_action`` accepts the
     action; an action none accepts is invalid (``done=False, valid=False``): only the
     request's ``finish`` flag ends a trajectory. With ``settings.compat == "verltool"``
-    the answers follow VerlTool's server (:mod:`tool_server.compat`). Concurrency: at most ``settings.max_concurrency`` tool calls in flight, and
-    per tool ``tool.max_concurrency`` (or ``settings.tool_max_concurrency``). Sync
+    the answers follow VerlTool's server (:mod:`tool_server.compat`).
+    Concurrency: at most ``settings.max_concurrency`` tool calls in flight, and per tool
+    ``tool.max_concurrency`` (or ``settings.tool_max_concurrency``). Sync
     ``conduct_action`` implementations run in a thread pool, async ones on the loop.
     Every call is cut off after ``settings.timeout_s`` with a timeout observation.
     Calls for the same trajectory within one request run in order; different
