@@ -26,6 +26,72 @@ def test_grpo_hand_values_all_equal_and_singleton():
     assert adv.dtype == np.float32
 
 
+ESTIMATORS = ("grpo", "drgrpo", "rloo")
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_all_equal_group_is_exactly_zero_for_inexact_floats(name):
+    """Rewards whose float32 group mean is not the reward itself (123.456 x 16: the mean
+    is one ulp off and plain GRPO gives about -0.93) still get exactly 0."""
+    cases = [(123.456, 16), (-0.7, 11), (0.1, 3), (1e-30, 7), (-3.4e38, 5), (7.0, 2)]
+    rewards, gids = [], []
+    for k, (value, n) in enumerate(cases):
+        rewards += [value] * n
+        gids += [k] * n
+    adv = compute_advantages(name, rewards + [0.0, 1.0], gids + ["mixed", "mixed"])
+    assert np.all(adv[:-2] == 0.0), adv[:-2]
+    assert adv[-2] < 0 < adv[-1]
+
+
+def test_all_equal_groups_property_random_floats():
+    """Random batches of 8 groups (random sizes 2..), each all-equal with a random float
+    reward (random sign and magnitude) or mixed: the all-equal ones are exactly 0 in every
+    estimator, and the mixed ones match the formulas evaluated in float64."""
+    rng = np.random.default_rng(1234)
+    n_total, n_groups = 64, 8
+    fns = {name: jax.jit(get_advantage_fn(name), static_argnums=2) for name in ESTIMATORS}
+    for trial in range(60):
+        cuts = np.sort(rng.choice(np.arange(1, n_total // 2), n_groups - 1, replace=False)) * 2
+        sizes = np.diff(np.concatenate([[0], cuts, [n_total]]))
+        gidx = np.repeat(np.arange(n_groups), sizes).astype(np.int32)
+        rewards = np.zeros(n_total, np.float32)
+        equal = np.zeros(n_total, bool)
+        for g in range(n_groups):
+            sel = gidx == g
+            if rng.random() < 0.5:
+                rewards[sel] = np.float32(rng.normal() * 10.0 ** rng.integers(-6, 7))
+                equal[sel] = True
+            else:
+                rewards[sel] = rng.normal(size=sel.sum()) * 10.0 ** rng.integers(-2, 3)
+        for name, fn in fns.items():
+            adv = np.asarray(fn(jnp.asarray(rewards), jnp.asarray(gidx), n_groups))
+            assert np.all(adv[equal] == 0.0), (trial, name, adv[equal])
+            want = np.zeros(n_total)
+            for g in range(n_groups):
+                sel = gidx == g
+                r = rewards[sel].astype(np.float64)
+                if name == "grpo":
+                    want[sel] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+                elif name == "drgrpo":
+                    want[sel] = r - r.mean()
+                else:
+                    want[sel] = r - (r.sum() - r) / (len(r) - 1)
+            if (~equal).any():
+                scale = np.abs(want[~equal]).max()
+                np.testing.assert_allclose(adv[~equal], want[~equal], rtol=1e-4,
+                                           atol=1e-5 * scale)
+
+
+def test_grpo_inexact_rewards_hand_values():
+    # r = [0.1, 0.2, 0.3]: mean 0.2, unbiased std 0.1 -> A = [-0.1, 0, 0.1] / (0.1 + 1e-6)
+    adv = compute_advantages("grpo", [0.1, 0.2, 0.3], ["g"] * 3)
+    np.testing.assert_allclose(adv, np.array([-0.1, 0, 0.1]) / (0.1 + 1e-6), rtol=1e-5,
+                               atol=1e-6)
+    # rloo: 0.1 - (0.5 / 2) = -0.15; 0.2 - 0.2 = 0; 0.3 - 0.15 = 0.15
+    np.testing.assert_allclose(compute_advantages("rloo", [0.1, 0.2, 0.3], ["g"] * 3),
+                               [-0.15, 0.0, 0.15], atol=1e-6)
+
+
 def test_drgrpo_and_rloo_hand_values():
     dr = compute_advantages("drgrpo", REWARDS, GROUPS)
     np.testing.assert_allclose(dr, [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0], atol=1e-7)
@@ -60,7 +126,7 @@ M = jnp.array([[1, 1, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]])   # row 3 fully masked
     ("token-mean", (1 + 2 + 3 + 20) / 4),
     ("seq-mean-token-mean", ((1 + 2 + 3) / 3 + 20 / 1) / 2),
     ("seq-mean-token-sum", (6 + 20) / 2),
-    ("seq-mean-token-sum-norm", (6 + 20) / (2 * 4)),
+    ("seq-mean-token-sum-norm", (6 + 20) / 4),      # verl agg_loss: sum of seq sums / T
 ])
 def test_aggregation_hand_values(mode, want):
     assert float(aggregate(L, M, mode)) == pytest.approx(want)
@@ -68,7 +134,7 @@ def test_aggregation_hand_values(mode, want):
 
 def test_aggregation_norm_constant_all_masked_and_nan_in_padding():
     assert float(aggregate(L, M, "seq-mean-token-sum-norm", norm_constant=13.0)) == \
-        pytest.approx(26 / (2 * 13))
+        pytest.approx(26 / 13)
     bad = L.at[2, 0].set(jnp.nan).at[0, 3].set(jnp.inf)    # only on masked positions
     assert float(aggregate(bad, M, "token-mean")) == pytest.approx(26 / 4)
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
@@ -179,6 +245,42 @@ def test_gspo_sequence_ratio_hand_values_and_gradient():
     g = jax.grad(lambda lp: fn(lp, old, A, mask, cfg)[0])(logp)
     # row 0 clipped -> 0; row 1: d/dlogp_t of -A s (token t) = 2 * s1, / 3 tokens / 2 seqs
     np.testing.assert_allclose(g, [[0, 0, 0], [2 * s1 / 6] * 3], atol=1e-6)
+
+
+def test_gspo_log_ratio_clamped_at_10_without_gradient_and_seq_mean_token_mean():
+    """verl compute_policy_loss_gspo: log s <= 10 (zero gradient where clamped), and the
+    loss is seq-mean-token-mean even when loss_agg_mode says otherwise."""
+    d = jnp.array([[12.0, 12.0, 0.0], [0.1, 0.1, 0.1]])     # row 0: mean log ratio 12 > 10
+    logp = jnp.array([[-1.0, -2.0, -3.0], [-1.0, -1.5, -0.5]])
+    old = logp - d
+    mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    A = jnp.array([-1.0, -1.0])
+    cfg = PolicyLossConfig(0.2, 0.28, None, "token-mean")
+    fn = get_policy_loss("gspo")
+    loss, m = fn(logp, old, A, mask, cfg)
+    # row 0: s = e^10 (not e^12), l = max(e^10, 1.28) = e^10 on both tokens -> seq mean e^10
+    # row 1: s = e^0.1 inside [0.8, 1.28] -> l = e^0.1 on each token
+    want = (math.exp(10.0) + math.exp(0.1)) / 2              # seq-mean-token-mean
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    assert float(loss) != pytest.approx((2 * math.exp(10) + 3 * math.exp(0.1)) / 5, rel=1e-3)
+    assert float(m["ratio_max"]) == pytest.approx(math.exp(10.0), rel=1e-5)
+    assert float(m["ppo_kl"]) == pytest.approx(-(12 + 12 + 0.3) / 5, rel=1e-5)
+    assert float(m["pg_clipfrac_lower"]) == 0.0
+    g = jax.grad(lambda lp: fn(lp, old, A, mask, cfg)[0])(logp)
+    # row 0 clamped -> 0; row 1: d(-A s)/dlogp_t = s = e^0.1, / 3 tokens / 2 seqs
+    np.testing.assert_allclose(g, [[0, 0, 0], [math.exp(0.1) / 6] * 3], rtol=1e-5)
+    # just under the clamp the gradient flows
+    d2 = d.at[0, :2].set(9.5)
+    g2 = jax.grad(lambda lp: fn(lp, logp - d2, A, mask, cfg)[0])(logp)
+    np.testing.assert_allclose(g2[0, :2], [math.exp(9.5) / 4] * 2, rtol=1e-5)
+
+
+def test_clamp_gradient_is_torch_clamp_at_the_bounds():
+    """clip bounds pass the whole gradient (torch.clamp), outside it is 0."""
+    from verltool_jax.algos.policy_loss import clamp
+    g = jax.grad(lambda x: clamp(x, 0.8, 1.28).sum())(jnp.array([0.5, 0.8, 1.0, 1.28, 2.0]))
+    np.testing.assert_array_equal(g, [0, 1, 1, 1, 0])
+    np.testing.assert_array_equal(clamp(jnp.array([-1.0, 11.0]), high=10.0), [-1.0, 10.0])
 
 
 def test_policy_loss_config_validation():

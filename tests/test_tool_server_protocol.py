@@ -3,17 +3,15 @@
 temporary file through --tool-dir, as docs/adding_a_tool.md describes)."""
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
-import urllib.request
 
 import pytest
 
 from tool_server.kit.observations import truncate_text
 from tool_server.protocol import ProtocolError, parse_request
 from tool_server.launcher import get_json, post_json, run_server
-from tool_server_helpers import obs_text, one, write_faulty_tool
+from tool_server_helpers import one, write_faulty_tool
 
 
 @pytest.fixture(scope="module")
@@ -184,9 +182,12 @@ def test_bad_json_gets_400_and_server_survives(server, raw):
     assert get_json(server + "/health")["status"] == "ok"
 
 
-def test_empty_request_and_int_ids():
-    req = parse_request({"trajectory_ids": [], "actions": []})
-    assert len(req) == 0
+def test_empty_request_is_422_and_int_ids(server):
+    with pytest.raises(ProtocolError, match="trajectory_ids' is empty") as e:
+        parse_request({"trajectory_ids": [], "actions": []})
+    assert e.value.status == 422 and e.value.field == "trajectory_ids"
+    code, out = post(server, {"trajectory_ids": [], "actions": []})
+    assert code == 422 and out["field"] == "trajectory_ids"
     req = parse_request({"trajectory_ids": [7], "actions": ["x"], "finish": [1]})
     assert req.trajectory_ids == ["7"] and req.finish == [True] and req.extra_fields == [{}]
     with pytest.raises(ProtocolError, match="finish"):
@@ -199,11 +200,17 @@ def test_unknown_tool_name_fails_at_startup_with_the_list():
             pass
 
 
-def test_finish_tool_ends_unclaimed_actions_and_frees_state(tmp_path):
+def test_finish_tool_claims_no_action_only_the_finish_flag_ends(tmp_path):
+    """An action no tool parses is invalid (never a silent finish), with or without the
+    finish tool; the finish flag ends the trajectory and frees its state everywhere."""
     tool_dir = write_faulty_tool(str(tmp_path))
     with run_server(["faulty", "finish"], tool_dir=[tool_dir]) as url:
         assert one(url, "fin", "<count/>")[0] == "count=1"
-        assert one(url, "fin", "The answer is 42.") == ("", True, True)
+        obs, done, valid = one(url, "fin", "The answer is 42.")
+        assert (obs["obs"], done, valid) == ("", False, False)
+        assert "no tool accepted" in obs["invalid_reason"]
+        assert one(url, "fin", "<count/>")[0] == "count=2"      # state kept
+        assert one(url, "fin", "The answer is 42.", finish=True) == ("", True, True)
         assert one(url, "fin", "<count/>")[0] == "count=1"      # freed everywhere
 
 

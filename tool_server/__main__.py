@@ -10,8 +10,8 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 
+from tool_server.kit.compat import COMPAT_MODES
 from tool_server.kit.base import ToolSettings
 
 log = logging.getLogger("tool_server")
@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra folder scanned for tool files (repeatable)")
     p.add_argument("--tool-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="tool-specific option (repeatable), e.g. python_stateful=true")
+    p.add_argument("--compat", choices=COMPAT_MODES, default=d.compat,
+                   help="answer format: native (default) or verltool (observations, dones "
+                        "and valids as VerlTool's server gives them; see tool_server.kit.compat)")
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="run code WITHOUT bubblewrap (dangerous; for machines without it)")
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
@@ -71,7 +74,8 @@ def settings_from_args(args: argparse.Namespace) -> ToolSettings:
                         workdir=args.workdir, extra=extra, workers=args.workers,
                         max_concurrency=args.max_concurrency,
                         tool_max_concurrency=args.tool_max_concurrency,
-                        sweep_interval_s=args.sweep_interval, tool_dirs=list(args.tool_dir))
+                        sweep_interval_s=args.sweep_interval, tool_dirs=list(args.tool_dir),
+                        compat=args.compat)
 
 
 async def serve(tools: list[str], settings: ToolSettings, host: str, port: int) -> None:

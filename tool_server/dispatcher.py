@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
+from tool_server.kit.compat import VERLTOOL, verltool_invalid_observation, verltool_usage_block
 from tool_server.kit.observations import (invalid_observation, normalize_observation,
                                       truncate_observation)
 from tool_server.protocol import ObservationRequest, make_response
@@ -26,8 +27,11 @@ class Dispatcher:
     """Runs requests against an ordered list of tool instances.
 
     Routing: the first tool (in the given order) whose ``parse_action`` accepts the
-    action. Concurrency: at most ``settings.max_concurrency`` tool calls in flight, and
-    per tool ``tool.max_concurrency`` (or ``settings.tool_max_concurrency``). Sync
+    action; an action none accepts is invalid (``done=False, valid=False``): only the
+    request's ``finish`` flag ends a trajectory. With ``settings.compat == "verltool"``
+    the answers follow VerlTool's server (:mod:`tool_server.kit.compat`).
+    Concurrency: at most ``settings.max_concurrency`` tool calls in flight, and per tool
+    ``tool.max_concurrency`` (or ``settings.tool_max_concurrency``). Sync
     ``conduct_action`` implementations run in a thread pool, async ones on the loop.
     Every call is cut off after ``settings.timeout_s`` with a timeout observation.
     Calls for the same trajectory within one request run in order; different
@@ -48,6 +52,10 @@ class Dispatcher:
                                             thread_name_prefix="tool")
         self._invalid_reason = ("no tool accepted the action; tools: "
                                 + ", ".join(t.name for t in tools))
+        self.verltool = settings.compat == VERLTOOL
+        self._verltool_usage = verltool_usage_block(tools)
+        # VerlTool's server with finish as its only tool hands it every action
+        self._only_finish = all(t.name == "finish" for t in tools)
         self.started_at = time.monotonic()
         self.in_flight = 0
         self.stats = {"requests": 0, "actions": 0, "invalid": 0, "timeouts": 0,
@@ -81,9 +89,13 @@ class Dispatcher:
         valids = [False] * n
 
         async def one(i: int) -> None:
+            extra = req.extra_fields[i]
+            finish, last = req.finish[i], req.is_last_step[i]
+            if self.verltool:  # VerlTool reads both flags from extra_fields when set there
+                finish = bool(extra.get("finish", finish))
+                last = bool(extra.get("is_last_step", last))
             obs[i], dones[i], valids[i] = await self.step(
-                req.trajectory_ids[i], req.actions[i], req.extra_fields[i],
-                req.finish[i], req.is_last_step[i])
+                req.trajectory_ids[i], req.actions[i], extra, finish, last)
 
         groups: dict[str, list[int]] = {}
         for i, tid in enumerate(req.trajectory_ids):
@@ -112,7 +124,7 @@ class Dispatcher:
 
     async def step(self, tid: str, action: str, extra: dict, finish: bool, last: bool) -> Step:
         """One action of one trajectory -> ``(observation, done, valid)``."""
-        if finish:
+        if finish or (self.verltool and self._only_finish):
             self.free(tid)
             return "", True, True
         tool, parsed = self.route(action)
@@ -120,10 +132,13 @@ class Dispatcher:
             self.stats["invalid"] += 1
             if last:
                 self.free(tid)
+            if self.verltool:
+                return verltool_invalid_observation(self._verltool_usage), False, False
             return invalid_observation(self._invalid_reason), False, False
         observation, done, valid = await self.call(tool, tid, parsed, extra)
-        observation = truncate_observation(normalize_observation(observation),
-                                           self.settings.max_obs_chars)
+        observation = normalize_observation(observation)
+        if not self.verltool:  # VerlTool's server does not cut; its tools do
+            observation = truncate_observation(observation, self.settings.max_obs_chars)
         if last or done:
             self.free(tid)
         return observation, bool(done), bool(valid)

@@ -56,8 +56,8 @@ def _list_field(body: dict, name: str, required: bool) -> Optional[list]:
 def parse_request(body: Any) -> ObservationRequest:
     """Validate a decoded JSON body into an :class:`ObservationRequest`.
 
-    Trajectory ids may be strings or integers (turned into strings); actions must be
-    strings; ``extra_fields`` entries objects or null; ``finish``/``is_last_step``
+    Trajectory ids (at least one, as VerlTool's server requires) may be strings or
+    integers (turned into strings); actions must be strings; ``extra_fields`` entries objects or null; ``finish``/``is_last_step``
     booleans (0/1 accepted). Optional lists default to ``{}``/``False``.
     """
     if not isinstance(body, dict):
@@ -66,6 +66,9 @@ def parse_request(body: Any) -> ObservationRequest:
     tids = _list_field(body, "trajectory_ids", True)
     actions = _list_field(body, "actions", True)
     n = len(tids)
+    if n == 0:
+        raise ProtocolError("field 'trajectory_ids' is empty: send at least one trajectory "
+                            "id (and one action per id)", field="trajectory_ids")
     out_tids = []
     for i, t in enumerate(tids):
         if isinstance(t, bool) or not isinstance(t, (str, int)):

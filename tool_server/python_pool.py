@@ -122,14 +122,18 @@ class SandboxProcess:
             raise WorkerDied("the worker process exited") from None
         return json.loads(body)
 
-    async def call(self, code: str, limits: ResourceLimits, max_output: int) -> RunResult:
-        """Run one snippet; raises :class:`WorkerDied` if the process ends or overruns
-        ``limits.wall_s + BACKSTOP_S`` (then it is killed)."""
+    async def call(self, code: str, limits: ResourceLimits, max_output: int,
+                   stdin: Optional[str] = None) -> RunResult:
+        """Run one snippet (``stdin``: its standard input; None: empty); raises
+        :class:`WorkerDied` if the process ends or overruns ``limits.wall_s + BACKSTOP_S``
+        (then it is killed)."""
         async with self._lock:
             if not self.alive:
                 raise WorkerDied("the worker process is not running")
-            data = json.dumps({"code": code, "limits": _limits_dict(limits),
-                               "max_output": max_output}).encode()
+            msg = {"code": code, "limits": _limits_dict(limits), "max_output": max_output}
+            if stdin is not None:
+                msg["stdin"] = stdin
+            data = json.dumps(msg).encode()
             try:
                 self.proc.stdin.write(struct.pack(">I", len(data)) + data)
                 await self.proc.stdin.drain()
@@ -185,8 +189,8 @@ class PythonPool:
             self._all.append(w)
             self._idle.put_nowait(w)
 
-    async def run(self, code: str, limits: ResourceLimits, max_output: int = 1 << 20
-                  ) -> RunResult:
+    async def run(self, code: str, limits: ResourceLimits, max_output: int = 1 << 20,
+                  stdin: Optional[str] = None) -> RunResult:
         if self._idle is None:
             await self.start()
         worker: SandboxProcess = await self._idle.get()
@@ -197,7 +201,7 @@ class PythonPool:
                 except SandboxUnavailable as e:
                     return RunResult(error=str(e))
             try:
-                return await worker.call(code, limits, max_output)
+                return await worker.call(code, limits, max_output, stdin)
             except WorkerDied as e:
                 self.restarts += 1
                 return RunResult(error=f"the sandboxed process was killed ({e})")

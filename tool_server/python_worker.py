@@ -15,7 +15,8 @@ MODE ``kernel``: stateful, one process per trajectory; code runs in-process in a
 persistent namespace (variables survive across calls); the server kills it on timeout.
 
 Frames (both directions): 4-byte big-endian length + UTF-8 JSON.
-Request ``{"code": str, "limits": {...}, "max_output": int}``; reply ``{"stdout", "stderr",
+Request ``{"code": str, "limits": {...}, "max_output": int, "stdin"?: str}`` (``stdin``:
+the program's standard input; absent: /dev/null); reply ``{"stdout", "stderr",
 "exit_code", "signal", "timed_out", "truncated", "elapsed_s"}``.
 """
 import io
@@ -36,6 +37,7 @@ PRELUDE = ("math", "cmath", "re", "json", "itertools", "functools", "collections
            "string", "operator", "copy", "typing", "dataclasses", "numbers", "linecache",
            "traceback", "io", "textwrap")
 CODE_FILE = "main.py"
+TRACEBACK_LIMIT = 1000  # frames CPython prints for an uncaught exception (the last ones)
 
 
 def _read_exact(fd, n):
@@ -104,7 +106,8 @@ def run_user_code(code, namespace):
         return 1
     except BaseException as e:
         tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
-        sys.stderr.write("".join(traceback.format_exception(type(e), e, tb)))
+        sys.stderr.write("".join(traceback.format_exception(type(e), e, tb,
+                                                            limit=-TRACEBACK_LIMIT)))
         return 1
 
 
@@ -113,14 +116,26 @@ def fresh_namespace():
     return {"__name__": "__main__", "__builtins__": builtins, "__file__": CODE_FILE}
 
 
-def child_main(code, limits, out_w, err_w, workdir, keep_fds):
+def stdin_fd(text):
+    """A read-only fd positioned at the start of ``text`` (an anonymous in-memory file,
+    nothing on disk), or None when ``text`` is None."""
+    if text is None:
+        return None
+    fd = os.memfd_create("stdin")
+    data = text.encode("utf-8", "surrogateescape")
+    while data:
+        data = data[os.write(fd, data):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def child_main(code, limits, out_w, err_w, workdir, keep_fds, in_fd=None):
     """In the forked child: set up fds, limits and cwd, run the code, exit."""
     import gc
     gc.enable()  # the worker runs with gc frozen/disabled; user code gets a normal gc
     try:
         os.setsid()
-        devnull = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(devnull, 0)
+        os.dup2(in_fd if in_fd is not None else os.open("/dev/null", os.O_RDONLY), 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         for fd in keep_fds:
@@ -210,12 +225,15 @@ def serve_fork(proto_in, proto_out, mode, workroot):
         workdir = tempfile.mkdtemp(dir=workroot, prefix="run_")
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        in_fd = stdin_fd(msg.get("stdin"))
         pid = os.fork()
         if pid == 0:
             child_main(msg["code"], limits, out_w, err_w, workdir,
-                       (proto_in, proto_out, out_r, err_r))
+                       (proto_in, proto_out, out_r, err_r), in_fd)
         os.close(out_w)
         os.close(err_w)
+        if in_fd is not None:
+            os.close(in_fd)
         out, err, timed_out, truncated = collect(pid, out_r, err_r, limits["wall_s"],
                                                  msg.get("max_output", 1 << 20))
         if mode == "isolated":
@@ -296,8 +314,13 @@ def serve_kernel(proto_in, proto_out, workroot):
         soft = int(used_s + limits["cpu_s"]) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (soft, 10 ** 6))
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = run_user_code(msg["code"], namespace)
+        saved_stdin = sys.stdin
+        sys.stdin = io.StringIO(msg.get("stdin") or "")
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = run_user_code(msg["code"], namespace)
+        finally:
+            sys.stdin = saved_stdin
         cap = msg.get("max_output", 1 << 20)
         o, e = out.getvalue(), err.getvalue()
         write_msg(proto_out, {

@@ -152,6 +152,8 @@ class ToolClient:
         n = len(trajectory_ids)
         if len(actions) != n:
             raise ValueError(f"actions has {len(actions)} entries, trajectory_ids has {n}")
+        if n == 0:  # the server answers an empty batch with 422 (as VerlTool's)
+            return []
         extra_fields = list(extra_fields) if extra_fields is not None else [{} for _ in range(n)]
         finish = list(finish) if finish is not None else [False] * n
         last = ([bool(is_last_step)] * n if isinstance(is_last_step, bool)

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Union
 
+from tool_server.kit.compat import NATIVE, VERLTOOL, tool_compat
+
 # An observation is either a plain string or a dict with at least "obs": str and
 # optionally "image" (data URL), "reward", "metrics", "invalid_reason".
 Observation = Union[str, dict]
@@ -31,6 +33,7 @@ class ToolSettings:
     tool_max_concurrency: int = 64     # default per-tool bound (a tool's class attr wins)
     sweep_interval_s: float = 30.0     # how often idle trajectory state is swept
     tool_dirs: list = field(default_factory=list)  # extra folders scanned for tools
+    compat: str = NATIVE               # answer format: native | verltool (tool_server.kit.compat)
 
 
 class BaseTool:
@@ -46,11 +49,16 @@ class BaseTool:
     usage: ClassVar[str] = ""
     # Concurrency bound for this tool (None: only the server-wide bound applies).
     max_concurrency: ClassVar[Optional[int]] = None
+    # VerlTool's usage text for its tool of the same name (the invalid-action answer of
+    # --compat verltool lists it); None: ``usage``.
+    verltool_usage: ClassVar[Optional[str]] = None
 
     def __init__(self, settings: Optional[ToolSettings] = None) -> None:
         self.settings = settings or ToolSettings()
         self.env: dict[str, dict] = {}
         self._last_used: dict[str, float] = {}
+        # answer format of this tool: "native" or "verltool" (see tool_server.kit.compat)
+        self.compat: str = tool_compat(self.settings, self.name)
 
     # --- the plugin contract -------------------------------------------------------
     def parse_action(self, action: str) -> tuple[Any, bool]:
@@ -65,6 +73,11 @@ class BaseTool:
         server. Errors the model caused must be observations, never exceptions.
         """
         raise NotImplementedError
+
+    @property
+    def verltool_compat(self) -> bool:
+        """True when this tool answers in VerlTool's format."""
+        return self.compat == VERLTOOL
 
     # --- per-trajectory state helpers ---------------------------------------------
     def load_env(self, trajectory_id: str) -> dict:

@@ -1,10 +1,10 @@
-"""``finish``: VerlTool's terminal tool. It accepts ANY action, so list it last in
-``--tools`` (``--tools python_code,sql,finish``): an action that no earlier tool claims
-(the model's final answer) ends the trajectory with ``("", done=True, valid=True)``, and
-the server then frees the trajectory's state in every tool.
-
-Without ``finish`` in ``--tools`` such an action is invalid instead; a client can
-always end a trajectory explicitly with the request's ``finish: [true]`` flag.
+"""``finish``: VerlTool's terminal tool, kept so ``--tools python_code,sql,finish`` (a
+VerlTool command line) works. It claims no action: a trajectory ends only on the
+request's explicit ``finish`` flag (answered ``("", done=True, valid=True)`` by the
+server, which then frees the trajectory's state in every tool) or its ``is_last_step``;
+an action that no tool parses is invalid (``done=False, valid=False``), never a silent
+end. Under ``--compat verltool`` a server whose only tool is ``finish`` ends every
+trajectory on any action, as VerlTool's does.
 """
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from tool_server.kit.base import BaseTool, Observation
 
 class FinishTool(BaseTool):
     name = "finish"
-    usage = "Any action no other tool handles ends the trajectory (list this tool last)."
+    usage = ("Ends the trajectory when the request sets finish: true (it claims no "
+             "action; an action no tool parses is invalid).")
 
     def parse_action(self, action: str) -> tuple[Any, bool]:
-        return action, True
+        return None, False
 
     async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
                              ) -> tuple[Observation, bool, bool]:

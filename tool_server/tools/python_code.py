@@ -11,6 +11,11 @@ Stateful mode (``--tool-opt python_stateful=true``, or ``extra_field["stateful"]
 keeps a per-trajectory sandboxed interpreter whose variables survive across turns;
 it is killed when the trajectory is freed (or after a timeout, losing its state).
 
+Standard input: ``extra_field["stdin"]`` (a string) is the program's stdin (else empty).
+Under ``--compat verltool`` (or ``--tool-opt python_code_compat=verltool``) parsing,
+program, stdin and observation follow VerlTool's python tool
+(``tool_server/kit/python_compat.py``).
+
 Options (``--tool-opt``): ``python_timeout`` (wall s, default: server timeout - 0.5),
 ``python_cpu_s``, ``python_memory_mb`` (1024), ``python_nproc`` (64), ``python_nofile``
 (256), ``python_fsize_mb`` (64), ``python_stateful`` (false), ``python_max_kernels``
@@ -27,6 +32,7 @@ from typing import Any, Optional
 
 from tool_server.python_pool import PythonPool, RunResult, SandboxProcess, WorkerDied
 from tool_server.sandbox import ResourceLimits, SandboxUnavailable, sandbox_status
+from tool_server.kit import python_compat as vt
 from tool_server.kit.options import tool_option
 from tool_server.kit.base import BaseTool, Observation
 
@@ -99,6 +105,7 @@ class PythonCodeTool(BaseTool):
     usage = ("Run Python code in a sandbox: write it inside <python>...</python> (or a "
              "```python fenced block). Print what you want to see; stdout and stderr are "
              "returned. No network; files live only for this call.")
+    verltool_usage = "You are able to write and execute Python code securely inside a Firejail sandbox."
 
     def __init__(self, settings=None) -> None:
         super().__init__(settings)
@@ -115,6 +122,8 @@ class PythonCodeTool(BaseTool):
         self.stateful = tool_option(extra, "python_stateful", bool, False)
         self.max_kernels = tool_option(extra, "python_max_kernels", int, 32, minimum=1)
         self.max_output = max(4 * self.settings.max_obs_chars, 4096)
+        if self.verltool_compat:  # bytes enough for VerlTool's 100000-character cut
+            self.max_output = max(self.max_output, 4 * vt.MAX_OBS_CHARS + 4096)
         self.unsafe = bool(self.settings.unsafe_no_sandbox)
         self.root_dir = os.path.join(self.settings.workdir, f"python_{os.getpid()}")
         self.pool = PythonPool(self.settings.workers, self.root_dir, unsafe=self.unsafe)
@@ -133,6 +142,9 @@ class PythonCodeTool(BaseTool):
         await self.pool.close()
 
     def parse_action(self, action: str) -> tuple[Any, bool]:
+        if self.verltool_compat:
+            code = vt.extract_code(action)
+            return (vt.CompatCall(code, action), True) if code is not None else (None, False)
         code = extract_code(action)
         return (code, True) if code is not None else (None, False)
 
@@ -141,19 +153,39 @@ class PythonCodeTool(BaseTool):
         if self._refusal is not None:
             return ({"obs": f"Refusing to run code: the sandbox is unavailable ({self._refusal}).",
                      "invalid_reason": "sandbox_unavailable"}, False, False)
+        if isinstance(parsed, vt.CompatCall):
+            return await self._conduct_verltool(trajectory_id, parsed, extra_field), False, True
         code = parsed
         if not code.strip():
             return "Error: the python block is empty.", False, True
-        stateful = bool((extra_field or {}).get("stateful", self.stateful))
-        if stateful:
-            result = await self._run_stateful(trajectory_id, code)
-        else:
-            result = await self.pool.run(code, self.limits, self.max_output)
+        stdin = (extra_field or {}).get("stdin")
+        result = await self._run(trajectory_id, code, extra_field,
+                                 stdin if isinstance(stdin, str) else None)
         if result.error is not None:
             return {"obs": f"Error: {result.error}.", "metrics": {"sandbox_error": 1}}, False, True
         return format_result(result, self.limits), False, True
 
-    async def _run_stateful(self, trajectory_id: str, code: str) -> RunResult:
+    async def _run(self, trajectory_id: str, code: str, extra_field: dict,
+                   stdin: Optional[str]) -> RunResult:
+        if bool((extra_field or {}).get("stateful", self.stateful)):
+            return await self._run_stateful(trajectory_id, code, stdin)
+        return await self.pool.run(code, self.limits, self.max_output, stdin)
+
+    async def _conduct_verltool(self, trajectory_id: str, call: "vt.CompatCall",
+                                extra_field: dict) -> Observation:
+        """VerlTool's observation for ``call`` (``_python_compat`` docstring)."""
+        if vt.is_blocked(call.code):
+            result = vt.blocked_result()
+        else:
+            result = await self._run(trajectory_id, vt.program(call.code), extra_field,
+                                     vt.stdin_for(call.action, extra_field))
+        if result.error is not None:
+            return {"obs": f"Error: {result.error}.", "metrics": {"sandbox_error": 1}}
+        text = vt.result_text(result, self.limits.wall_s, clean_paths)
+        return vt.wrap_observation(call.action, text)
+
+    async def _run_stateful(self, trajectory_id: str, code: str,
+                            stdin: Optional[str] = None) -> RunResult:
         env = self.load_env(trajectory_id)
         kernel: Optional[SandboxProcess] = env.get("kernel")
         note = ""
@@ -169,7 +201,7 @@ class PythonCodeTool(BaseTool):
             except SandboxUnavailable as e:
                 return RunResult(error=str(e))
         try:
-            r = await kernel.call(code, self.limits, self.max_output)
+            r = await kernel.call(code, self.limits, self.max_output, stdin)
         except WorkerDied as e:
             kernel.kill()
             timed_out = "no answer" in str(e)

@@ -7,6 +7,10 @@ most ``sql_timeout`` seconds (a progress handler interrupts it) and returns at m
 ``sql_max_rows`` rows as a plain-text table. SQL errors, a missing database and
 timeouts are observations, never exceptions.
 
+Under ``--compat verltool`` (or ``--tool-opt sql_compat=verltool``) parsing and
+observation follow VerlTool's sql tool (``tool_server/kit/sql_compat.py``); the
+database is opened read-only all the same.
+
 Options (``--tool-opt``): ``sql_timeout`` (s, default min(5, server timeout - 0.5)),
 ``sql_max_rows`` (50), ``sql_max_cell_chars`` (100), ``sql_db_root`` (if set, db_path
 must lie under it).
@@ -19,6 +23,7 @@ import time
 import urllib.parse
 from typing import Any, Optional, Sequence
 
+from tool_server.kit import sql_compat as vt
 from tool_server.kit.options import tool_option
 from tool_server.kit.tags import last_tag_body
 from tool_server.kit.base import BaseTool, Observation
@@ -49,7 +54,10 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], more: bo
     head = [_cell(c, max_cell_chars) for c in columns]
     body = [[_cell(v, max_cell_chars) for v in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(head)]
-    line = lambda cells: " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    def line(cells: Sequence[str]) -> str:
+        return " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
     out = [line(head), "-+-".join("-" * w for w in widths)]
     out += [line(r) for r in body]
     if not body:
@@ -65,16 +73,23 @@ def _authorizer(action: int, *args: Any) -> int:
     return sqlite3.SQLITE_DENY if action in _DENIED else sqlite3.SQLITE_OK
 
 
-def run_query(db_path: str, query: str, timeout_s: float, max_rows: int
+def run_query(db_path: str, query: str, timeout_s: float, max_rows: int,
+              lenient_text: bool = False, in_transaction: bool = False
               ) -> tuple[list[str], list[tuple], bool]:
     """Run ``query`` on the database read-only -> ``(columns, rows, more_rows_exist)``.
-    Raises ``sqlite3.Error`` (``OperationalError('interrupted')`` on timeout)."""
+    Raises ``sqlite3.Error`` (``OperationalError('interrupted')`` on timeout).
+    ``lenient_text``: text that is not UTF-8 loses its bad bytes instead of raising;
+    ``in_transaction``: the query runs inside ``BEGIN`` (both as VerlTool's executor)."""
     uri = "file:" + urllib.parse.quote(os.path.abspath(db_path)) + "?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=min(timeout_s, 1.0),
                            check_same_thread=False)
     try:
         conn.execute("PRAGMA query_only = ON")
         conn.set_authorizer(_authorizer)
+        if lenient_text:
+            conn.text_factory = lambda b: b.decode(errors="ignore")
+        if in_transaction:
+            conn.execute("BEGIN TRANSACTION;")
         deadline = time.monotonic() + timeout_s
         conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 1000)
         cur = conn.execute(query)
@@ -89,6 +104,8 @@ class SqlTool(BaseTool):
     name = "sql"
     usage = ("Query the task's sqlite database: write one SQL statement inside "
              "<sql>...</sql>. The database is read-only; up to 50 rows are shown.")
+    verltool_usage = ("You can execute SQL queries using <sql>...</sql> tags for intermediate "
+                      "verification or <solution>...</solution> tags for final answers.")
 
     def __init__(self, settings=None) -> None:
         super().__init__(settings)
@@ -102,7 +119,7 @@ class SqlTool(BaseTool):
         self.db_root: Optional[str] = os.path.realpath(root) if root else None
 
     def parse_action(self, action: str) -> tuple[Any, bool]:
-        body = last_tag_body(action, "sql")
+        body = vt.parse_sql_action(action) if self.verltool_compat else last_tag_body(action, "sql")
         return (body, True) if body is not None else (None, False)
 
     def _db_path(self, extra_field: dict) -> tuple[Optional[str], Optional[str]]:
@@ -111,14 +128,29 @@ class SqlTool(BaseTool):
             return None, ('Error: no database for this task: the request must set '
                           'extra_field["db_path"] to the sqlite file.')
         real = os.path.realpath(path)
-        if self.db_root and not real.startswith(self.db_root + os.sep):
-            return None, f"Error: database {path!r} is outside the allowed root."
+        refused = self._root_refusal(path)
+        if refused:
+            return None, refused
         if not os.path.isfile(real):
             return None, f"Error: database file not found: {os.path.basename(path)}"
         return real, None
 
+    def _root_refusal(self, path: str) -> Optional[str]:
+        if self.db_root and not os.path.realpath(path).startswith(self.db_root + os.sep):
+            return f"Error: database {path!r} is outside the allowed root."
+        return None
+
+    def _verltool_rows(self, path: str, query: str) -> list:
+        _, rows, _ = run_query(path, query, self.timeout_s, vt.MAX_FETCH_ROWS,
+                               lenient_text=True, in_transaction=True)
+        return rows
+
     def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
                        ) -> tuple[Observation, bool, bool]:
+        if self.verltool_compat:
+            obs, valid = vt.observation(parsed, extra_field, self._verltool_rows,
+                                        self._root_refusal)
+            return obs, False, valid
         query = parsed.strip()
         if not query:
             return "Error: the <sql> block is empty.", False, True

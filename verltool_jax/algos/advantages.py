@@ -2,11 +2,28 @@
 
 All samples of one prompt form a group. With ``r`` the rewards of a group of ``n``:
 
-* ``grpo``:    A_i = (r_i - mean(r)) / (std(r) + 1e-6), std unbiased (divides by n-1)
-* ``drgrpo``:  A_i = r_i - mean(r)                       (Dr.GRPO: no std division)
+* ``grpo``:    A_i = (r_i - mean(r)) / (std(r) + 1e-6), std unbiased (divides by n-1);
+               follows verl ``core_algos.compute_grpo_outcome_advantage``
+               (``norm_adv_by_std_in_grpo=True``, epsilon 1e-6)
+* ``drgrpo``:  A_i = r_i - mean(r)                       (Dr.GRPO: no std division);
+               follows the same verl function with ``norm_adv_by_std_in_grpo=False``
 * ``rloo``:    A_i = r_i - (sum(r) - r_i) / (n - 1)      (leave-one-out baseline)
+               = n / (n - 1) * (r_i - mean(r)); follows verl
+               ``core_algos.compute_rloo_outcome_advantage``
 
-A group of one sample has no baseline and gets advantage 0 in every estimator.
+Deliberate differences from verl, both for groups that carry no learning signal:
+
+* The rewards are centred on a group pivot p_g (the group's maximum) before any sum:
+  d_i = r_i - p_g, and every formula above is evaluated on d (it is shift-invariant, so
+  the value is the same in exact arithmetic). A group whose rewards are all equal then
+  has d = 0 exactly and gets advantage exactly 0 for *any* float reward, where
+  mean(r) computed in float32 can be one ulp off r (e.g. all rewards 123.456) and
+  GRPO would divide that rounding error by std + 1e-6 ~ 1e-6 (verl does).
+* A group of one sample has no baseline and gets advantage 0 in every estimator (verl
+  uses mean 0 and std 1 there, i.e. A = r / (1 + 1e-6) for GRPO, A = r for Dr.GRPO
+  and RLOO):
+  a lone sample's raw reward is not a relative advantage.
+
 Functions are pure and jittable: groups are given as an integer index per sample
 (``group_index[i]`` in ``[0, num_groups)``, ``num_groups`` static). The per-sequence
 advantage is spread over the response tokens with :func:`broadcast_to_tokens`.
@@ -14,7 +31,7 @@ Select by name with :func:`get_advantage_fn` (config field ``algo.adv_estimator`
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,45 +45,69 @@ AdvantageFn = Callable[[jax.Array, jax.Array, int], jax.Array]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator", "algo.adv_estimator")
 
 
-def _group_stats(rewards: jax.Array, group_index: jax.Array, num_groups: int):
-    """Per-sample (count n_g, sum S_g, mean m_g) of the sample's group, float32 [N] each."""
+class GroupStats(NamedTuple):
+    """Per-sample statistics of the sample's group, float32 [N] each.
+
+    ``d``: r_i - p_g, the reward centred on the group pivot p_g = max(r in group);
+    ``count``: n_g; ``total``: sum of d over the group; ``mean``: total / n_g.
+    """
+    d: jax.Array
+    count: jax.Array
+    total: jax.Array
+    mean: jax.Array
+
+
+def group_stats(rewards: jax.Array, group_index: jax.Array, num_groups: int) -> GroupStats:
+    """Pivot-centred group statistics (see :class:`GroupStats`).
+
+    Centring on a member of the group makes an all-equal group's ``d``, ``total`` and
+    ``mean`` exactly 0, so every estimator built on them gives that group exactly 0.
+    """
     r = rewards.astype(jnp.float32)
-    count = jax.ops.segment_sum(jnp.ones_like(r), group_index, num_segments=num_groups)
-    total = jax.ops.segment_sum(r, group_index, num_segments=num_groups)
+    pivot = jax.ops.segment_max(r, group_index, num_segments=num_groups)[group_index]
+    d = r - pivot
+    count = jax.ops.segment_sum(jnp.ones_like(d), group_index, num_segments=num_groups)
+    total = jax.ops.segment_sum(d, group_index, num_segments=num_groups)
     mean = total / jnp.maximum(count, 1.0)
-    return count[group_index], total[group_index], mean[group_index]
+    return GroupStats(d, count[group_index], total[group_index], mean[group_index])
 
 
 @ADVANTAGES.register("grpo")
 def grpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int) -> jax.Array:
-    """GRPO: A_i = (r_i - mean_g) / (std_g + 1e-6), std_g = sqrt(sum (r-mean_g)^2 / (n_g-1)).
+    """GRPO: A_i = (d_i - mean_g(d)) / (std_g(d) + 1e-6), std_g = sqrt(sum (d-mean)^2 / (n_g-1)).
 
-    A group with n_g == 1 gets 0. Returns float32 [N].
+    d = r - p_g (pivot-centred, module docstring); follows verl
+    ``core_algos.compute_grpo_outcome_advantage``. A group with n_g == 1 gets 0
+    (verl: r / (1 + 1e-6)).
+    Returns float32 [N].
     """
-    r = rewards.astype(jnp.float32)
-    n, _, mean = _group_stats(r, group_index, num_groups)
-    sq = jax.ops.segment_sum((r - mean) ** 2, group_index, num_segments=num_groups)[group_index]
-    std = jnp.sqrt(sq / jnp.maximum(n - 1.0, 1.0))
-    return jnp.where(n > 1, (r - mean) / (std + GRPO_EPS), 0.0)
+    st = group_stats(rewards, group_index, num_groups)
+    dev = st.d - st.mean
+    sq = jax.ops.segment_sum(dev ** 2, group_index, num_segments=num_groups)[group_index]
+    std = jnp.sqrt(sq / jnp.maximum(st.count - 1.0, 1.0))
+    return jnp.where(st.count > 1, dev / (std + GRPO_EPS), 0.0)
 
 
 @ADVANTAGES.register("drgrpo", "dr_grpo", "dr-grpo")
 def drgrpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int) -> jax.Array:
-    """Dr.GRPO: A_i = r_i - mean_g (no std normalisation). A group of one gets 0."""
-    r = rewards.astype(jnp.float32)
-    n, _, mean = _group_stats(r, group_index, num_groups)
-    return jnp.where(n > 1, r - mean, 0.0)
+    """Dr.GRPO: A_i = d_i - mean_g(d) = r_i - mean_g(r) (no std normalisation).
+
+    Follows verl ``core_algos.compute_grpo_outcome_advantage`` with
+    ``norm_adv_by_std_in_grpo=False``. A group of one gets 0 (verl: r).
+    """
+    st = group_stats(rewards, group_index, num_groups)
+    return jnp.where(st.count > 1, st.d - st.mean, 0.0)
 
 
 @ADVANTAGES.register("rloo")
 def rloo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int) -> jax.Array:
-    """RLOO: A_i = r_i - (S_g - r_i) / (n_g - 1), the mean of the *other* samples.
+    """RLOO: A_i = d_i - (S_g - d_i) / (n_g - 1), the mean of the *other* samples.
 
-    Equals n_g / (n_g - 1) * (r_i - mean_g). A group of one gets 0.
+    Equals n_g / (n_g - 1) * (r_i - mean_g); follows verl
+    ``core_algos.compute_rloo_outcome_advantage``. A group of one gets 0 (verl: r).
     """
-    r = rewards.astype(jnp.float32)
-    n, total, _ = _group_stats(r, group_index, num_groups)
-    return jnp.where(n > 1, r - (total - r) / jnp.maximum(n - 1.0, 1.0), 0.0)
+    st = group_stats(rewards, group_index, num_groups)
+    return jnp.where(st.count > 1, st.d - (st.total - st.d) / jnp.maximum(st.count - 1.0, 1.0), 0.0)
 
 
 def get_advantage_fn(name: str) -> AdvantageFn:

@@ -1,16 +1,22 @@
 """Loss aggregation: a per-token loss matrix [B,T] and its mask -> one scalar.
 
-With m[b,t] the loss mask, n_b = sum_t m[b,t] the valid tokens of row b,
-N_tok = sum_b n_b and N_seq = #{b : n_b > 0} (fully masked rows do not count):
+Follows verl ``core_algos.agg_loss``. With m[b,t] the loss mask, n_b = sum_t m[b,t]
+the valid tokens of row b, N_tok = sum_b n_b and N_seq = #{b : n_b > 0}:
 
 * ``token-mean``:              sum_{b,t} m*l / N_tok
 * ``seq-mean-token-mean``:     sum_b (sum_t m*l / n_b) / N_seq
 * ``seq-mean-token-sum``:      sum_b (sum_t m*l) / N_seq
-* ``seq-mean-token-sum-norm``: sum_b (sum_t m*l) / (N_seq * C), C a constant
-                               (config ``algo.loss_norm_constant``; default T, the
-                               padded length), as in Dr.GRPO.
+* ``seq-mean-token-sum-norm``: sum_b (sum_t m*l) / C, C a constant (config
+                               ``algo.loss_norm_constant``; default T, the padded
+                               response length, as verl's ``loss_mask.shape[-1]``):
+                               Dr.GRPO's normalisation, no division by the number of
+                               sequences.
 
-Empty denominators are taken as 1 (an all-masked batch gives loss 0, never NaN).
+Deliberate difference from verl: the seq-mean modes divide by N_seq, the rows with at
+least one valid token, where verl takes ``torch.mean`` over all B rows; a fully masked
+row (batch padding) would make verl's ``seq-mean-token-mean`` NaN (0/0) and would
+dilute the others. On batches without such rows the two agree. Empty denominators
+are taken as 1 (an all-masked batch gives loss 0, never NaN).
 
 Gradient accumulation: the mini-batch is split into micro-batches, and each
 micro-batch's aggregate must use the counts of the *whole mini-batch*
@@ -52,24 +58,24 @@ def _safe(x: jax.Array) -> jax.Array:
 
 
 @AGGREGATIONS.register("token-mean")
-def _token_mean(l, m, norm, c):
-    return (l * m).sum() / _safe(norm.num_tokens)
+def _token_mean(loss, m, norm, c):
+    return (loss * m).sum() / _safe(norm.num_tokens)
 
 
 @AGGREGATIONS.register("seq-mean-token-mean")
-def _seq_mean_token_mean(l, m, norm, c):
-    per_seq = (l * m).sum(-1) / _safe(m.sum(-1))
+def _seq_mean_token_mean(loss, m, norm, c):
+    per_seq = (loss * m).sum(-1) / _safe(m.sum(-1))
     return per_seq.sum() / _safe(norm.num_seqs)
 
 
 @AGGREGATIONS.register("seq-mean-token-sum")
-def _seq_mean_token_sum(l, m, norm, c):
-    return (l * m).sum() / _safe(norm.num_seqs)
+def _seq_mean_token_sum(loss, m, norm, c):
+    return (loss * m).sum() / _safe(norm.num_seqs)
 
 
 @AGGREGATIONS.register("seq-mean-token-sum-norm")
-def _seq_mean_token_sum_norm(l, m, norm, c):
-    return (l * m).sum() / (_safe(norm.num_seqs) * c)
+def _seq_mean_token_sum_norm(loss, m, norm, c):
+    return (loss * m).sum() / c
 
 
 def check_agg_mode(mode: str) -> str:
@@ -89,11 +95,11 @@ def aggregate(loss_mat: jax.Array, mask: jax.Array, mode: str,
     """
     fn = AGGREGATIONS.get(mode)
     m = mask.astype(jnp.float32)
-    l = jnp.where(m > 0, loss_mat.astype(jnp.float32), 0.0)
+    loss = jnp.where(m > 0, loss_mat.astype(jnp.float32), 0.0)
     if norm is None:
         norm = normaliser_for(m)
     c = float(norm_constant) if norm_constant else float(loss_mat.shape[-1])
-    return fn(l, m, norm, c)
+    return fn(loss, m, norm, c)
 
 
 def token_mean(x: jax.Array, mask: jax.Array, norm: Optional[Normaliser] = None) -> jax.Array:

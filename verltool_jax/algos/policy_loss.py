@@ -3,15 +3,20 @@
 Per token, with A the advantage (per sequence, broadcast over the response tokens),
 logp the current policy's logprob and old the behaviour logprob:
 
-* ``ppo`` (also ``grpo``/``vanilla``, DAPO clip-higher via separate eps):
+* ``ppo`` (also ``grpo``/``vanilla``, DAPO clip-higher via separate eps; follows verl
+  ``core_algos.compute_policy_loss_vanilla``, except that the dual clip can be turned off):
     ratio = exp(clamp(logp - old, -20, 20))
     l1 = -A * ratio,  l2 = -A * clip(ratio, 1 - eps_low, 1 + eps_high)
     l  = max(l1, l2)
     dual clip, for A < 0 only:  l = min(l, -A * c)   (c = ``dual_clip_c`` > 1; None = off)
-* ``gspo`` (sequence-level ratio, GSPO-token form):
-    s_b = exp(sum_t m*(logp - old) / n_b)                   (geometric mean ratio)
-    ratio_{b,t} = sg(s_b) * exp(logp - sg(logp))           (value s_b, gradient of logp)
-    l = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
+* ``gspo`` (sequence-level ratio, GSPO-token form; follows verl
+  ``core_algos.compute_policy_loss_gspo``):
+    k_b = sum_t m*(logp - old) / max(n_b, 1)                (mean token log-ratio)
+    log s_{b,t} = min(sg(k_b) + logp - sg(logp), 10)        (value k_b, gradient of logp;
+                                                             no gradient where clamped)
+    l = max(-A * s, -A * clip(s, 1 - eps_low, 1 + eps_high))   (no dual clip)
+    always aggregated as ``seq-mean-token-mean``, whatever ``loss_agg_mode`` says
+    (that mode still applies to the KL and entropy terms of the train step).
 
 Truncated importance weight (off-policy data from an asynchronous sampler): when
 ``is_weights`` is given (see :func:`truncated_is_weights`) each token's loss is
@@ -27,7 +32,7 @@ Select by name with :func:`get_policy_loss` (config ``algo.policy_loss``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import jax
@@ -37,7 +42,9 @@ from verltool_jax.algos.aggregation import (Normaliser, aggregate, check_agg_mod
                                             normaliser_for, token_mean)
 from verltool_jax.algos.registry import Registry
 
-LOG_RATIO_CLAMP = 20.0
+LOG_RATIO_CLAMP = 20.0        # |log ratio| bound of the PPO loss and the IS weight (verl)
+GSPO_LOG_RATIO_MAX = 10.0     # upper bound of GSPO's sequence log-ratio (verl)
+GSPO_AGG_MODE = "seq-mean-token-mean"
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,12 @@ PolicyLossFn = Callable[..., LossOut]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algo.policy_loss")
 
 
+def clamp(x: jax.Array, low: float = -jnp.inf, high: float = jnp.inf) -> jax.Array:
+    """min(max(x, low), high) with torch.clamp's gradient: 1 where low <= x <= high, else 0
+    (``jnp.clip`` halves it at the bounds), so gradients match verl's everywhere."""
+    return jnp.where(x < low, low, jnp.where(x > high, high, x))
+
+
 def truncated_is_weights(old_logp: jax.Array, sampler_logp: jax.Array, cap: float) -> jax.Array:
     """Truncated importance weight w = min(exp(clamp(old - sampler, -20, 20)), cap), no gradient.
 
@@ -76,14 +89,14 @@ def truncated_is_weights(old_logp: jax.Array, sampler_logp: jax.Array, cap: floa
     """
     if cap <= 0:
         raise ValueError(f"algo.tis_cap must be > 0 (or None to disable), got {cap}")
-    d = jnp.clip(old_logp - sampler_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    d = clamp(old_logp - sampler_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return jax.lax.stop_gradient(jnp.minimum(jnp.exp(d), cap))
 
 
 def _clipped_objective(ratio, adv, cfg: PolicyLossConfig):
     """max(-A r, -A clip(r)) and the dual clip; returns (loss, clipped?, dual-clipped?)."""
     l1 = -adv * ratio
-    l2 = -adv * jnp.clip(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    l2 = -adv * clamp(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
     loss = jnp.maximum(l1, l2)
     clipped = (l2 > l1).astype(jnp.float32)
     if cfg.dual_clip_c:
@@ -96,13 +109,14 @@ def _clipped_objective(ratio, adv, cfg: PolicyLossConfig):
     return loss, clipped, lower
 
 
-def _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights) -> LossOut:
+def _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights,
+            agg_mode: Optional[str] = None) -> LossOut:
     m = mask.astype(jnp.float32)
     if norm is None:
         norm = normaliser_for(m)
     if is_weights is not None:
         loss_tok = loss_tok * is_weights
-    loss = aggregate(loss_tok, m, cfg.loss_agg_mode, norm, cfg.loss_norm_constant)
+    loss = aggregate(loss_tok, m, agg_mode or cfg.loss_agg_mode, norm, cfg.loss_norm_constant)
     valid = m > 0
     metrics = {
         "pg_loss": loss,
@@ -130,7 +144,7 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
     adv = advantages.astype(jnp.float32)
     if adv.ndim == 1:
         adv = jnp.broadcast_to(adv[:, None], logp.shape)
-    log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
     loss_tok, clipped, lower = _clipped_objective(ratio, adv, cfg)
     return _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights)
@@ -141,23 +155,27 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
               mask: jax.Array, cfg: PolicyLossConfig = PolicyLossConfig(dual_clip_c=None),
               norm: Optional[Normaliser] = None,
               is_weights: Optional[jax.Array] = None) -> LossOut:
-    """GSPO: sequence-level (length-normalised) ratio, clipped per sequence (docstring).
+    """GSPO: sequence-level (length-normalised) ratio, clipped per sequence (module docstring).
 
-    The dual clip is not applied (GSPO has none). Shapes as :func:`ppo_clip_loss`.
+    Follows verl ``core_algos.compute_policy_loss_gspo``: the sequence log-ratio is
+    clamped at most 10 (no lower bound: its exp cannot overflow) with zero gradient where
+    the clamp is active, there is no dual clip, and the token losses are aggregated as
+    ``seq-mean-token-mean`` regardless of ``cfg.loss_agg_mode``. Metrics as verl:
+    ``pg_clipfrac_lower`` is 0 and ``ppo_kl`` is the token mean of old - logp.
+    Shapes as :func:`ppo_clip_loss`.
     """
     m = mask.astype(jnp.float32)
     adv = advantages.astype(jnp.float32)
     if adv.ndim == 1:
         adv = jnp.broadcast_to(adv[:, None], logp.shape)
-    diff = jnp.where(m > 0, logp - old_logp, 0.0)
-    seq_log_ratio = diff.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
-    log_ratio = jax.lax.stop_gradient(seq_log_ratio)[:, None] + logp - jax.lax.stop_gradient(logp)
-    log_ratio = jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = jnp.exp(log_ratio)
-    no_dual = PolicyLossConfig(cfg.clip_ratio_low, cfg.clip_ratio_high, None,
-                               cfg.loss_agg_mode, cfg.loss_norm_constant)
-    loss_tok, clipped, lower = _clipped_objective(ratio, adv, no_dual)
-    return _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights)
+    token_log_ratio = jnp.where(m > 0, logp - old_logp, 0.0)
+    seq_log_ratio = token_log_ratio.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
+    log_s = jax.lax.stop_gradient(seq_log_ratio)[:, None] + logp - jax.lax.stop_gradient(logp)
+    log_s = clamp(log_s, high=GSPO_LOG_RATIO_MAX)
+    ratio = jnp.exp(log_s)
+    loss_tok, clipped, lower = _clipped_objective(ratio, adv, replace(cfg, dual_clip_c=None))
+    return _finish(loss_tok, ratio, token_log_ratio, clipped, lower, mask, cfg, norm,
+                   is_weights, agg_mode=GSPO_AGG_MODE)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
