@@ -10,7 +10,7 @@
 #   TOOL_SERVER_URL [start one]    use a running tool server instead of starting one
 # JAX must not grab all GPU memory up front, or vLLM cannot start: preallocation is off
 # and JAX is capped to what vLLM leaves. The trainer's mesh spans all local GPUs
-# (mesh_shape (-1, 1, 1): data parallel; use e.g. --config.mesh_shape=(1,-1,1) for FSDP).
+# (mesh_shape defaults to (1, 1, 1), one device; --config.mesh_shape=(-1,1,1) is data parallel over every GPU, (1,-1,1) FSDP).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${VIRTUAL_ENV:-}" ] || { [ -f .venv/bin/activate ] && . .venv/bin/activate; }

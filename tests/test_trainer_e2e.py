@@ -34,13 +34,11 @@ def two_runs(tmp_path_factory):
     """Run A: 2 async RL steps from scratch with the vLLM sampler. Run B: same out_dir,
     3 steps, sync mode, JAX sampler: resumes from A's checkpoint and does one more step."""
     from verltool_jax.models.hf_io import load_hf
-    from verltool_jax.train.trainer import Trainer
+    from verltool_jax.train.trainer import train
     out = tmp_path_factory.mktemp("e2e") / "run"
-    a = Trainer(_config(out, "trainer.steps=2"), echo=False)
-    summary_a = a.run()
+    a = train(_config(out, "trainer.steps=2"), echo=False)
+    summary_a = a.summary
     init = load_hf(out / "init_model")
-    b = Trainer(_config(out, "trainer.steps=3", "rollout.mode=sync", "sampler.backend=jax"),
-                echo=False)
     restored_from = {}
     orig_restore = None
 
@@ -56,7 +54,9 @@ def two_runs(tmp_path_factory):
 
     ck_mod.Checkpointer.restore = spy
     try:
-        summary_b = b.run()
+        b = train(_config(out, "trainer.steps=3", "rollout.mode=sync", "sampler.backend=jax"),
+                  echo=False)
+        summary_b = b.summary
     finally:
         ck_mod.Checkpointer.restore = orig_restore
     return dict(out=out, a=a, b=b, summary_a=summary_a, summary_b=summary_b, init=init,
@@ -72,7 +72,7 @@ def test_weights_change_and_versions_advance(two_runs):
     changed = [k for k in init if not np.array_equal(init[k], after[k])]
     assert len(changed) == len(init), f"unchanged params: {set(init) - set(changed)}"
     assert two_runs["summary_a"]["steps"] == 2
-    assert a.sampler.version == 2                 # the sampler got every new version
+    assert a.policy_version == 2                  # the sampler got every new version
     records = [json.loads(l) for l in (two_runs["out"] / "metrics.jsonl").read_text().splitlines()]
     versions = [r["policy/version"] for r in records if "policy/version" in r]
     assert versions == [1, 2, 3]                  # A: 1, 2; B (resumed): 3
@@ -126,7 +126,7 @@ def test_bad_override_fails_before_work(tmp_path):
 
 
 def test_bad_data_row_is_a_clear_error(tmp_path):
-    from verltool_jax.train.trainer import Trainer
+    from verltool_jax.train.trainer import train
     bad = tmp_path / "bad.jsonl"
     rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "tiny_math",
              "reward_model": {"ground_truth": "2"}},
@@ -135,9 +135,7 @@ def test_bad_data_row_is_a_clear_error(tmp_path):
     bad.write_text("\n".join(json.dumps(r) for r in rows))
     cfg = _config(tmp_path / "run", f"data.train_files=('{bad}',)", "sft.steps=0")
     with pytest.raises(ValueError, match=r"row 1.*prompt"):
-        t = Trainer(cfg, echo=False)
-        t.setup()
-        t.run()
+        train(cfg, echo=False)
 
 
 def test_eval_entry_point_scores_the_checkpoint(two_runs, capsys, tmp_path):

@@ -15,21 +15,24 @@ from pathlib import Path
 from verltool_jax.cli import ConfigError, parse_command_line
 
 
-def _load_policy(trainer, checkpoint: Path):
-    """Install the checkpoint's params in ``trainer.model``; returns a description."""
+def load_policy(run, checkpoint: Path):
+    """The checkpoint's model (built on ``run``'s model structure); (model, description)."""
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.train.checkpoint import Checkpointer
+    from verltool_jax.train.optimizer import make_optimizer
+    from verltool_jax.train.state import TrainState
+    rc = run.config
     if (checkpoint / "config.json").is_file() and any(checkpoint.glob("*.safetensors")):
-        trainer.model = load_hf(checkpoint, dtype=trainer.config.model.dtype)
-        return f"HF checkpoint {checkpoint}"
+        return load_hf(checkpoint, dtype=rc.model.dtype), f"HF checkpoint {checkpoint}"
     ckpt_dir = checkpoint / "checkpoints" if (checkpoint / "checkpoints").is_dir() else checkpoint
     ck = Checkpointer(ckpt_dir)
     if ck.latest_step() is None:
         raise ValueError(f"--checkpoint {checkpoint}: no orbax checkpoint or HF checkpoint there")
-    state, _ = ck.restore(trainer._new_state(trainer.model))
+    template = TrainState.create(run.model, make_optimizer(rc.optimizer_for_run()),
+                                 seed=rc.trainer.seed, with_reference=rc.algo.kl_coef > 0)
+    state, _ = ck.restore(template)
     ck.close()
-    trainer.model = state.model()
-    return f"orbax checkpoint {ckpt_dir} step {int(state.step)}"
+    return state.model(), f"orbax checkpoint {ckpt_dir} step {int(state.step)}"
 
 
 def main(argv=None) -> int:
@@ -39,48 +42,39 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from verltool_jax.rewards.compute import RewardPool
+    from flax import nnx
+
     from verltool_jax.tools_client import ToolClient
-    from verltool_jax.train import build
+    from verltool_jax.train.build import build_run
     from verltool_jax.train.evaluate import evaluate
-    from verltool_jax.train.trainer import Trainer
     checkpoint = Path(cl.flags["checkpoint"])
     if not checkpoint.exists():
         print(f"error: --checkpoint {checkpoint} does not exist", file=sys.stderr)
         return 2
+    out_dir = None
     if (checkpoint / "checkpoints").is_dir() and (checkpoint / "init_model").is_dir():
-        # A run directory: use its own tokenizer, task data and model files.
-        cl.config.trainer.out_dir = str(checkpoint)
-    tr = Trainer(cl.config)
-    tr.setup()
-    what = _load_policy(tr, checkpoint)
-    if not tr.eval_items:
-        print("error: the config has no held-out prompts (data.eval_files or a task)",
-              file=sys.stderr)
-        return 2
-    sampler = build.make_sampler(cl.config, tr.model_dir, tr.tokenizer)
-    pool = RewardPool.from_config(cl.config.reward)
-    try:
-        from flax import nnx
-        sampler.update_weights(nnx.state(tr.model, nnx.Param), 0)
+        out_dir = checkpoint      # a run directory: its own tokenizer, task data, model files
+    with build_run(cl.config, out_dir=out_dir, write_metrics=False) as run:
+        if not run.eval_items:
+            print("error: the config has no held-out prompts (data.eval_files or a task)",
+                  file=sys.stderr)
+            return 2
+        model, what = load_policy(run, checkpoint)
+        sampler = run.open_sampler()
+        sampler.update_weights(nnx.state(model, nnx.Param), 0)
 
         async def go():
-            with build.tool_server_url(cl.config) as url:
-                async with ToolClient(url) as client:
-                    return await evaluate(sampler, tr.eval_items, client, tr.tokenizer,
-                                          tr.rollout_cfg, pool)
+            async with ToolClient(run.tool_url) as client:
+                return await evaluate(sampler, run.eval_items, client, run.tokenizer,
+                                      run.config.rollout.rollout_config(), run.reward_pool)
         metrics, trajs = asyncio.run(go())
-    finally:
-        sampler.close()
-        pool.close()
-        tr.writer.close()
-    print(f"[eval] {what}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                                             for k, v in metrics.items()}))
-    if cl.flags.get("report"):
-        from verltool_jax.reporting.html_report import write_trajectory_report
-        write_trajectory_report(trajs, cl.flags["report"], title=f"eval: {what}",
-                                tokenizer=tr.tokenizer)
-        print(f"[eval] trajectories: {cl.flags['report']}")
+        print(f"[eval] {what}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                                 for k, v in metrics.items()}))
+        if cl.flags.get("report"):
+            from verltool_jax.reporting.html_report import write_trajectory_report
+            write_trajectory_report(trajs, cl.flags["report"], title=f"eval: {what}",
+                                    tokenizer=run.tokenizer)
+            print(f"[eval] trajectories: {cl.flags['report']}")
     return 0
 
 

@@ -170,7 +170,6 @@ class RolloutSection(RolloutConfig):
 @dataclass(frozen=True)
 class OptimizerSection(OptimConfig):
     """optax AdamW (see ``train/optimizer.py``); ``total_steps`` is ``trainer.steps``."""
-    weight_decay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -261,9 +260,11 @@ def _mesh_ok(v: Any) -> bool:
 class RunConfig(Checked):
     """A whole run. ``task`` is the typed section of the task ``task.name`` or None."""
     stage: str = spec("rl", choices=("rl", "sft"))
+    # (data, fsdp, tp) devices of the trainer's mesh; -1: all the remaining devices.
+    # (1, 1, 1): one device, no mesh. (-1, 1, 1): data parallel over every device.
     mesh_shape: tuple[int, ...] = spec(
-        (-1, 1, 1), check=(_mesh_ok, "3 ints (data, fsdp, tp), each >= 1 or one -1 "
-                                     "meaning 'the rest'"))
+        (1, 1, 1), check=(_mesh_ok, "3 ints (data, fsdp, tp), each >= 1 or one -1 "
+                                    "meaning 'the rest'"))
     model: ModelSection = spec(default_factory=ModelSection)
     rollout: RolloutSection = spec(default_factory=RolloutSection)
     algo: AlgoConfig = spec(default_factory=AlgoConfig)

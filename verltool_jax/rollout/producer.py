@@ -70,11 +70,10 @@ class RolloutProducer:
             return self._replay.pop(0)
         if self._exhausted:
             return None
-        try:
-            return await asyncio.to_thread(next, self.prompts)
-        except StopIteration:
+        nxt = await asyncio.to_thread(next, self.prompts, None)
+        if nxt is None:
             self._exhausted = True
-            return None
+        return nxt
 
     async def _group(self, item: PromptItem) -> list[Trajectory]:
         return await rollout_group(item, self.n_samples, self.sampler, self.tool_client,
@@ -100,12 +99,12 @@ class RolloutProducer:
 
         try:
             while True:
-                await self.queue.admit()
                 nxt = await self._next()
                 if nxt is None:
                     break
                 key, item = nxt
-                self._pending[item.group_id] = key
+                self._pending[item.group_id] = key     # in flight from here (resume replays it)
+                await self.queue.admit()
                 tasks.append(asyncio.create_task(one(item)))
             return list(await asyncio.gather(*tasks))
         except QueueClosed:

@@ -1,10 +1,15 @@
-"""``python -m verltool_jax.train --config configs/<file>.py[:arg] [--config.key=value ...]``"""
+"""``python -m verltool_jax.train --config configs/<file>.py[:arg] [--config.key=value ...]``
+
+Exit codes: 0 done, 2 bad config or command line, 130 interrupted (SIGINT/SIGTERM; the
+checkpoint is saved and the same command resumes), 1 any other failure.
+"""
 from __future__ import annotations
 
-import logging
 import sys
 
 from verltool_jax.cli import ConfigError, parse_command_line
+
+EXIT_INTERRUPTED = 130
 
 
 def main(argv=None) -> int:
@@ -14,10 +19,10 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    from verltool_jax.train.console import run_logged
     from verltool_jax.train.trainer import train
-    train(cl.config)
-    return 0
+    result = run_logged(cl.config, lambda: train(cl.config))
+    return EXIT_INTERRUPTED if result.summary.get("interrupted") else 0
 
 
 if __name__ == "__main__":

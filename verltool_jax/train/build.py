@@ -1,11 +1,22 @@
-"""Building a run's components from its config: policy checkpoint, task data, sampler,
-tool server. Each function does one thing and is reused by train and eval."""
+"""Building a run's components from its typed config: the policy checkpoint, tokenizer,
+task data, model, metrics writer, reward pool, tool server and sampler pool.
+
+:func:`build_run` is the one place both ``train`` and ``eval`` get them from: a context
+manager yielding a :class:`Run` that closes everything it started (sampler engines,
+reward workers, the tool server it launched, the writer) on the way out, also on errors.
+The sampler starts on the first :meth:`Run.open_sampler` (after any SFT warm start, so
+the engines never compete with it for the CPU).
+"""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Optional
+
+from verltool_jax.run_config import RunConfig, run_config_from_dict
 
 log = logging.getLogger("verltool_jax.train")
 
@@ -14,72 +25,89 @@ def _is_checkpoint(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def prepare_model_dir(config, out_dir: Path) -> Path:
-    """The HF checkpoint the run starts from.
-
-    ``config.model.path`` if set; otherwise a tiny random model of ``config.model.family``
-    with the sizes of ``config.model.tiny`` and a tokenizer trained on our own text, built
-    once into ``<out_dir>/init_model`` (reused on resume).
-    """
-    if config.model.path:
-        path = Path(config.model.path)
+def prepare_model_dir(rc: RunConfig, out_dir: Path) -> Path:
+    """The HF checkpoint the run starts from: ``model.path`` if set, else a tiny random
+    model of ``model.family`` with the sizes of ``model.tiny`` and a tokenizer trained on
+    our own text, built once into ``<out_dir>/init_model`` (reused on resume)."""
+    if rc.model.path:
+        path = Path(rc.model.path)
         if not _is_checkpoint(path):
             raise ValueError(f"model.path={str(path)!r} is not an HF checkpoint directory "
                              "(config.json + *.safetensors); fix the path or leave it empty "
                              "to build a tiny model")
         return path
-    if "tiny" not in config.model:
-        raise ValueError("model.path is empty and model.tiny is not configured: give "
-                         "--config.model.path=/path/to/hf_checkpoint")
     path = out_dir / "init_model"
     if _is_checkpoint(path):
         return path
     from verltool_jax.models.tiny import build_tiny_hf
-    t = config.model.tiny
-    log.info("building a tiny %s model in %s", config.model.family, path)
-    build_tiny_hf(path, family=config.model.family, vocab_size=t.vocab_size, seed=t.seed,
+    t = rc.model.tiny
+    log.info("building a tiny %s model in %s", rc.model.family, path)
+    build_tiny_hf(path, family=rc.model.family, vocab_size=t.vocab_size, seed=t.seed,
                   hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                   num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
                   intermediate_size=t.intermediate_size,
-                  max_position_embeddings=max(config.model.max_seq_len,
-                                              config.sampler.max_model_len))
+                  max_position_embeddings=max(rc.model.max_seq_len, rc.sampler.max_model_len))
     return path
 
 
-def load_tokenizer(config, model_dir: Path):
+def load_tokenizer(rc: RunConfig, model_dir: Path):
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(config.model.tokenizer_path or str(model_dir))
+    return AutoTokenizer.from_pretrained(rc.model.tokenizer_path or str(model_dir))
 
 
-def prepare_task_files(config, out_dir: Path) -> dict:
-    """Train / eval / SFT file lists: generated for a built-in task, else from ``data``."""
-    files = {"train": tuple(config.data.train_files), "eval": tuple(config.data.eval_files),
-             "sft": tuple(config.sft.files)}
-    task = config.get("task")
-    if task is not None and task.get("name") == "tiny_math":
-        from verltool_jax.tasks.tiny_math import write_task_from_config
-        tf = write_task_from_config(config, out_dir / "data")
+def prepare_task_files(rc: RunConfig, out_dir: Path) -> dict:
+    """Train / eval / SFT file lists: ``data.*`` and ``sft.files`` where given, else the
+    files the task ``task.name`` writes under ``<out_dir>/data``."""
+    files = {"train": rc.data.train_files, "eval": rc.data.eval_files, "sft": rc.sft.files}
+    if rc.task is not None:
+        from verltool_jax.tasks import prepare_task
+        tf = prepare_task(rc, out_dir / "data")
         files = {"train": files["train"] or (str(tf.train),),
                  "eval": files["eval"] or (str(tf.eval),),
-                 "sft": files["sft"] or (str(tf.sft),)}
-    if not files["train"] and config.stage == "rl":
+                 "sft": files["sft"] or ((str(tf.sft),) if tf.sft else ())}
+    if not files["train"] and rc.stage == "rl":
         raise ValueError("no training data: set data.train_files (parquet/JSONL in the verl "
-                         "layout) or task.name to a built-in task")
-    if config.stage == "sft" and not files["sft"]:
-        raise ValueError("stage=sft needs demonstrations: set sft.files")
+                         "layout) or task.name to a known task")
+    if (rc.stage == "sft" or rc.sft.steps > 0) and not files["sft"]:
+        raise ValueError("SFT needs demonstrations: set sft.files (or sft.steps=0)")
     return files
 
 
-def make_sampler(config, model_dir: Path, tokenizer=None):
-    """The sampler pool of ``config.sampler``: ``num_engines`` vLLM engines or JAX samplers
-    on the checkpoint ``model_dir`` (one engine: returned as is; several: a SamplerPool
-    with sticky least-loaded routing)."""
+def trainer_mesh(rc: RunConfig):
+    """The trainer's device mesh of ``mesh_shape`` (axes data, fsdp, tp), or None for
+    one device. Batches are split over (data, fsdp), so ``algo.mini_batch_size`` and
+    ``algo.micro_batch_size`` must be multiples of data * fsdp."""
+    import jax
+    import numpy as np
+
+    from verltool_jax.sharding import make_mesh
+    shape = list(rc.mesh_shape)
+    devices = jax.devices()
+    if -1 not in shape:
+        if int(np.prod(shape)) > len(devices):
+            raise ValueError(f"mesh_shape={tuple(shape)} needs {int(np.prod(shape))} devices, "
+                             f"this process sees {len(devices)}")
+        devices = devices[:int(np.prod(shape))]
+    if len(devices) == 1:
+        return None
+    mesh = make_mesh(shape, devices=devices)
+    split = mesh.shape["data"] * mesh.shape["fsdp"]
+    for name in ("mini_batch_size", "micro_batch_size"):
+        v = getattr(rc.algo, name)
+        if v is not None and v % split:
+            raise ValueError(f"algo.{name}={v} must be a multiple of data * fsdp = {split} "
+                             f"(mesh_shape={rc.mesh_shape}); change one of them")
+    return mesh
+
+
+def make_sampler(rc: RunConfig, model_dir: Path):
+    """The sampler of ``rc.sampler``: ``num_engines`` vLLM engines or JAX samplers on the
+    checkpoint ``model_dir`` (one engine: returned as is; several: a SamplerPool with
+    sticky least-loaded routing)."""
     from verltool_jax.samplers.factory import make_sampler as make_backend
-    s = config.sampler
-    if s.backend not in ("vllm", "jax"):
-        raise ValueError(f"sampler.backend must be 'vllm' or 'jax', got {s.backend!r}")
+    s = rc.sampler
     engines = []
-    for i in range(int(s.num_engines)):
+    for i in range(s.num_engines):
         if s.backend == "vllm":
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype, seed=s.seed + i,
                       gpu_memory_utilization=s.gpu_memory_utilization,
@@ -94,10 +122,10 @@ def make_sampler(config, model_dir: Path, tokenizer=None):
 
 
 @contextlib.contextmanager
-def tool_server_url(config) -> Iterator[str]:
-    """Yield the tool server's URL: ``tool_server.url`` if set, else a server we start
-    (a real subprocess) with ``tool_server.tools`` and stop afterwards."""
-    ts = config.tool_server
+def tool_server_url(rc: RunConfig) -> Iterator[str]:
+    """``tool_server.url`` if set, else a server we launch (a real subprocess) with
+    ``tool_server.tools``, stopped on exit."""
+    ts = rc.tool_server
     if ts.url:
         yield ts.url
         return
@@ -113,3 +141,86 @@ def hf_export(model, tokenizer, path: Path) -> Path:
     from verltool_jax.models.hf_io import save_hf
     save_hf(model, path, tokenizer=tokenizer)
     return path
+
+
+@dataclass
+class Run:
+    """One run's components (see :func:`build_run`)."""
+    config: RunConfig
+    out: Path
+    model_dir: Path
+    tokenizer: Any
+    pad_id: int
+    files: dict
+    model: Any
+    writer: Any
+    reward_pool: Any
+    tool_url: str
+    eval_items: list = field(default_factory=list)
+    mesh: Optional[Any] = None
+    sampler: Optional[Any] = None
+
+    def open_sampler(self):
+        """Start the sampler (once) and return it."""
+        if self.sampler is None:
+            self.sampler = make_sampler(self.config, self.model_dir)
+        return self.sampler
+
+    def prompt_pipeline(self):
+        """The training prompts (a grain pipeline, shuffled by ``data.seed``) or None."""
+        from verltool_jax.data.pipeline import PromptPipeline
+        c = self.config
+        if not self.files["train"]:
+            return None
+        return PromptPipeline.from_files(self.files["train"], self.tokenizer, fmt=c.data.format,
+                                         seed=c.data.seed, shuffle=c.data.shuffle,
+                                         max_prompt_tokens=c.rollout.max_prompt_tokens)
+
+
+@contextlib.contextmanager
+def build_run(config: Any, *, out_dir: Optional[Path] = None,
+              write_metrics: bool = True) -> Iterator[Run]:
+    """Everything a run needs, from a ``ConfigDict`` (validated here) or a RunConfig."""
+    from verltool_jax.data.pipeline import PromptPipeline
+    from verltool_jax.models.hf_io import load_hf
+    from verltool_jax.reporting.metrics_writer import MetricsWriter
+    from verltool_jax.rewards.compute import RewardPool
+    from verltool_jax.train.evaluate import prompt_items
+    raw = None if isinstance(config, RunConfig) else config
+    rc = config if isinstance(config, RunConfig) else run_config_from_dict(config)
+    out = Path(out_dir or rc.trainer.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if raw is not None and write_metrics:
+        (out / "config.json").write_text(raw.to_json(indent=2))
+    model_dir = prepare_model_dir(rc, out)
+    tokenizer = load_tokenizer(rc, model_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+        else tokenizer.eos_token_id
+    files = prepare_task_files(rc, out)
+    mesh = trainer_mesh(rc)
+    model = load_hf(model_dir, mesh=mesh, dtype=rc.model.dtype,
+                    param_dtype=rc.model.param_dtype, remat_policy=rc.model.remat_policy)
+    eval_items = []
+    if files["eval"]:
+        pipe = PromptPipeline.from_files(files["eval"], tokenizer, fmt=rc.data.format,
+                                         shuffle=False, num_epochs=1,
+                                         max_prompt_tokens=rc.rollout.max_prompt_tokens)
+        eval_items = prompt_items(pipe.next_batch(rc.data.max_eval_examples), "eval")
+    lg = rc.logging
+    writer = MetricsWriter(out, tensorboard=lg.tensorboard and write_metrics,
+                           wandb=lg.wandb and write_metrics, wandb_project=lg.wandb_project,
+                           config=json.loads(raw.to_json()) if raw is not None else None)
+    with contextlib.ExitStack() as stack:
+        stack.callback(writer.close)
+        reward_pool = RewardPool.from_config(rc.reward)
+        stack.callback(reward_pool.close)
+        url = stack.enter_context(tool_server_url(rc))
+        run = Run(config=rc, out=out, model_dir=model_dir, tokenizer=tokenizer, pad_id=pad_id,
+                  files=files, model=model, writer=writer, reward_pool=reward_pool,
+                  tool_url=url, eval_items=eval_items, mesh=mesh)
+
+        def close_sampler():
+            if run.sampler is not None:
+                run.sampler.close()
+        stack.callback(close_sampler)
+        yield run

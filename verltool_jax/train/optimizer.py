@@ -30,7 +30,7 @@ class OptimConfig:
     total_steps: int = 1000
     schedule: str = "constant"       # constant | cosine | linear
     min_lr_ratio: float = 0.0
-    weight_decay: float = 0.01
+    weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8

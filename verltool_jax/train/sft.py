@@ -71,3 +71,32 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
                              step=state.step + 1), metrics
 
     return jax.jit(step, donate_argnums=(0,))
+
+
+def run_sft(run, say) -> nnx.Module:
+    """The supervised warm start of a run (``sft`` section) on ``run.files["sft"]``:
+    AdamW with linear warmup to ``sft.lr``, constant after, gradients clipped to norm 1;
+    progress every tenth of the steps. Returns the fine-tuned model."""
+    import time
+
+    from verltool_jax.data.pipeline import SFTPipeline
+    from verltool_jax.train.optimizer import OptimConfig, make_optimizer
+    c = run.config
+    steps = c.sft.steps
+    opt = make_optimizer(OptimConfig(lr=c.sft.lr, warmup_steps=c.sft.warmup_steps,
+                                     total_steps=max(steps, c.sft.warmup_steps + 1),
+                                     schedule="constant", weight_decay=0.0, max_grad_norm=1.0))
+    state = TrainState.create(run.model, opt, seed=c.trainer.seed)
+    step_fn = make_sft_step(state.graphdef, opt)
+    pipe = SFTPipeline.from_files(run.files["sft"], run.tokenizer, fmt=c.data.format,
+                                  seed=c.data.seed)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        batch = sft_batch(pipe.next_batch(c.sft.batch_size), run.pad_id, c.model.max_seq_len)
+        state, m = step_fn(state, batch)
+        if (i + 1) % max(1, steps // 10) == 0 or i + 1 == steps:
+            metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+            say(f"[sft] step {i + 1}/{steps} loss {metrics['sft_loss']:.4f} "
+                f"token-prob {metrics['sft_token_prob']:.3f} ({time.perf_counter() - t0:.1f}s)")
+            run.writer.write(i + 1, {f"sft/{k}": v for k, v in metrics.items()})
+    return state.model()

@@ -1,0 +1,80 @@
+"""What the user sees while a run works: the trainer's own lines and its progress bar on
+the console; everything the libraries print (vLLM, torch, XLA, the tool server's
+subprocesses: INFO and WARNING lines, C++ logs) goes to ``<out_dir>/run.log``. The
+console says where that file is, and shows its last lines when the run fails.
+
+:func:`console` is the stream the trainer prints to: the real terminal while
+:func:`run_logged` redirects file descriptors 1 and 2 to the log, else ``sys.stdout``.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable, Iterator, Optional, TextIO, TypeVar
+
+T = TypeVar("T")
+
+_console: Optional[TextIO] = None
+TAIL_LINES = 40
+
+
+def console() -> TextIO:
+    """Where the trainer's own lines go."""
+    return _console if _console is not None else sys.stdout
+
+
+@contextlib.contextmanager
+def library_output_to(log_path: Path) -> Iterator[TextIO]:
+    """Redirect fds 1 and 2 (and Python's logging) to ``log_path``; yields the console."""
+    global _console
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    term = os.fdopen(os.dup(1), "w", buffering=1)
+    log_file = open(log_path, "a", buffering=1)
+    os.dup2(log_file.fileno(), 1)
+    os.dup2(log_file.fileno(), 2)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    _console = term
+    try:
+        yield term
+    finally:
+        _console = None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        os.close(saved_out)
+        os.close(saved_err)
+        log_file.close()
+        term.close()
+
+
+def tail(path: Path, n: int = TAIL_LINES) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def run_logged(config, fn: Callable[[], T]) -> T:
+    """Run ``fn`` with library output in ``<trainer.out_dir>/run.log``; on failure print
+    the log's last lines and the error to the console, then re-raise."""
+    log_path = Path(config.trainer.out_dir) / "run.log"
+    with library_output_to(log_path) as term:
+        print(f"[trainer] library logs (vLLM, XLA, tool server) go to {log_path}", file=term)
+        try:
+            return fn()
+        except BaseException as e:
+            if not isinstance(e, SystemExit):
+                traceback.print_exc()          # into the log, with the rest
+                print(f"[trainer] failed: {type(e).__name__}: {e}\n--- last lines of "
+                      f"{log_path} ---\n{tail(log_path)}\n---", file=term)
+            raise

@@ -1,0 +1,46 @@
+"""The one owner of the policy version.
+
+Version ``v`` is the policy after ``v`` optimizer steps of RL (``TrainState.step``).
+:class:`PolicyPublisher` is the only code that moves it: :meth:`publish` pushes the
+trainer's parameters to the sampler(s) (every engine of a pool) and then tells the
+trajectory queue, so a group is never labelled with a version its sampler did not serve.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Optional
+
+from verltool_jax.rollout.queue import TrajectoryQueue
+
+
+class PolicyPublisher:
+    """Moves sampler(s) and queue to a new policy version together."""
+
+    def __init__(self, sampler: Any, queue: Optional[TrajectoryQueue] = None):
+        self.sampler = sampler
+        self.queue = queue
+        self.version: Optional[int] = None
+        self.last_sync_s = 0.0
+
+    def publish_now(self, params: Any, version: int) -> None:
+        """Synchronous push (before the event loop runs; no queue yet)."""
+        if self.queue is not None:
+            raise RuntimeError("publish_now is for start-up; with a queue use publish()")
+        self._push(params, version)
+
+    async def publish(self, params: Any, version: int) -> float:
+        """Push ``params`` as ``version`` to the sampler(s), then the queue; returns the
+        seconds the weight transfer took (it runs in a worker thread)."""
+        await asyncio.to_thread(self._push, params, version)
+        if self.queue is not None:
+            await self.queue.set_version(version)
+        return self.last_sync_s
+
+    def _push(self, params: Any, version: int) -> None:
+        if self.version is not None and version < self.version:
+            raise ValueError(f"policy version may not go back: {self.version} -> {version}")
+        t0 = time.perf_counter()
+        self.sampler.update_weights(params, version)
+        self.last_sync_s = time.perf_counter() - t0
+        self.version = version
