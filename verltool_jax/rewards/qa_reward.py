@@ -6,22 +6,15 @@ F1 = max over g of 2PR/(P+R) on normalised token bags (P = common/|pred|, R = co
 """
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from typing import Any, Sequence
 
+from tool_server.retrieval.answers import normalize_answer
 from verltool_jax.rewards.answer_extraction import extract_answer
 from verltool_jax.rewards.base import RewardResult, register_reward
 
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(s: str) -> str:
-    """SQuAD normalisation (see the module doc)."""
-    s = "".join(ch for ch in str(s).lower() if ch not in _PUNCT)
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
+__all__ = ["normalize_answer", "gold_answers", "exact_match", "f1_score", "qa_em_reward",
+           "qa_f1_reward"]
 
 
 def gold_answers(ground_truth: Any) -> list[str]:
