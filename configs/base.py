@@ -95,12 +95,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.tool_server.tools = ("python_code",)
     c.tool_server.timeout_s = 10.0
     c.tool_server.max_concurrency = 16
+    c.tool_server.tool_opt = ml_collections.ConfigDict()  # --tool-opt key=value of a started server
 
     c.reward = ml_collections.ConfigDict()
     c.reward.name = ""                    # empty: chosen per row by data_source
     c.reward.format_penalty = 0.0         # subtracted when the answer format is wrong
     c.reward.tool_use_bonus = 0.0         # added when a correct answer used a tool
     c.reward.invalid_tool_penalty = 0.0   # subtracted per invalid tool call
+    c.reward.valid_tool_call_bonus = 0.0  # added once when any tool call was valid
     c.reward.timeout_s = 10.0             # per item; a hanging verifier scores 0
     c.reward.num_workers = 2              # reward processes (0: in-process)
 

@@ -13,6 +13,8 @@
 * Search-R1's parquet rows (``prompt``, ``data_source``,
   ``reward_model.ground_truth.target``, ``extra_info.question``).
 
+A question's id is the row's own (``question_id``, ``_id``, ``id``), else
+``<file stem>-<row>`` (Search-R1 rows: ``<data_source>[-<split>]-<index>``).
 A question's gold passages are given as corpus ids (:func:`.sources.passage_id`) and
 titles. A row without a question or without any answer is an error naming file, row and
 field.
@@ -101,7 +103,7 @@ def question_from_record(r: Any, index: int, path: str, data_source: str) -> Que
         gold = [(t, x) for t, x, is_gold in hotpot_paragraphs(r, where) if is_gold]
         gold_ids = tuple(dict.fromkeys(passage_id(t, x) for t, x in gold))
         gold_titles = tuple(dict.fromkeys(t for t, _ in gold))
-    return Question(id=str(qid) if qid is not None else f"{data_source}-{index}",
+    return Question(id=str(qid) if qid is not None else f"{Path(path).stem}-{index}",
                     question=text.strip(), answers=tuple(answers), data_source=data_source,
                     gold_ids=gold_ids, gold_titles=gold_titles)
 
@@ -126,7 +128,8 @@ def question_from_search_r1_row(row: dict, index: int, path: str) -> Question:
     if not isinstance(ds, str) or not ds:
         raise _missing(where, "data_source", "Search-R1 rows name their data set")
     qid = row.get("id", extra.get("index", index))
-    return Question(id=f"{ds}-{qid}", question=str(text).strip(), answers=tuple(answers),
+    split = extra.get("split")
+    return Question(id=f"{ds}-{split}-{qid}" if split else f"{ds}-{qid}", question=str(text).strip(), answers=tuple(answers),
                     data_source=ds, row=row)
 
 

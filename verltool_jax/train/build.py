@@ -56,12 +56,12 @@ def prepare_task_files(config, out_dir: Path) -> dict:
     files = {"train": tuple(config.data.train_files), "eval": tuple(config.data.eval_files),
              "sft": tuple(config.sft.files)}
     task = config.get("task")
-    if task is not None and task.get("name") == "tiny_math":
-        from verltool_jax.tasks.tiny_math import write_task_from_config
-        tf = write_task_from_config(config, out_dir / "data")
-        files = {"train": files["train"] or (str(tf.train),),
-                 "eval": files["eval"] or (str(tf.eval),),
-                 "sft": files["sft"] or (str(tf.sft),)}
+    if task is not None and task.get("name"):
+        from verltool_jax.tasks import prepare_task
+        tf = prepare_task(config, out_dir / "data")
+        generated = {k: (str(getattr(tf, k)),) if getattr(tf, k, None) else ()
+                     for k in ("train", "eval", "sft")}
+        files = {k: files[k] or generated[k] for k in files}
     if not files["train"] and config.stage == "rl":
         raise ValueError("no training data: set data.train_files (parquet/JSONL in the verl "
                          "layout) or task.name to a built-in task")
@@ -96,14 +96,16 @@ def make_sampler(config, model_dir: Path, tokenizer=None):
 @contextlib.contextmanager
 def tool_server_url(config) -> Iterator[str]:
     """Yield the tool server's URL: ``tool_server.url`` if set, else a server we start
-    (a real subprocess) with ``tool_server.tools`` and stop afterwards."""
+    (a real subprocess) with ``tool_server.tools`` and the ``tool_server.tool_opt`` options
+    (empty values left out) and stop afterwards."""
     ts = config.tool_server
     if ts.url:
         yield ts.url
         return
     from tool_server.testing import run_server
+    tool_opt = {k: v for k, v in dict(ts.get("tool_opt") or {}).items() if v not in (None, "")}
     with run_server(tools=list(ts.tools), timeout=ts.timeout_s,
-                    max_concurrency=ts.max_concurrency) as url:
+                    max_concurrency=ts.max_concurrency, tool_opt=tool_opt) as url:
         log.info("tool server with %s at %s", ",".join(ts.tools), url)
         yield url
 

@@ -132,11 +132,12 @@ class Trainer:
         c = self.config
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(c.to_json(indent=2))
+        # Data first: a bad question file or retrieval index fails before any model work.
+        self.files = build.prepare_task_files(c, self.out)
         self.model_dir = build.prepare_model_dir(c, self.out)
         self.tokenizer = build.load_tokenizer(c, self.model_dir)
         self.pad_id = (self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
                        else self.tokenizer.eos_token_id)
-        self.files = build.prepare_task_files(c, self.out)
         self.model = load_hf(self.model_dir, dtype=c.model.dtype, param_dtype=c.model.param_dtype,
                              remat_policy=c.model.remat_policy)
         self.rollout_cfg = rollout_config(c)
