@@ -263,6 +263,10 @@ def test_search_r1_parquet_read_as_is(data, tmp_path):
     res = compute_rewards([("<answer> paris city </answer>", paris), ("<answer>Lyon</answer>", paris)],
                           num_workers=0)
     assert [r.score for r in res] == [1.0, 0.0]
+    rows[1]["reward_model"]["ground_truth"]["target"] = []
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(QuestionError, match=r"row 1: field 'reward_model.ground_truth.target'"):
+        prepare_task(cfg, tmp_path / "bad")
 
 
 def test_errors_before_training(data, tmp_path):
@@ -376,3 +380,25 @@ def test_search_qa_metrics_and_report(tmp_path):
     assert '<li class="gold"><b>Shirley Temple</b>' in page
     assert "<b>Kiss and Tell (1945 film)</b>" in page and "No results found for the query: x" in page
     assert "&lt;information&gt;" not in page.split("Response")[1].split("No results")[0]
+
+
+def test_started_tool_server_searches_the_configured_index(data, tmp_path):
+    """configs/vt_deepsearch.py:tiny: the tool server the trainer starts gets the config's
+    tool options (local web_search over the index, python_code)."""
+    from tool_server.testing import get_json, post_json
+    from verltool_jax.train import build
+    cfg = _cfg("vt_deepsearch.py:tiny", data)
+    with build.tool_server_url(cfg) as url:
+        tools = json.dumps(get_json(url + "/tools"))
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": ["a", "b"],
+            "actions": ["<think>who?</think><search>Meet Corliss Archer radio program</search>",
+                        "<search></search>"],
+            "extra_fields": [{}, {}]})
+    assert "web_search" in tools and "python_code" in tools
+    assert status == 200, body
+    obs = body["observations"]
+    assert obs[0].startswith("<information>Doc 1 (Title: Meet Corliss Archer"), obs
+    assert obs[0].count("\nDoc ") == 2                      # topk 3
+    assert obs[1]["invalid_reason"] == "empty_query"
+    assert body["valids"] == [True, False]
