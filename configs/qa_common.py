@@ -18,8 +18,8 @@ def parse_variant(arg: str, variants: tuple[str, ...], default: str, where: str)
 
 
 def add_qa_task(c: ml_collections.ConfigDict, prompt: str) -> None:
-    """The ``search_qa`` task section (see verltool_jax/tasks/search_qa.py) and the
-    retrieval options of the tool server."""
+    """The ``search_qa`` task section (see verltool_jax/tasks/search_qa.py), the
+    retrieval options of the tool server and the observation truncation side."""
     c.task = ml_collections.ConfigDict()
     c.task.name = "search_qa"
     c.task.prompt = prompt                # search_r1 | deep_search
@@ -33,6 +33,8 @@ def add_qa_task(c: ml_collections.ConfigDict, prompt: str) -> None:
     c.task.seed = 0
     c.tool_server.tool_opt.retrieval_index = DEFAULT_INDEX
     c.tool_server.tool_opt.topk = 3
+    # A long observation keeps its beginning: the best-ranked documents come first.
+    c.rollout.obs_truncate_side = "head"
 
 
 def use_tiny_model(c: ml_collections.ConfigDict) -> None:

@@ -379,6 +379,8 @@ def test_search_qa_metrics_and_report(tmp_path):
     assert page.count("retrieved documents") == 3        # t0's block and t1's two blocks
     assert '<li class="gold"><b>Shirley Temple</b>' in page
     assert "<b>Kiss and Tell (1945 film)</b>" in page and "No results found for the query: x" in page
+    from tool_server.retrieval.format import parse_information
+    assert parse_information(info[:60]) == [[("Shirley Temple", "Shirley Temple wa")]]
     assert "&lt;information&gt;" not in page.split("Response")[1].split("No results")[0]
 
 

@@ -43,9 +43,10 @@ def _title_end(line: str, start: int) -> int:
 def parse_information(text: str) -> list[list[tuple[str, str]]]:
     """The documents of every ``<information>`` block in ``text``, one list per block, as
     ``(title, text)`` pairs (the inverse of :func:`format_information`; a "no results"
-    block gives an empty list)."""
+    block gives an empty list; a block cut short, e.g. by observation truncation, gives
+    the documents it still holds)."""
     blocks = []
-    for m in re.finditer(r"<information>(.*?)</information>", text or "", re.DOTALL):
+    for m in re.finditer(r"<information>(.*?)(?:</information>|\Z)", text or "", re.DOTALL):
         docs = []
         for line in m.group(1).split("\n"):
             head = re.match(r"Doc \d+ \(Title: ", line)
