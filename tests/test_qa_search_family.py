@@ -418,3 +418,28 @@ def test_vt_search_tiny_trains_one_step(data, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("reward/mean" in r or any(k.startswith("reward") for k in r) for r in rows)
     assert (tmp_path / "run" / "trajectories.html").is_file()
+
+
+def test_metrics_and_report_from_token_ids():
+    """The trainer's path: model text and observations decoded from the token ids."""
+    from conftest_data import tiny_tokenizer
+    from verltool_jax.reporting.html_report import render_report
+    from verltool_jax.reporting.search_metrics import search_qa_metrics
+    tok = tiny_tokenizer()
+    info = format_information([("Shirley Temple", "She was Chief of Protocol."),
+                               ("Other", "Nothing.")])
+    segments = [("<search> who was Chief of Protocol </search>", 1), ("\n" + info + "\n", 0),
+                ("<answer> Chief of Protocol </answer>", 1)]
+    ids, mask = [], []
+    for text, m in segments:
+        part = tok.encode(text, add_special_tokens=False)
+        ids += part
+        mask += [m] * len(part)
+    t = _traj("hotpotqa", ["Chief of Protocol"], ["Shirley Temple"],
+              [segments[0][0]], [info], "t0")
+    t.response_ids, t.loss_mask = ids, mask
+    m = search_qa_metrics([t], tokenizer=tok)
+    assert m["hotpotqa"]["em"] == 1.0 and m["hotpotqa"]["gold_retrieved"] == 1.0
+    page = render_report([t], tokenizer=tok)
+    assert "model turn 1 · search: who was Chief of Protocol" in page
+    assert '<li class="gold"><b>Shirley Temple</b>' in page and "<b>Other</b>" in page
