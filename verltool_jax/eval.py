@@ -1,7 +1,8 @@
 """``python -m verltool_jax.eval --config configs/<file>.py[:arg] --checkpoint DIR``
 
 Evaluates a trained policy on the config's held-out prompts (greedy, one trajectory
-each, through the real tool server and sampler) and prints accuracy and reward.
+each, through the real tool server and sampler) and prints accuracy and reward (for the
+retrieval-QA task also EM, F1, searches and gold-passage retrieval per data set).
 ``--checkpoint``: a run directory (its latest orbax checkpoint), an orbax checkpoint
 directory, or an HF checkpoint directory. ``--report out.html`` writes the trajectories.
 """
@@ -70,6 +71,11 @@ def main(argv=None) -> int:
         metrics, trajs = asyncio.run(go())
         print(f"[eval] {what}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                                  for k, v in metrics.items()}))
+        if run.config.task is not None and run.config.task.name == "search_qa":
+            from verltool_jax.reporting.search_metrics import (format_search_metrics,
+                                                               search_qa_metrics)
+            print("[eval] retrieval QA by data set:\n"
+                  + format_search_metrics(search_qa_metrics(trajs, tokenizer=run.tokenizer)))
         if cl.flags.get("report"):
             from verltool_jax.reporting.html_report import write_trajectory_report
             write_trajectory_report(trajs, cl.flags["report"], title=f"eval: {what}",

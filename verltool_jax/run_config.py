@@ -190,6 +190,9 @@ class ToolServerSection(Checked):
     tools: tuple[str, ...] = ("python_code",)
     timeout_s: float = spec(10.0, check=above(0))
     max_concurrency: int = spec(16, check=at_least(1))
+    # ``--tool-opt key=value`` options of a started server (e.g. retrieval_index, topk);
+    # a free-form map whose keys the experiment config defines.
+    tool_opt: dict = spec(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,7 @@ class RewardSection(Checked):
     format_penalty: float = 0.0             # subtracted when the answer format is wrong
     tool_use_bonus: float = 0.0             # added when a correct answer used a tool
     invalid_tool_penalty: float = 0.0       # subtracted per invalid tool call
+    valid_tool_call_bonus: float = 0.0      # added once when any tool call was valid
     timeout_s: float = spec(10.0, check=above(0))   # per item; a hanging verifier scores 0
     num_workers: int = spec(2, check=at_least(0, "0: in-process"))
 

@@ -9,6 +9,7 @@ until it is asked for.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
@@ -81,6 +82,16 @@ def write_corpus(path: str, docs: Iterable[Document | dict]) -> int:
             f.write(json.dumps(doc.to_json(), ensure_ascii=False) + "\n")
             n += 1
     return n
+
+
+def corpus_fingerprint(docs: Iterable[Document]) -> str:
+    """``sha256`` over the documents in order, each as ``id \x1f title \x1f contents \x1e``:
+    equal exactly when two corpora have the same documents in the same order (the order
+    matters: an index refers to documents by position)."""
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(f"{d.id}\x1f{d.title}\x1f{d.contents}\x1e".encode("utf-8"))
+    return h.hexdigest()
 
 
 def write_doc_store(out_dir: str, docs: list[Document]) -> None:

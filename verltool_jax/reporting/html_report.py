@@ -4,7 +4,10 @@ One collapsible section per trajectory: the prompt (chat messages), then the res
 in order: each model turn and each tool observation (interleaved from the token ids and
 loss mask when a tokenizer is given, else from the recorded actions / observations),
 inline images (only well-formed ``data:image/...;base64`` URLs), the reward with its
-details, and how the trajectory ended. All text is HTML-escaped.
+details, and how the trajectory ended. A search turn is labelled with its query, and
+the ``<information>`` block of its observation is shown as a numbered list of the
+retrieved documents (title in bold; a gold passage of the row's
+``extra_info.gold_titles`` marked). All text is HTML-escaped.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from tool_server.retrieval.format import parse_information
+from tool_server.kit.tags import last_tag_body
 from verltool_jax.rollout.response_text import response_segments
 
 _DATA_URL_RE = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,[A-Za-z0-9+/=\s]+")
@@ -28,6 +33,9 @@ pre{white-space:pre-wrap;word-break:break-word;margin:.2em 0;padding:.4em;border
 .label{font-size:.8em;color:#555;margin-top:.5em}.good{color:#0a7a2f}.bad{color:#b3261e}
 table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:2px 6px}
 img{max-width:30em;border:1px solid #ccc;margin:.3em 0}
+.info{background:#fff4e0;border-radius:4px;padding:.3em .6em;margin:.2em 0}
+.info ol{margin:.2em 0;padding-left:1.6em}.info li{margin:.25em 0}
+.info li.gold{background:#e3f5e1}.goldtag{color:#0a7a2f;font-size:.8em;font-weight:600}
 """
 
 
@@ -43,6 +51,38 @@ def _e(x: Any) -> str:
 
 def _block(kind: str, label: str, text: str) -> str:
     return f'<div class="{kind}"><div class="label">{_e(label)}</div><pre>{_e(text)}</pre></div>'
+
+
+def _action_label(label: str, text: str) -> str:
+    query = last_tag_body(text, "search")
+    return f"{label} · search: {query}" if query else label
+
+
+def _obs_html(label: str, text: str, gold_titles: set) -> str:
+    """An observation; its ``<information>`` blocks as lists of documents."""
+    blocks = parse_information(text)
+    if not blocks:
+        return _block("obs", label, text)
+    parts = [f'<div class="obs"><div class="label">{_e(label)} · retrieved documents</div>']
+    for docs in blocks:
+        if not docs:
+            parts.append(f'<div class="info"><i>{_e(text.strip())}</i></div>')
+            continue
+        items = []
+        for title, body in docs:
+            gold = " ".join(title.split()) in gold_titles
+            li = '<li class="gold">' if gold else "<li>"
+            tag = ' <span class="goldtag">gold</span>' if gold else ""
+            items.append(f"{li}<b>{_e(title)}</b>{tag}<br>{_e(body)}</li>")
+        parts.append(f'<div class="info"><ol>{"".join(items)}</ol></div>')
+    return "".join(parts) + "</div>"
+
+
+def _gold_titles(t: Any) -> set:
+    data = _get(t, "data") or {}
+    extra = data.get("extra_info") if isinstance(data, Mapping) else None
+    titles = (extra or {}).get("gold_titles") or ()
+    return {" ".join(str(x).split()) for x in titles}
 
 
 def image_urls(extras: Iterable[Mapping]) -> list[tuple[Any, str]]:
@@ -70,23 +110,25 @@ def _prompt_html(t: Any, tokenizer) -> str:
 
 def _response_html(t: Any, tokenizer) -> str:
     ids, mask = _get(t, "response_ids") or [], _get(t, "loss_mask") or []
+    gold = _gold_titles(t)
     parts = []
     if tokenizer is not None and ids:
         turn = obs = 0
         for text, is_model in response_segments(ids, mask, tokenizer):
             if is_model:
                 turn += 1
-                parts.append(_block("action", f"model turn {turn}", text))
+                parts.append(_block("action", _action_label(f"model turn {turn}", text), text))
             else:
                 obs += 1
-                parts.append(_block("obs", f"observation {obs}", text))
+                parts.append(_obs_html(f"observation {obs}", text, gold))
     else:
         actions, observations = _get(t, "actions") or [], _get(t, "observations") or []
         for i in range(max(len(actions), len(observations))):
             if i < len(actions):
-                parts.append(_block("action", f"action {i + 1}", actions[i]))
+                parts.append(_block("action", _action_label(f"action {i + 1}", actions[i]),
+                                    actions[i]))
             if i < len(observations):
-                parts.append(_block("obs", f"observation {i + 1}", observations[i]))
+                parts.append(_obs_html(f"observation {i + 1}", observations[i], gold))
     for turn, url in image_urls(_get(t, "extras") or []):
         parts.append(f'<div class="label">image (turn {_e(turn)})</div>'
                      f'<img alt="observation image" src="{_e(url)}">')

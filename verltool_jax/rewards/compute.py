@@ -152,7 +152,8 @@ class RewardPool:
         """From the config's ``reward`` section (see configs/base.py)."""
         return cls(num_workers=reward_cfg.num_workers, timeout_s=reward_cfg.timeout_s,
                    shaping=ShapingSettings(reward_cfg.format_penalty, reward_cfg.tool_use_bonus,
-                                           reward_cfg.invalid_tool_penalty),
+                                           reward_cfg.invalid_tool_penalty,
+                                           reward_cfg.valid_tool_call_bonus),
                    reward_name=reward_cfg.name)
 
     def _ensure_pool(self):

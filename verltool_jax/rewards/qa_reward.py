@@ -3,25 +3,19 @@
 normalize(s) = lower-case, drop punctuation, drop the articles a/an/the, collapse
 whitespace. EM = 1 if normalize(pred) == normalize(g) for some gold g.
 F1 = max over g of 2PR/(P+R) on normalised token bags (P = common/|pred|, R = common/|g|).
+``qa_correct``: 1 if EM, or if F1 >= a threshold the row sets (answer correctness).
 """
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from typing import Any, Sequence
 
+from tool_server.retrieval.answers import normalize_answer
 from verltool_jax.rewards.answer_extraction import extract_answer
 from verltool_jax.rewards.base import RewardResult, register_reward
 
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(s: str) -> str:
-    """SQuAD normalisation (see the module doc)."""
-    s = "".join(ch for ch in str(s).lower() if ch not in _PUNCT)
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
+__all__ = ["normalize_answer", "gold_answers", "exact_match", "f1_score", "qa_em_reward",
+           "qa_f1_reward", "qa_correct_reward"]
 
 
 def gold_answers(ground_truth: Any) -> list[str]:
@@ -76,3 +70,16 @@ def qa_em_reward(response_text: str, ground_truth: Any, extra_info: dict) -> Rew
 def qa_f1_reward(response_text: str, ground_truth: Any, extra_info: dict) -> RewardResult:
     """Token F1 of the extracted answer (correct = exact match)."""
     return _qa(response_text, ground_truth, use_f1=True)
+
+
+F1_THRESHOLD_KEY = "answer_f1_threshold"
+
+
+@register_reward("qa_correct")
+def qa_correct_reward(response_text: str, ground_truth: Any, extra_info: dict) -> RewardResult:
+    """Answer correctness (0/1): exact match, or token F1 >= ``extra_info["answer_f1_threshold"]``
+    when the row sets a threshold > 0 (the deep-search data preparation writes it)."""
+    res = _qa(response_text, ground_truth, use_f1=False)
+    threshold = float((extra_info or {}).get(F1_THRESHOLD_KEY) or 0.0)
+    correct = res.info["em"] == 1.0 or (threshold > 0 and res.info["f1"] >= threshold)
+    return RewardResult(float(correct), correct, dict(res.info, f1_threshold=threshold))

@@ -72,8 +72,9 @@ def prepare_task(run_config: Any, out_dir: str | os.PathLike) -> TaskFiles:
 
 
 def _register_builtin() -> None:
-    from verltool_jax.tasks import tiny_math
+    from verltool_jax.tasks import search_qa, tiny_math
     register_task("tiny_math", tiny_math.TinyMathTask, tiny_math.write_task_from_config)
+    register_task("search_qa", search_qa.SearchQATask, search_qa.write_task_from_config)
 
 
 _register_builtin()

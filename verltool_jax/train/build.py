@@ -124,14 +124,16 @@ def make_sampler(rc: RunConfig, model_dir: Path):
 @contextlib.contextmanager
 def tool_server_url(rc: RunConfig) -> Iterator[str]:
     """``tool_server.url`` if set, else a server we launch (a real subprocess) with
-    ``tool_server.tools``, stopped on exit."""
+    ``tool_server.tools`` and the ``tool_server.tool_opt`` options (empty values left
+    out), stopped on exit."""
     ts = rc.tool_server
     if ts.url:
         yield ts.url
         return
     from tool_server.launcher import run_server
+    tool_opt = {k: v for k, v in ts.tool_opt.items() if v not in (None, "")}
     with run_server(tools=list(ts.tools), timeout=ts.timeout_s,
-                    max_concurrency=ts.max_concurrency) as url:
+                    max_concurrency=ts.max_concurrency, tool_opt=tool_opt) as url:
         log.info("tool server with %s at %s", ",".join(ts.tools), url)
         yield url
 
@@ -192,11 +194,12 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
     out.mkdir(parents=True, exist_ok=True)
     if raw is not None and write_metrics:
         (out / "config.json").write_text(raw.to_json(indent=2))
+    # Data first: a bad question file or retrieval index fails before any model work.
+    files = prepare_task_files(rc, out)
     model_dir = prepare_model_dir(rc, out)
     tokenizer = load_tokenizer(rc, model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
-    files = prepare_task_files(rc, out)
     mesh = trainer_mesh(rc)
     model = load_hf(model_dir, mesh=mesh, dtype=rc.model.dtype,
                     param_dtype=rc.model.param_dtype, remat_policy=rc.model.remat_policy)

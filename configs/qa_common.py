@@ -1,0 +1,61 @@
+"""What the retrieval-QA families (``vt_search``, ``vt_deepsearch``) share: the task
+section, the tool options that point the search tools at the index, variant parsing and
+the tiny random model of the ``tiny`` variant. Not an experiment (no ``get_config``)."""
+from __future__ import annotations
+
+import ml_collections
+
+from verltool_jax.tasks import task_section
+
+# Where `python -m tool_server.retrieval build --out runs/qa_index --kind bm25` writes.
+DEFAULT_INDEX = "runs/qa_index"
+
+
+def parse_variant(arg: str, variants: tuple[str, ...], default: str, where: str) -> str:
+    """The one variant named by ``arg`` (``default`` if empty); unknown is a ValueError."""
+    name = (arg or "").strip() or default
+    if name not in variants:
+        raise ValueError(f"{where}: unknown variant {name!r}; choose one of {list(variants)}")
+    return name
+
+
+def add_qa_task(c: ml_collections.ConfigDict, prompt: str) -> None:
+    """The ``search_qa`` task section (see verltool_jax/tasks/search_qa.py), the
+    retrieval options of the tool server and the observation truncation side."""
+    c.task = task_section("search_qa")
+    c.task.prompt = prompt                # search_r1 | deep_search
+    c.tool_server.tool_opt.retrieval_index = DEFAULT_INDEX
+    c.tool_server.tool_opt.topk = 3
+    # A long observation keeps its beginning: the best-ranked documents come first.
+    c.rollout.obs_truncate_side = "head"
+
+
+def use_tiny_model(c: ml_collections.ConfigDict) -> None:
+    """A tiny random Qwen2 model with a BPE tokenizer trained on our own text (seconds)."""
+    c.model.path = ""
+    c.model.family = "qwen2"
+    c.model.max_seq_len = 1024
+    c.model.tiny.vocab_size = 512
+    c.model.tiny.hidden_size = 64
+    c.model.tiny.num_layers = 1
+    c.model.tiny.num_heads = 1            # head_dim 64: the vLLM CPU kernel's minimum
+    c.model.tiny.num_kv_heads = 1
+    c.model.tiny.head_dim = 64
+    c.model.tiny.intermediate_size = 128
+    c.model.tiny.seed = 0
+    c.sampler.max_model_len = 1024
+    c.rollout.n_samples = 2
+    c.rollout.max_prompt_tokens = 512
+    c.rollout.max_response_tokens = 96
+    c.rollout.max_obs_tokens = 64
+    c.algo.mini_batch_size = 4
+    c.algo.micro_batch_size = 4
+    c.trainer.steps = 1
+    c.trainer.batch_groups = 2
+    c.trainer.ckpt_every = 1
+    c.trainer.eval_every = 0
+    c.task.num_train = 8
+    c.task.num_eval = 4
+    c.data.max_eval_examples = 4
+    c.reward.num_workers = 0
+    c.logging.report_trajectories = 4

