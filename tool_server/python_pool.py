@@ -15,7 +15,7 @@ import shutil
 import struct
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 from tool_server.sandbox import (DEFAULT_TMP_MB, SANDBOX_WORKDIR, ResourceLimits,

@@ -34,18 +34,17 @@ from tool_server.python_pool import PythonPool, RunResult, SandboxProcess, Worke
 from tool_server.sandbox import (DEFAULT_TMP_MB, ResourceLimits, SandboxUnavailable,
                                  sandbox_status)
 from tool_server.tools._options import tool_option
+from tool_server.tools._tags import fenced_blocks, tag_bodies
 from tool_server.tools.base import BaseTool, Observation
 
-_TAG_RE = re.compile(r"<python>(.*?)</python>", re.DOTALL)
-_FENCE_RE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
 _RUN_DIR_RE = re.compile(r"/workspace/run_[A-Za-z0-9_]+/")
 
 
 def extract_code(action: str) -> Optional[str]:
     """All ``<python>`` blocks joined by newlines, else all fenced python blocks, else None."""
-    blocks = _TAG_RE.findall(action)
+    blocks = tag_bodies(action, "python")
     if not blocks:
-        blocks = _FENCE_RE.findall(action)
+        blocks = fenced_blocks(action, ("python", "py"))
     if not blocks:
         return None
     return "\n".join(b.strip("\n") for b in blocks)
