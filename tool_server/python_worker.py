@@ -466,7 +466,8 @@ def serve_fork(proto_in, proto_out, mode, workroot):
 
 def kernel_main(code_r, status_w, out_w, err_w, workroot, limits, close_fds):
     """The stateful kernel (a child of the protocol process): run each request's code in
-    one persistent namespace; after each, flush and write a status frame."""
+    one persistent namespace; after each, flush and write a status frame that echoes the
+    request's nonce."""
     import resource
     _child_setup(out_w, err_w, workroot, close_fds)
     lim = dict(limits)
@@ -483,18 +484,23 @@ def kernel_main(code_r, status_w, out_w, err_w, workroot, limits, close_fds):
         used = resource.getrusage(resource.RUSAGE_SELF)
         soft = int(used.ru_utime + used.ru_stime + msg["limits"]["cpu_s"]) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (soft, 10 ** 6))
+        nonce = msg["nonce"]
         status = run_user_code(data.decode("utf-8", "replace"), namespace)
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         except BaseException:
             pass
-        write_msg(status_w, {"exit_code": status})
+        write_msg(status_w, {"exit_code": status, "nonce": nonce})
 
 
 def serve_kernel(proto_in, proto_out, mode, workroot):
     """Stateful: start the kernel process on the first request, then relay each request
-    to it and its output and status back; the kernel never sees the protocol pipe."""
+    to it and its output and status back; the kernel never sees the protocol pipe.
+
+    The kernel's status pipe is written by the process that runs the code, so a status
+    frame is believed only if it is exactly ``{"exit_code": int, "nonce": <this call's
+    nonce>}`` and nothing follows it; anything else ends the kernel (``kernel_lost``)."""
     kernel = None
     while True:
         msg = read_msg(proto_in)
@@ -502,7 +508,8 @@ def serve_kernel(proto_in, proto_out, mode, workroot):
             return
         t0 = time.monotonic()
         limits = msg["limits"]
-        code_mm = read_code(proto_in, int(msg["code_len"]))
+        code_len = int(msg["code_len"])
+        code_mm = read_code(proto_in, code_len)
         if code_mm is None:
             return
         if kernel is None:
@@ -520,33 +527,38 @@ def serve_kernel(proto_in, proto_out, mode, workroot):
         pid, code_w, status_r, out_r, err_r = kernel
         cap = int(msg.get("max_output", 1 << 20))
         out, err = Output(out_r, cap), Output(err_r, cap)
-        lost = False
+        nonce = os.urandom(16).hex()
+        lost = timed_out = over = False
+        exit_code = sig = None
         try:
-            write_msg(code_w, {"code_len": int(msg["code_len"]), "limits": limits},
-                      memoryview(code_mm)[:int(msg["code_len"])])
+            write_msg(code_w, {"code_len": code_len, "limits": limits, "nonce": nonce},
+                      memoryview(code_mm)[:code_len])
         except OSError:
             lost = True
         code_mm.close()
-        timed_out = over = False
-        exit_code = sig = None
         if not lost:
             timed_out, over, finished = collect(
                 pid, (out, err), limits["wall_s"],
                 memory_budget_bytes(limits) if mode == "kernel" else None,
                 {1, os.getpid()}, done_fd=status_r, stop_on_truncate=False)
             reply = read_msg(status_r) if finished and _readable(status_r) else None
-            if reply is not None:
-                exit_code = reply.get("exit_code")
+            if (isinstance(reply, dict) and set(reply) == {"exit_code", "nonce"}
+                    and reply["nonce"] == nonce and isinstance(reply["exit_code"], int)
+                    and not _readable(status_r)):
+                exit_code = reply["exit_code"]
             else:
                 lost = True
         if lost or timed_out or over:
             lost = True
+            done, status = os.waitpid(pid, os.WNOHANG)
             kill_others(mode, pid)
-            _, status = os.waitpid(pid, 0)
-            if os.WIFSIGNALED(status) and not (timed_out or over):
-                sig = os.WTERMSIG(status)
-            elif os.WIFEXITED(status) and not (timed_out or over):
-                exit_code = os.WEXITSTATUS(status)
+            if not done:
+                os.waitpid(pid, 0)
+            elif not (timed_out or over):         # it ended by itself: say how
+                if os.WIFSIGNALED(status):
+                    sig = os.WTERMSIG(status)
+                elif os.WIFEXITED(status):
+                    exit_code = os.WEXITSTATUS(status)
         write_msg(proto_out, {
             "stdout_len": out.n, "stderr_len": err.n, "exit_code": exit_code, "signal": sig,
             "timed_out": timed_out, "truncated": out.truncated or err.truncated,
@@ -559,6 +571,7 @@ def serve_kernel(proto_in, proto_out, mode, workroot):
 
 
 def _readable(fd):
+    """Whether ``fd`` has data (or end of file) to read now."""
     os.set_blocking(fd, True)
     sel = selectors.DefaultSelector()
     sel.register(fd, selectors.EVENT_READ)
