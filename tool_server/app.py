@@ -59,6 +59,8 @@ async def get_observation(request: web.Request) -> web.Response:
     except asyncio.TimeoutError:
         return _error(408, f"the request body did not arrive within "
                            f"{settings.client_timeout_s:g} s (--client-timeout)")
+    except ConnectionError:          # the client went away mid-body: nobody to answer
+        return _error(400, "the connection was lost while reading the request body")
     try:
         if len(raw) >= _THREAD_DECODE_BYTES:
             body = await asyncio.to_thread(_decode_json, raw)

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from tool_server.sandbox import (DEFAULT_TMP_MB, SANDBOX_WORKDIR, ResourceLimits,
-                                 SandboxUnavailable, bwrap_argv, packed_argv, require_sandbox)
+                                 ProcessHandle, SandboxUnavailable, bwrap_argv, packed_argv,
+                                 require_sandbox)
 
 log = logging.getLogger("tool_server.python")
 
@@ -70,15 +71,20 @@ class SandboxProcess:
         self.unsafe = unsafe
         self.tmp_mb = tmp_mb
         self.proc: Optional[asyncio.subprocess.Process] = None
+        self.handle: Optional[ProcessHandle] = None
+        self.killed = False
         self.host_dir: Optional[str] = None
         self._lock = asyncio.Lock()
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        """Started, not killed by us and not seen to exit (``returncode`` is set only once
+        the event loop has reaped the process, so a kill is recorded at once)."""
+        return self.proc is not None and not self.killed and self.proc.returncode is None
 
     async def start(self) -> None:
         """Start the process and wait for its ready message (raises ``SandboxUnavailable``)."""
+        self.killed = False
         fd = None
         if self.unsafe:
             os.makedirs(self.root_dir, exist_ok=True)
@@ -99,6 +105,7 @@ class SandboxProcess:
                 stderr=asyncio.subprocess.DEVNULL if self.mode == "kernel"
                 else asyncio.subprocess.PIPE,
                 pass_fds=() if fd is None else (fd,))
+            self.handle = ProcessHandle(self.proc.pid)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -192,13 +199,23 @@ class SandboxProcess:
                 self.kill()
             return reply
 
+    async def log_stderr(self, why: str) -> None:
+        """Log what a dead worker wrote on its stderr (a crash of the worker itself)."""
+        proc = self.proc
+        if proc is None or proc.stderr is None:
+            return
+        try:
+            err = await asyncio.wait_for(proc.stderr.read(8192), 0.5)
+        except (asyncio.TimeoutError, ValueError, OSError):
+            return
+        if err.strip():
+            log.warning("python worker ended (%s): %s", why, err.decode(errors="replace"))
+
     def kill(self) -> None:
         """Stop the process (its whole sandbox goes with it) and delete its host dir."""
-        if self.proc is not None and self.proc.returncode is None:
-            try:
-                self.proc.kill()
-            except ProcessLookupError:
-                pass
+        self.killed = True
+        if self.handle is not None:
+            self.handle.kill()     # by pidfd: never a recycled pid
         if self.host_dir is not None:
             shutil.rmtree(self.host_dir, ignore_errors=True)
             self.host_dir = None
@@ -245,6 +262,7 @@ class PythonPool:
                 return await worker.call(code, limits, max_output)
             except WorkerDied as e:
                 self.restarts += 1
+                await worker.log_stderr(str(e))
                 return RunResult(error=f"the sandboxed process was killed ({e})")
         finally:
             if worker.alive:

@@ -49,6 +49,7 @@ import fcntl
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,7 +60,7 @@ from typing import Iterable, Optional, Sequence, Union
 __all__ = [
     "SANDBOX_WORKDIR", "ResourceLimits", "SandboxUnavailable", "sandbox_status",
     "require_sandbox", "bwrap_argv", "sandbox_uid", "python_prefixes", "bwrap_path",
-    "packed_argv", "uid_block", "UID_BLOCK", "DEFAULT_TMP_MB",
+    "packed_argv", "uid_block", "UID_BLOCK", "DEFAULT_TMP_MB", "ProcessHandle",
 ]
 
 # Where the work dir appears inside the sandbox (also the default cwd and $HOME).
@@ -361,6 +362,30 @@ def bwrap_argv(workdir: Optional[str], *, ro_binds: Iterable[Bind] = (),
     if limits is not None:
         argv += limits.prlimit_argv()
     return argv
+
+
+class ProcessHandle:
+    """A process to kill safely: holds a pidfd opened right after the spawn, so a kill can
+    never reach an unrelated process that reused the pid after this one was reaped."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self._fd: Optional[int] = os.pidfd_open(pid)
+        except OSError:       # already gone
+            self._fd = None
+
+    def kill(self) -> None:
+        """SIGKILL the process if it still exists; then forget it (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except (ProcessLookupError, OSError):
+            pass
+        finally:
+            os.close(fd)
 
 
 def packed_argv(argv: Sequence[str]) -> tuple[list[str], int]:

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tool_server.observations import truncate_text
-from tool_server.sandbox import ResourceLimits, SandboxUnavailable, bwrap_argv, require_sandbox
+from tool_server.sandbox import (ProcessHandle, ResourceLimits, SandboxUnavailable, bwrap_argv,
+                                 require_sandbox)
 from tool_server.tools._options import tool_option
 from tool_server.workspace import Workspace
 
@@ -127,19 +128,23 @@ class ShellResult:
     shell_exited: bool = False
 
 
+def _spawned(proc: asyncio.subprocess.Process) -> asyncio.subprocess.Process:
+    """Attach a :class:`ProcessHandle` (a pidfd taken right after the spawn) to ``proc``."""
+    proc.vtj_handle = ProcessHandle(proc.pid)
+    return proc
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the process group of ``proc`` (bwrap and, through --die-with-parent and the
-    pid namespace, everything inside the sandbox)."""
-    if proc.returncode is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.kill()
-    except ProcessLookupError:
-        pass
+    """SIGKILL ``proc`` through its pidfd, so a pid recycled after the process was reaped
+    is never hit. In the sandbox everything else dies with it (bwrap --die-with-parent and
+    the pid namespace); without one (``unsafe_no_sandbox``) its process group is killed
+    too while the process is still running."""
+    if proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.vtj_handle.kill()
 
 
 class ShellSession:
@@ -157,10 +162,10 @@ class ShellSession:
         return self.proc is not None and self.proc.returncode is None
 
     async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
+        self.proc = _spawned(await asyncio.create_subprocess_exec(
             *self.argv, cwd=self.cwd, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True)
+            start_new_session=True))
 
     async def run(self, command: str, timeout_s: float) -> ShellResult:
         """Run ``command`` in the shell; stdout and stderr are interleaved as written."""
@@ -235,9 +240,9 @@ async def run_once(argv: list[str], cwd: Optional[str], timeout_s: float, output
                    ) -> ShellResult:
     """Run ``argv`` (stdin ``/dev/null``) to completion or ``timeout_s``, killing the whole
     process group on timeout."""
-    proc = await asyncio.create_subprocess_exec(
+    proc = _spawned(await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        stderr=asyncio.subprocess.STDOUT, start_new_session=True))
     out = OutputBuffer(output_cap)
 
     async def pump() -> None:
