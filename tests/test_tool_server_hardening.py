@@ -148,6 +148,15 @@ for pid in sorted(p for p in os.listdir('/proc') if p.isdigit()):
         assert leak not in out, (leak, out)
 
 
+def test_bash_sandbox_proc_1_cmdline_shows_no_host_path(server):
+    url, workdir = server
+    obs, valid = call(url, "C", "<bash>tr '\\0' ' ' < /proc/1/cmdline; echo; pwd</bash>")
+    assert valid and "bwrap --args" in obs["obs"], obs
+    for leak in (workdir, os.path.realpath(sys.prefix), "--ro-bind", "/work/"):
+        assert leak not in obs["obs"], (leak, obs)
+    finish(url, "C")
+
+
 def test_uid_blocks_are_unique_per_server_process(tmp_path):
     env = dict(os.environ, VERLTOOL_UID_LOCK_DIR=str(tmp_path / "locks"))
     code = ("import sys, time; from tool_server.sandbox import uid_block; "

@@ -30,7 +30,7 @@ from typing import Optional
 
 from tool_server.observations import truncate_text
 from tool_server.sandbox import (ProcessHandle, ResourceLimits, SandboxUnavailable, bwrap_argv,
-                                 require_sandbox)
+                                 bwrap_path, packed_argv, require_sandbox)
 from tool_server.tools._options import tool_option
 from tool_server.workspace import Workspace
 
@@ -128,8 +128,19 @@ class ShellResult:
     shell_exited: bool = False
 
 
-def _spawned(proc: asyncio.subprocess.Process) -> asyncio.subprocess.Process:
-    """Attach a :class:`ProcessHandle` (a pidfd taken right after the spawn) to ``proc``."""
+async def _spawn(argv: list[str], **kwargs) -> asyncio.subprocess.Process:
+    """``asyncio.create_subprocess_exec``; a bubblewrap argv has its options passed through
+    a memory file (:func:`packed_argv`: no host path in the sandbox's ``/proc/1/cmdline``),
+    and the process gets a :class:`ProcessHandle` (a pidfd taken right after the spawn)."""
+    fd = None
+    if argv and argv[0] == bwrap_path() and "--" in argv:
+        argv, fd = packed_argv(argv)
+        kwargs["pass_fds"] = (fd,)
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, **kwargs)
+    finally:
+        if fd is not None:
+            os.close(fd)
     proc.vtj_handle = ProcessHandle(proc.pid)
     return proc
 
@@ -162,10 +173,10 @@ class ShellSession:
         return self.proc is not None and self.proc.returncode is None
 
     async def start(self) -> None:
-        self.proc = _spawned(await asyncio.create_subprocess_exec(
-            *self.argv, cwd=self.cwd, stdin=asyncio.subprocess.PIPE,
+        self.proc = await _spawn(
+            self.argv, cwd=self.cwd, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True))
+            start_new_session=True)
 
     async def run(self, command: str, timeout_s: float) -> ShellResult:
         """Run ``command`` in the shell; stdout and stderr are interleaved as written."""
@@ -240,9 +251,9 @@ async def run_once(argv: list[str], cwd: Optional[str], timeout_s: float, output
                    ) -> ShellResult:
     """Run ``argv`` (stdin ``/dev/null``) to completion or ``timeout_s``, killing the whole
     process group on timeout."""
-    proc = _spawned(await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, start_new_session=True))
+    proc = await _spawn(
+        argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     out = OutputBuffer(output_cap)
 
     async def pump() -> None:
