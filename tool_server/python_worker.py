@@ -365,29 +365,33 @@ def _clear_dir(path, dev=None):
                 pass
 
 
+_LIBC = []
+
+
 def clear_sysv_ipc():
     """Remove every SysV shared memory segment, message queue and semaphore set (the
     sandbox has its own IPC namespace, shared by the calls of this worker)."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-    except Exception:
-        return
     for kind, fn in (("shm", "shmctl"), ("msg", "msgctl"), ("sem", "semctl")):
         try:
             with open(f"/proc/sysvipc/{kind}") as f:
                 rows = f.read().splitlines()[1:]
         except OSError:
             continue
+        if rows and not _LIBC:
+            try:
+                import ctypes
+                _LIBC.append(ctypes.CDLL(None, use_errno=True))
+            except Exception:
+                return
         for row in rows:
             fields = row.split()
             if len(fields) < 2:
                 continue
             ident = int(fields[1])
             if kind == "sem":
-                libc.semctl(ident, 0, 0)          # IPC_RMID = 0
+                _LIBC[0].semctl(ident, 0, 0)          # IPC_RMID = 0
             else:
-                getattr(libc, fn)(ident, 0, None)
+                getattr(_LIBC[0], fn)(ident, 0, None)
 
 
 def scrub(workroot):
