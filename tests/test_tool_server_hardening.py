@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tool_server.python_pool import SandboxProcess, WorkerDied
-from tool_server.sandbox import ResourceLimits, uid_block
+from tool_server.sandbox import ProcessHandle, ResourceLimits, uid_block
 from tool_server.testing import get_json, post_json, run_server
 from tool_server.tools._parsing import parse_tool_call_for
 from tool_server.tools._tags import last_tag_body
@@ -28,7 +28,7 @@ from tool_server_helpers import obs_text, one
 from workspace_tools_testlib import call, finish, tool_call
 
 LIMITS = {"python_memory_mb": 256, "python_disk_mb": 32, "python_nproc": 32,
-          "python_cpu_s": 2}
+          "python_cpu_s": 2, "bash_total_memory_mb": 256}
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +204,19 @@ time.sleep(30)
     assert py(url, "print('ok')").strip() == "ok"
 
 
+def test_memory_budget_covers_all_processes_of_a_shell(server):
+    url, _ = server
+    hog = ("python3 -c \"import time; b = bytearray(150 << 20); "
+           "[b.__setitem__(i, 1) for i in range(0, len(b), 4096)]; time.sleep(30)\" &")
+    t0 = time.monotonic()
+    obs, valid = call(url, "M", f"<bash>{hog} {hog} {hog} sleep 30</bash>")
+    assert valid and "used more than 256 MB together" in obs["obs"], obs
+    assert time.monotonic() - t0 < 3.6
+    obs, valid = call(url, "M", "<bash>echo back</bash>")
+    assert valid and "back" in obs["obs"], obs
+    finish(url, "M")
+
+
 @pytest.mark.parametrize("where", ["/tmp", "/var/tmp", "/workspace"])
 def test_scratch_space_is_bounded(server, where):
     url, _ = server
@@ -257,11 +270,13 @@ def test_a_forged_worker_reply_is_refused_without_allocating(tmp_path):
         w.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", forged, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE)
+        w.handle = ProcessHandle(w.proc.pid)
         assert (await w._read_header())["ready"]
         with pytest.raises(WorkerDied, match="protocol violation"):
             await w.call("print(1)", ResourceLimits(wall_s=5), 1 << 16)
-        assert not w.alive or w.proc.returncode is None
+        assert not w.alive
         w.kill()
+        await w.proc.wait()
     asyncio.run(go())
 
 

@@ -18,6 +18,8 @@ into per-call ``mmap`` buffers and written back from them.
 
 MODE ``isolated``: inside the sandbox (cleanup by ``kill(-1)``).
 MODE ``unsafe``: no sandbox (``--unsafe-no-sandbox``); cleanup by process group only.
+MODE ``watch BUDGET_MB -- COMMAND...``: run a command (the ``bash`` and ``run_tests``
+sandboxes) under the same measured memory budget over all its processes.
 MODE ``kernel`` (``kernel-unsafe`` without a sandbox): stateful, one sandbox per trajectory. This process only speaks the
 protocol; the code runs in a forked kernel process (pipes for code, output and status)
 that keeps its namespace across calls and never holds the protocol pipe. A call that
@@ -49,6 +51,7 @@ PRELUDE = ("math", "cmath", "re", "json", "itertools", "functools", "collections
 CODE_FILE = "main.py"
 MAX_HEADER = 1 << 16        # bytes of a JSON header frame
 MEMORY_POLL_S = 0.02        # how often the call's memory is measured
+WATCH_POLL_S = 0.05         # the same for a shell's processes (MODE watch)
 SCRUBBED = ("/tmp",)        # besides the work root: every place a call can write
 
 
@@ -584,7 +587,44 @@ def _readable(fd):
     return ok
 
 
+def serve_watch(budget_mb, argv):
+    """MODE ``watch``: run ``argv`` (a shell, a test command) as a child and keep the
+    memory of every other process of the sandbox under ``budget_mb`` MiB (measured every
+    :data:`WATCH_POLL_S`, as in :func:`call_memory_bytes`). Past it every process is
+    killed, a note goes to stderr, and this exits 137; otherwise it exits as the child.
+    The child inherits stdin, stdout and stderr untouched."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execvp(argv[0], argv)
+        finally:
+            os._exit(127)
+    pidfd = os.pidfd_open(pid)
+    sel = selectors.DefaultSelector()
+    sel.register(pidfd, selectors.EVENT_READ)
+    budget = budget_mb * 1024 * 1024
+    while True:
+        if sel.select(WATCH_POLL_S):
+            _, status = os.waitpid(pid, 0)
+            if os.WIFSIGNALED(status):
+                os._exit(128 + os.WTERMSIG(status))
+            os._exit(os.WEXITSTATUS(status))
+        if call_memory_bytes({1, os.getpid()}) > budget:
+            kill_others("isolated", pid)
+            os.waitpid(pid, 0)
+            try:
+                os.write(2, f"\n[MemoryError: the processes used more than {budget_mb} MB "
+                            "together and were all killed]\n".encode())
+            except OSError:
+                pass
+            os._exit(137)
+
+
 def main():
+    if sys.argv[1] == "watch":
+        if len(sys.argv) < 5 or sys.argv[3] != "--":
+            sys.exit("usage: python_worker.py watch BUDGET_MB -- COMMAND...")
+        serve_watch(int(sys.argv[2]), sys.argv[4:])
     mode, workroot = sys.argv[1], sys.argv[2]
     # protocol on private fds; fd 0/1 no longer reach the server
     proto_in, proto_out = os.dup(0), os.dup(1)

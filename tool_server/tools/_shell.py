@@ -24,11 +24,13 @@ import logging
 import os
 import re
 import signal
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Optional
 
 from tool_server.observations import truncate_text
+from tool_server.python_pool import WORKER_FILE, WORKER_SANDBOX_PATH
 from tool_server.sandbox import (ProcessHandle, ResourceLimits, SandboxUnavailable, bwrap_argv,
                                  bwrap_path, packed_argv, require_sandbox)
 from tool_server.tools._options import tool_option
@@ -56,11 +58,16 @@ def workspace_limits(extra: Optional[dict], prefix: str, wall_s: float) -> Resou
 
     Options (``--tool-opt``): ``<prefix>_cpu_s`` (CPU seconds per process, default 120),
     ``<prefix>_memory_mb`` (address space per process, 4096), ``<prefix>_nproc`` (256),
-    ``<prefix>_nofile`` (1024), ``<prefix>_fsize_mb`` (largest file written, 512).
+    ``<prefix>_nofile`` (1024), ``<prefix>_fsize_mb`` (largest file written, 512),
+    ``<prefix>_total_memory_mb`` (memory of all the sandbox's processes together, measured
+    every 50 ms by a watcher in the sandbox; default ``<prefix>_memory_mb``).
     """
+    memory_mb = tool_option(extra, f"{prefix}_memory_mb", int, 4096, minimum=64)
     return ResourceLimits(
         cpu_s=tool_option(extra, f"{prefix}_cpu_s", int, 120, minimum=1),
-        memory_mb=tool_option(extra, f"{prefix}_memory_mb", int, 4096, minimum=64),
+        memory_mb=memory_mb,
+        total_memory_mb=tool_option(extra, f"{prefix}_total_memory_mb", int, memory_mb,
+                                    minimum=64),
         nproc=tool_option(extra, f"{prefix}_nproc", int, 256, minimum=4),
         nofile=tool_option(extra, f"{prefix}_nofile", int, 1024, minimum=16),
         fsize_mb=tool_option(extra, f"{prefix}_fsize_mb", int, 512, minimum=1),
@@ -81,7 +88,13 @@ def workspace_argv(ws: Workspace, limits: ResourceLimits, unsafe_no_sandbox: boo
         log.warning("UNSAFE: running %r without a sandbox in %s", command[:1], ws.root)
         return list(command), ws.root
     require_sandbox()
+    ro_binds = []
+    if limits.total_memory_mb:   # all processes of the sandbox under one measured budget
+        ro_binds.append((WORKER_FILE, WORKER_SANDBOX_PATH))
+        command = [os.path.basename(sys.executable), "-I", WORKER_SANDBOX_PATH, "watch",
+                   str(limits.total_memory_mb), "--", *command]
     return bwrap_argv(ws.root, limits=limits, uid=ws.uid, workdir_dest=ws.sandbox_path,
+                      ro_binds=ro_binds,
                       env={"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
                            "PYTHONUNBUFFERED": "1"}) + list(command), None
 
