@@ -204,6 +204,24 @@ time.sleep(30)
     assert py(url, "print('ok')").strip() == "ok"
 
 
+def test_memory_budget_covers_a_stateful_interpreter_and_its_children(server):
+    url, _ = server
+    ef = {"stateful": True}
+    py(url, "keep = 1", tid="KM", extra_fields=ef)
+    out = py(url, """
+import os, time
+for _ in range(2):
+    if os.fork() == 0:
+        b = bytearray(150 << 20)
+        for i in range(0, len(b), 4096): b[i] = 1
+        time.sleep(30)
+time.sleep(30)
+""", tid="KM", extra_fields=ef)
+    assert "used more than 256 MB together" in out and "variables are lost" in out, out
+    assert "NameError" in py(url, "print(keep)", tid="KM", extra_fields=ef)
+    finish(url, "KM")
+
+
 def test_memory_budget_covers_all_processes_of_a_shell(server):
     url, _ = server
     hog = ("python3 -c \"import time; b = bytearray(150 << 20); "
