@@ -354,6 +354,12 @@ def test_image_tool_caps_what_a_trajectory_holds(tmp_path):
         # 16 MB per 2048x2048 image: the source and three rotations fill 64 MB, no more
         assert len(ok) == 3 and "limit per trajectory" in refused[0][0]["obs"], results[-1]
         finish(url, "I")
+        fifo = tmp_path / "fifo.png"
+        os.mkfifo(fifo)
+        for ref in (str(fifo), "/dev/zero"):          # never opened for a blocking read
+            obs, valid = call(url, "J", tool_call("rotate", angle=90), {"images": [ref]})
+            assert not valid and "not a regular file" in obs["obs"], obs
+            finish(url, "J")
 
 
 # --- availability --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import binascii
 import io
 import math
 import os
+import stat
 from typing import Any, Optional, Sequence
 
 from PIL import Image, UnidentifiedImageError
@@ -127,9 +128,13 @@ def load_image(ref: Any, max_bytes: Optional[int] = None) -> Image.Image:
             raise ValueError(f"image data URL is not valid base64: {e}") from None
     elif isinstance(ref, str):
         path = ref[len("file://"):] if ref.startswith("file://") else ref
-        if not os.path.isfile(path):
-            raise ValueError(f"image file not found: {path}")
-        with open(path, "rb") as f:
+        try:   # non-blocking and regular files only: a FIFO or device cannot hang a thread
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            raise ValueError(f"image file not found: {path}") from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError(f"image file is not a regular file: {path}")
             data = f.read()
     else:
         raise ValueError(f"an image must be a path or a data URL, got {type(ref).__name__}")
