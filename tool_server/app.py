@@ -52,7 +52,8 @@ async def get_observation(request: web.Request) -> web.Response:
                            f"server's limit of {limit} (--max-request-mb); send fewer actions "
                            "per request")
     try:
-        raw = await asyncio.wait_for(request.read(), settings.client_timeout_s)
+        async with asyncio.timeout(settings.client_timeout_s):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"the request body is over this server's limit of {limit} bytes "
                            "(--max-request-mb); send fewer actions per request")
