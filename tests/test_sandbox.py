@@ -169,7 +169,8 @@ while True:
         pass
 """)
     assert time.monotonic() - t0 < 6
-    assert "TimeoutError" in out or "Killed" in out, out
+    # the wall clock, a resource limit or the call's memory budget stops it
+    assert "TimeoutError" in out or "Killed" in out or "MemoryError" in out, out
     time.sleep(0.3)
     assert len(psutil.pids()) < before + 10
     assert run(server, "print(1+1)").strip() == "2"

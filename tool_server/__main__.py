@@ -39,6 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="idle per-trajectory state is freed after this many seconds")
     p.add_argument("--sweep-interval", type=float, default=d.sweep_interval_s)
     p.add_argument("--workdir", default=d.workdir, help="scratch root for sandboxes")
+    p.add_argument("--max-request-mb", type=float, default=d.max_request_mb,
+                   help="larger request bodies are refused with HTTP 413 (default %(default)s)")
+    p.add_argument("--max-batch", type=int, default=d.max_batch,
+                   help="requests with more actions are refused with HTTP 422 "
+                        "(default %(default)s)")
+    p.add_argument("--client-timeout", type=float, default=d.client_timeout_s,
+                   help="seconds a client may take to send a request, and to stay idle on a "
+                        "connection (default %(default)s)")
     p.add_argument("--tool-dir", action="append", default=[],
                    help="extra folder scanned for tool files (repeatable)")
     p.add_argument("--tool-opt", action="append", default=[], metavar="KEY=VALUE",
@@ -61,7 +69,8 @@ def _positive(name: str, value: float) -> None:
 def settings_from_args(args: argparse.Namespace) -> ToolSettings:
     """Turn parsed flags into :class:`ToolSettings` (exits with a message on bad values)."""
     for name in ("workers", "max_concurrency", "tool_max_concurrency", "timeout",
-                 "max_obs_length", "state_ttl", "sweep_interval"):
+                 "max_obs_length", "state_ttl", "sweep_interval", "max_request_mb",
+                 "max_batch", "client_timeout"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     extra = {}
     for kv in args.tool_opt:
@@ -75,7 +84,9 @@ def settings_from_args(args: argparse.Namespace) -> ToolSettings:
                         max_concurrency=args.max_concurrency,
                         tool_max_concurrency=args.tool_max_concurrency,
                         sweep_interval_s=args.sweep_interval, tool_dirs=list(args.tool_dir),
-                        compat=args.compat)
+                        compat=args.compat,
+                        max_request_mb=args.max_request_mb, max_batch=args.max_batch,
+                        client_timeout_s=args.client_timeout)
 
 
 async def serve(tools: list[str], settings: ToolSettings, host: str, port: int) -> None:
@@ -83,7 +94,11 @@ async def serve(tools: list[str], settings: ToolSettings, host: str, port: int) 
 
     from tool_server.app import create_app
     app = create_app(tools, settings)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # handler_cancellation: a client that disconnects cancels its request's tool calls;
+    # keepalive_timeout: a connection idle (or stuck in its headers) that long is closed
+    runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                           handler_cancellation=True,
+                           keepalive_timeout=settings.client_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
     await site.start()

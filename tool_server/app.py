@@ -1,6 +1,7 @@
 """The HTTP service (aiohttp): ``POST /get_observation``, ``GET /health``, ``GET /tools``."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Optional, Sequence
@@ -15,6 +16,7 @@ from tool_server.kit.base import BaseTool, ToolSettings
 log = logging.getLogger("tool_server")
 
 DISPATCHER_KEY = web.AppKey("dispatcher", Dispatcher)
+MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
 
 
 def _json(data: object, status: int = 200) -> web.Response:
@@ -29,15 +31,46 @@ def _error(status: int, message: str, field: Optional[str] = None) -> web.Respon
     return _json(body, status)
 
 
+# Bodies at least this large are decoded in a thread, off the event loop.
+_THREAD_DECODE_BYTES = 256 * 1024
+
+
+def _decode_json(raw: bytes) -> object:
+    """``json.loads`` that reports nesting too deep for the decoder as a ``ValueError``."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("it is nested too deeply") from None
+
+
 async def get_observation(request: web.Request) -> web.Response:
     dispatcher = request.app[DISPATCHER_KEY]
-    raw = await request.read()
+    settings = dispatcher.settings
+    limit = request.app[MAX_BODY_KEY]
+    if request.content_length is not None and request.content_length > limit:
+        return _error(413, f"the request body has {request.content_length} bytes, over this "
+                           f"server's limit of {limit} (--max-request-mb); send fewer actions "
+                           "per request")
     try:
-        body = json.loads(raw)
+        async with asyncio.timeout(settings.client_timeout_s):
+            raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"the request body is over this server's limit of {limit} bytes "
+                           "(--max-request-mb); send fewer actions per request")
+    except asyncio.TimeoutError:
+        return _error(408, f"the request body did not arrive within "
+                           f"{settings.client_timeout_s:g} s (--client-timeout)")
+    except ConnectionError:          # the client went away mid-body: nobody to answer
+        return _error(400, "the connection was lost while reading the request body")
+    try:
+        if len(raw) >= _THREAD_DECODE_BYTES:
+            body = await asyncio.to_thread(_decode_json, raw)
+        else:
+            body = _decode_json(raw)
     except (ValueError, UnicodeDecodeError) as e:
         return _error(400, f"the request body is not valid JSON: {e}")
     try:
-        req = parse_request(body)
+        req = parse_request(body, settings.max_batch)
     except ProtocolError as e:
         return _error(e.status, str(e), e.field)
     return _json(await dispatcher.handle(req))
@@ -72,8 +105,10 @@ def create_app(tools: Sequence[str | BaseTool], settings: Optional[ToolSettings]
     """The aiohttp application serving ``tools`` (names in routing order, or instances)."""
     settings = settings or ToolSettings()
     dispatcher = Dispatcher(instantiate_tools(tools, settings), settings)
-    app = web.Application(client_max_size=256 * 1024 * 1024)
+    max_body = int(settings.max_request_mb * 1024 * 1024)
+    app = web.Application(client_max_size=max_body)
     app[DISPATCHER_KEY] = dispatcher
+    app[MAX_BODY_KEY] = max_body
     app.router.add_post("/get_observation", get_observation)
     app.router.add_get("/health", health)
     app.router.add_get("/tools", list_tools)

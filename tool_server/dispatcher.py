@@ -22,6 +22,9 @@ log = logging.getLogger("tool_server")
 
 Step = tuple[Observation, bool, bool]
 
+# Actions at least this long are parsed in a thread, off the event loop.
+ROUTE_IN_THREAD_CHARS = 64 * 1024
+
 
 class Dispatcher:
     """Runs requests against an ordered list of tool instances.
@@ -35,7 +38,9 @@ class Dispatcher:
     ``conduct_action`` implementations run in a thread pool, async ones on the loop.
     Every call is cut off after ``settings.timeout_s`` with a timeout observation.
     Calls for the same trajectory within one request run in order; different
-    trajectories run concurrently.
+    trajectories run concurrently. Long actions are parsed in a thread. When the request
+    is cancelled (its client disconnected) every call of it still waiting or running on
+    the event loop is cancelled.
     """
 
     def __init__(self, tools: list[BaseTool], settings: ToolSettings) -> None:
@@ -127,7 +132,10 @@ class Dispatcher:
         if finish or (self.verltool and self._only_finish):
             self.free(tid)
             return "", True, True
-        tool, parsed = self.route(action)
+        if len(action) >= ROUTE_IN_THREAD_CHARS:   # keep the event loop responsive
+            tool, parsed = await asyncio.to_thread(self.route, action)
+        else:
+            tool, parsed = self.route(action)
         if tool is None:
             self.stats["invalid"] += 1
             if last:

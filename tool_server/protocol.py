@@ -53,12 +53,13 @@ def _list_field(body: dict, name: str, required: bool) -> Optional[list]:
     return value
 
 
-def parse_request(body: Any) -> ObservationRequest:
+def parse_request(body: Any, max_batch: Optional[int] = None) -> ObservationRequest:
     """Validate a decoded JSON body into an :class:`ObservationRequest`.
 
     Trajectory ids (at least one, as VerlTool's server requires) may be strings or
-    integers (turned into strings); actions must be strings; ``extra_fields`` entries objects or null; ``finish``/``is_last_step``
-    booleans (0/1 accepted). Optional lists default to ``{}``/``False``.
+    integers (turned into strings); actions must be strings; ``extra_fields`` entries
+    objects or null; ``finish``/``is_last_step`` booleans (0/1 accepted). Optional lists
+    default to ``{}``/``False``. More than ``max_batch`` actions is a 422 naming the limit.
     """
     if not isinstance(body, dict):
         raise ProtocolError(f"the request body must be a JSON object, got {type(body).__name__}",
@@ -69,6 +70,10 @@ def parse_request(body: Any) -> ObservationRequest:
     if n == 0:
         raise ProtocolError("field 'trajectory_ids' is empty: send at least one trajectory "
                             "id (and one action per id)", field="trajectory_ids")
+    if max_batch is not None and n > max_batch:
+        raise ProtocolError(f"the request has {n} actions, over this server's limit of "
+                            f"{max_batch} per request (--max-batch); split it into smaller "
+                            "requests", field="trajectory_ids")
     out_tids = []
     for i, t in enumerate(tids):
         if isinstance(t, bool) or not isinstance(t, (str, int)):

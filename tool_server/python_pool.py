@@ -15,26 +15,20 @@ import shutil
 import struct
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional
 
-from tool_server.sandbox import (SANDBOX_WORKDIR, ResourceLimits, SandboxUnavailable,
-                                 bwrap_argv, require_sandbox)
+from tool_server.sandbox import (DEFAULT_TMP_MB, SANDBOX_WORKDIR, ResourceLimits,
+                                 ProcessHandle, SandboxUnavailable, bwrap_argv, packed_argv,
+                                 require_sandbox)
 
 log = logging.getLogger("tool_server.python")
 
-_WORKER_SOURCE: Optional[str] = None
 STARTUP_TIMEOUT_S = 30.0
 BACKSTOP_S = 3.0  # extra time the server grants a worker beyond the call's wall limit
-
-
-def worker_source() -> str:
-    global _WORKER_SOURCE
-    if _WORKER_SOURCE is None:
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               "python_worker.py")) as f:
-            _WORKER_SOURCE = f.read()
-    return _WORKER_SOURCE
+WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python_worker.py")
+WORKER_SANDBOX_PATH = "/opt/verltool/python_worker.py"   # where the sandbox sees it
+MAX_HEADER = 1 << 16  # bytes of a reply's JSON header; a longer one is a protocol violation
 
 
 @dataclass
@@ -50,6 +44,8 @@ class RunResult:
     truncated: bool = False
     elapsed_s: float = 0.0
     error: Optional[str] = None
+    memory_exceeded: bool = False
+    kernel_lost: bool = False
 
 
 class WorkerDied(RuntimeError):
@@ -62,41 +58,59 @@ def _limits_dict(limits: ResourceLimits) -> dict:
 
 class SandboxProcess:
     """One sandboxed worker: ``mode`` is ``"fork"`` (fork server) or ``"kernel"``
-    (stateful, code runs in-process). ``unsafe=True`` runs it without bubblewrap."""
+    (stateful: a protocol process and one kernel process that keeps the namespace).
+    ``unsafe=True`` runs it without bubblewrap. ``tmp_mb`` sizes the sandbox's ``/tmp`` and
+    ``/workspace`` (two tmpfs; no host directory is writable)."""
 
-    def __init__(self, mode: str, root_dir: str, unsafe: bool = False) -> None:
+    def __init__(self, mode: str, root_dir: str, unsafe: bool = False,
+                 tmp_mb: int = DEFAULT_TMP_MB) -> None:
         if mode not in ("fork", "kernel"):
             raise ValueError(f"mode must be 'fork' or 'kernel', got {mode!r}")
         self.mode = mode
         self.root_dir = root_dir
         self.unsafe = unsafe
+        self.tmp_mb = tmp_mb
         self.proc: Optional[asyncio.subprocess.Process] = None
+        self.handle: Optional[ProcessHandle] = None
+        self.killed = False
         self.host_dir: Optional[str] = None
         self._lock = asyncio.Lock()
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        """Started, not killed by us and not seen to exit (``returncode`` is set only once
+        the event loop has reaped the process, so a kill is recorded at once)."""
+        return self.proc is not None and not self.killed and self.proc.returncode is None
 
     async def start(self) -> None:
         """Start the process and wait for its ready message (raises ``SandboxUnavailable``)."""
-        os.makedirs(self.root_dir, exist_ok=True)
-        self.host_dir = tempfile.mkdtemp(dir=self.root_dir, prefix=f"py{self.mode}_")
-        src = worker_source()
+        self.killed = False
+        fd = None
         if self.unsafe:
-            worker_mode = "unsafe" if self.mode == "fork" else "kernel"
-            argv = [sys.executable, "-I", "-c", src, worker_mode, self.host_dir]
+            os.makedirs(self.root_dir, exist_ok=True)
+            self.host_dir = tempfile.mkdtemp(dir=self.root_dir, prefix=f"py{self.mode}_")
+            worker_mode = "unsafe" if self.mode == "fork" else "kernel-unsafe"
+            argv = [sys.executable, "-I", WORKER_FILE, worker_mode, self.host_dir]
         else:
             require_sandbox()
             worker_mode = "isolated" if self.mode == "fork" else "kernel"
-            argv = bwrap_argv(self.host_dir, limits=None) + [
-                sys.executable, "-I", "-c", src, worker_mode, SANDBOX_WORKDIR]
-        self.proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL if self.mode == "kernel" else asyncio.subprocess.PIPE,
-            limit=1 << 24)
+            argv, fd = packed_argv(
+                bwrap_argv(None, limits=None, tmp_mb=self.tmp_mb,
+                           ro_binds=[(WORKER_FILE, WORKER_SANDBOX_PATH)])
+                + [os.path.basename(sys.executable), "-I", WORKER_SANDBOX_PATH, worker_mode,
+                   SANDBOX_WORKDIR])
         try:
-            msg = await asyncio.wait_for(self._read(), STARTUP_TIMEOUT_S)
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL if self.mode == "kernel"
+                else asyncio.subprocess.PIPE,
+                pass_fds=() if fd is None else (fd,))
+            self.handle = ProcessHandle(self.proc.pid)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        try:
+            msg = await asyncio.wait_for(self._read_header(), STARTUP_TIMEOUT_S)
         except asyncio.CancelledError:
             self.kill()
             raise
@@ -114,31 +128,65 @@ class SandboxProcess:
             self.kill()
             raise SandboxUnavailable(f"unexpected worker greeting {msg!r}")
 
-    async def _read(self) -> dict:
+    async def _read_header(self) -> dict:
+        """One JSON header frame of at most :data:`MAX_HEADER` bytes (a longer one, or one
+        that is not a JSON object, means the worker is broken or subverted: WorkerDied)."""
         try:
             head = await self.proc.stdout.readexactly(4)
-            body = await self.proc.stdout.readexactly(struct.unpack(">I", head)[0])
+            n = struct.unpack(">I", head)[0]
+            if n > MAX_HEADER:
+                raise WorkerDied(f"protocol violation: a {n}-byte header")
+            body = await self.proc.stdout.readexactly(n)
         except asyncio.IncompleteReadError:
             raise WorkerDied("the worker process exited") from None
-        return json.loads(body)
+        try:
+            msg = json.loads(body)
+        except ValueError:
+            raise WorkerDied("protocol violation: a header that is not JSON") from None
+        if not isinstance(msg, dict):
+            raise WorkerDied("protocol violation: a header that is not an object")
+        return msg
+
+    async def _read_reply(self, max_output: int) -> RunResult:
+        """A reply: header, then stdout and stderr bytes, each at most ``max_output``."""
+        msg = await self._read_header()
+        sizes = [msg.pop("stdout_len", None), msg.pop("stderr_len", None)]
+        if not all(isinstance(n, int) and 0 <= n <= max_output for n in sizes):
+            raise WorkerDied(f"protocol violation: output sizes {sizes!r:.80} over the "
+                             f"{max_output}-byte cap")
+        try:
+            out = await self.proc.stdout.readexactly(sizes[0])
+            err = await self.proc.stdout.readexactly(sizes[1])
+        except asyncio.IncompleteReadError:
+            raise WorkerDied("the worker process exited") from None
+        fields = {k: msg[k] for k in ("exit_code", "signal", "timed_out", "truncated",
+                                      "elapsed_s", "memory_exceeded", "kernel_lost") if k in msg}
+        try:
+            return RunResult(stdout=out.decode("utf-8", "backslashreplace"),
+                             stderr=err.decode("utf-8", "backslashreplace"), **fields)
+        except TypeError:
+            raise WorkerDied("protocol violation: a malformed reply") from None
 
     async def call(self, code: str, limits: ResourceLimits, max_output: int,
                    stdin: Optional[str] = None) -> RunResult:
         """Run one snippet (``stdin``: its standard input; None: empty); raises
-        :class:`WorkerDied` if the process ends or overruns ``limits.wall_s + BACKSTOP_S``
-        (then it is killed)."""
+        :class:`WorkerDied` if the process ends, overruns ``limits.wall_s + BACKSTOP_S``
+        or breaks the protocol (then it is killed)."""
         async with self._lock:
             if not self.alive:
                 raise WorkerDied("the worker process is not running")
-            msg = {"code": code, "limits": _limits_dict(limits), "max_output": max_output}
-            if stdin is not None:
-                msg["stdin"] = stdin
-            data = json.dumps(msg).encode()
+            data = code.encode("utf-8", "surrogatepass")
+            stdin_data = (stdin or "").encode("utf-8", "surrogatepass")
+            head = json.dumps({"code_len": len(data), "stdin_len": len(stdin_data),
+                               "limits": _limits_dict(limits),
+                               "max_output": max_output}).encode()
             try:
-                self.proc.stdin.write(struct.pack(">I", len(data)) + data)
+                self.proc.stdin.write(struct.pack(">I", len(head)) + head)
+                self.proc.stdin.write(data)
+                self.proc.stdin.write(stdin_data)
                 await self.proc.stdin.drain()
-                backstop = BACKSTOP_S if self.mode == "fork" else 0.0
-                reply = await asyncio.wait_for(self._read(), limits.wall_s + backstop)
+                reply = await asyncio.wait_for(self._read_reply(max_output),
+                                               limits.wall_s + BACKSTOP_S)
             except asyncio.CancelledError:
                 # the caller gave up mid-call: the reply would reach the next caller
                 self.kill()
@@ -152,15 +200,27 @@ class SandboxProcess:
             except WorkerDied:
                 self.kill()
                 raise
-            return RunResult(**reply)
+            if reply.kernel_lost:
+                self.kill()
+            return reply
+
+    async def log_stderr(self, why: str) -> None:
+        """Log what a dead worker wrote on its stderr (a crash of the worker itself)."""
+        proc = self.proc
+        if proc is None or proc.stderr is None:
+            return
+        try:
+            err = await asyncio.wait_for(proc.stderr.read(8192), 0.5)
+        except (asyncio.TimeoutError, ValueError, OSError):
+            return
+        if err.strip():
+            log.warning("python worker ended (%s): %s", why, err.decode(errors="replace"))
 
     def kill(self) -> None:
         """Stop the process (its whole sandbox goes with it) and delete its host dir."""
-        if self.proc is not None and self.proc.returncode is None:
-            try:
-                self.proc.kill()
-            except ProcessLookupError:
-                pass
+        self.killed = True
+        if self.handle is not None:
+            self.handle.kill()     # by pidfd: never a recycled pid
         if self.host_dir is not None:
             shutil.rmtree(self.host_dir, ignore_errors=True)
             self.host_dir = None
@@ -169,19 +229,22 @@ class SandboxProcess:
 class PythonPool:
     """``size`` fork-server workers; :meth:`run` uses an idle one (waiting if none)."""
 
-    def __init__(self, size: int, root_dir: str, unsafe: bool = False) -> None:
+    def __init__(self, size: int, root_dir: str, unsafe: bool = False,
+                 tmp_mb: int = DEFAULT_TMP_MB) -> None:
         if size < 1:
             raise ValueError(f"pool size (--workers) must be >= 1, got {size}")
         self.size = size
         self.root_dir = root_dir
         self.unsafe = unsafe
+        self.tmp_mb = tmp_mb
         self._idle: Optional[asyncio.Queue] = None
         self._all: list[SandboxProcess] = []
         self.restarts = 0
 
     async def start(self) -> None:
         self._idle = asyncio.Queue()
-        workers = [SandboxProcess("fork", self.root_dir, self.unsafe) for _ in range(self.size)]
+        workers = [SandboxProcess("fork", self.root_dir, self.unsafe, self.tmp_mb)
+                   for _ in range(self.size)]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         for w, r in zip(workers, results):
             if isinstance(r, BaseException):
@@ -204,6 +267,7 @@ class PythonPool:
                 return await worker.call(code, limits, max_output, stdin)
             except WorkerDied as e:
                 self.restarts += 1
+                await worker.log_stderr(str(e))
                 return RunResult(error=f"the sandboxed process was killed ({e})")
         finally:
             if worker.alive:

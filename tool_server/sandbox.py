@@ -9,8 +9,10 @@ Every tool that runs model-written code (``python_code``, ``bash``) runs it unde
   minimal ``/etc`` and the Python installation (``sys.base_prefix`` and the venv's
   ``sys.prefix``) at their own paths; nothing else of the host: not ``/root``, not
   ``/home``, not ``/work`` or the repository;
-* a private ``/tmp`` (tmpfs), a minimal ``/dev`` and a fresh ``/proc``;
-* the work dir, bound at :data:`SANDBOX_WORKDIR`, as the only host path it can write;
+* a private ``/tmp`` (a tmpfs of at most ``tmp_mb`` MiB; ``/var/tmp`` is a link to it),
+  a minimal ``/dev`` and a fresh ``/proc``;
+* the work dir, bound at :data:`SANDBOX_WORKDIR`, as the only host path it can write (or,
+  with ``workdir=None``, a second bounded tmpfs there: no host path is writable at all);
 * resource limits (:class:`ResourceLimits`) applied inside the sandbox by ``prlimit``
   just before the command, and a wall-clock limit the caller enforces.
 
@@ -18,7 +20,15 @@ Every tool that runs model-written code (``python_code``, ``bash``) runs it unde
 sandbox does not map a user namespace: bwrap (as root) sets up the mounts, and
 ``setpriv`` drops to an unprivileged uid from :func:`sandbox_uid` (all capabilities
 dropped, ``no_new_privs``) before the command runs. As a normal user, bwrap creates a
-user namespace and the code runs as that user.
+user namespace and the code runs as that user. Each server process owns a block of
+:data:`UID_BLOCK` uids, claimed with a lock file (:func:`uid_block`), so two servers on one
+host never hand out the same uid.
+
+The sandbox's pid 1 is bwrap's own init, whose command line every process inside can read
+(``/proc/1/cmdline``). :func:`packed_argv` moves bwrap's options (host paths: the work dir,
+the Python installation) into a memory file read through ``--args FD``, so what the code
+can see is ``bwrap --args N -- <command>``; commands are named by their base name (looked
+up on the sandbox's ``PATH``), not by host path.
 
 If bubblewrap cannot be used here, :func:`require_sandbox` raises
 :class:`SandboxUnavailable` and tools refuse to run code (fail closed).
@@ -27,13 +37,19 @@ Usage::
 
     ok, why = sandbox_status()
     argv = bwrap_argv(workdir, limits=ResourceLimits(cpu_s=5, wall_s=5)) + ["python3", "-c", code]
-    subprocess.run(argv, timeout=limits.wall_s, ...)
+    argv, fd = packed_argv(argv)          # optional: hide the options from /proc/1/cmdline
+    try:
+        subprocess.run(argv, pass_fds=(fd,), timeout=limits.wall_s, ...)
+    finally:
+        os.close(fd)
 """
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +60,7 @@ from typing import Iterable, Optional, Sequence, Union
 __all__ = [
     "SANDBOX_WORKDIR", "ResourceLimits", "SandboxUnavailable", "sandbox_status",
     "require_sandbox", "bwrap_argv", "sandbox_uid", "python_prefixes", "bwrap_path",
+    "packed_argv", "uid_block", "UID_BLOCK", "DEFAULT_TMP_MB", "ProcessHandle",
 ]
 
 # Where the work dir appears inside the sandbox (also the default cwd and $HOME).
@@ -51,10 +68,16 @@ SANDBOX_WORKDIR = "/workspace"
 
 # Unprivileged uids used when the server runs as root (one per sandbox, rotating, so
 # that RLIMIT_NPROC, which counts processes per uid, does not couple two sandboxes).
+# Each server process claims its own block of UID_BLOCK uids (see uid_block).
 _UID_BASE = 200_000
-_UID_RANGE = 50_000
+UID_BLOCK = 4096
+_UID_SLOTS = 4096              # blocks available: uids 200000 .. 200000 + 4096 * 4096
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
+_uid_block: Optional[tuple[int, int, int]] = None   # (first uid, lock fd, pid)
+
+# Size of the sandbox's /tmp (and of /workspace when it is a tmpfs), MiB.
+DEFAULT_TMP_MB = 256
 
 # Host files of /etc a program may need (dynamic loader, locale, users, alternatives).
 _ETC_FILES = (
@@ -82,6 +105,9 @@ class ResourceLimits:
       nofile     RLIMIT_NOFILE, open file descriptors
       fsize_mb   RLIMIT_FSIZE, largest file the code may write, MiB
       wall_s     wall-clock limit; enforced by the caller (``subprocess`` timeout / kill)
+      total_memory_mb  memory of all processes of one call together, MiB (``None``: not
+                 measured); enforced by whoever runs the call (the python worker measures
+                 it, see ``python_worker.call_memory_bytes``)
     """
 
     cpu_s: int = 10
@@ -90,10 +116,14 @@ class ResourceLimits:
     nofile: int = 256
     fsize_mb: int = 64
     wall_s: float = 10.0
+    total_memory_mb: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "memory_mb", "nproc", "nofile", "fsize_mb", "wall_s"):
+        for name in ("cpu_s", "memory_mb", "nproc", "nofile", "fsize_mb", "wall_s",
+                     "total_memory_mb"):
             value = getattr(self, name)
+            if value is None and name == "total_memory_mb":
+                continue
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"ResourceLimits.{name} must be a positive number, got {value!r}")
 
@@ -142,13 +172,55 @@ def _running_as_root() -> bool:
     return os.geteuid() == 0
 
 
+def _uid_lock_dir() -> str:
+    """Where the uid block lock files live (``$VERLTOOL_UID_LOCK_DIR``, else ``/run`` when
+    writable, else the temp dir): one directory per host, shared by every server."""
+    override = os.environ.get("VERLTOOL_UID_LOCK_DIR")
+    if override:
+        return override
+    base = "/run" if os.access("/run", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, "verltool_jax_uids")
+
+
+def uid_block() -> int:
+    """The first uid of this process's block of :data:`UID_BLOCK` sandbox uids.
+
+    Block ``k`` covers ``200000 + k*UID_BLOCK ..`` and belongs to whoever holds an exclusive
+    ``flock`` on ``<lock dir>/block_<k>.lock``; the lock is held for the life of the process
+    (the kernel drops it when the process ends, even by SIGKILL), so two live servers on a
+    host never share a block. The search starts at a slot derived from the pid. Raises
+    ``RuntimeError`` when every block is taken.
+    """
+    global _uid_block
+    with _uid_lock:
+        if _uid_block is not None and _uid_block[2] == os.getpid():
+            return _uid_block[0]
+        d = _uid_lock_dir()
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        start = os.getpid() % _UID_SLOTS
+        for i in range(_UID_SLOTS):
+            slot = (start + i) % _UID_SLOTS
+            fd = os.open(os.path.join(d, f"block_{slot}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            os.set_inheritable(fd, False)
+            _uid_block = (_UID_BASE + slot * UID_BLOCK, fd, os.getpid())
+            return _uid_block[0]
+        raise RuntimeError(f"all {_UID_SLOTS} sandbox uid blocks are taken (lock files in {d})")
+
+
 def sandbox_uid() -> Optional[int]:
     """A fresh unprivileged uid to run sandboxed code as when the server is root
-    (``None`` when not root: the code runs as the current user in a user namespace)."""
+    (``None`` when not root: the code runs as the current user in a user namespace).
+    Uids rotate through this server's block (:func:`uid_block`)."""
     if not _running_as_root():
         return None
+    first = uid_block()
     with _uid_lock:
-        return _UID_BASE + next(_uid_counter) % _UID_RANGE
+        return first + next(_uid_counter) % UID_BLOCK
 
 
 def python_prefixes() -> list[str]:
@@ -174,16 +246,18 @@ def _norm_bind(b: Bind, field: str) -> tuple[str, str]:
     raise TypeError(f"{field} entries must be a path or a (host_path, sandbox_path) pair, got {b!r}")
 
 
-def bwrap_argv(workdir: str, *, ro_binds: Iterable[Bind] = (), rw_binds: Iterable[Bind] = (),
-               limits: Optional[ResourceLimits], network: bool = False,
-               cwd: Optional[str] = None, uid: Optional[int] = None,
-               env: Optional[dict[str, str]] = None, workdir_dest: str = SANDBOX_WORKDIR
-               ) -> list[str]:
+def bwrap_argv(workdir: Optional[str], *, ro_binds: Iterable[Bind] = (),
+               rw_binds: Iterable[Bind] = (), limits: Optional[ResourceLimits],
+               network: bool = False, cwd: Optional[str] = None, uid: Optional[int] = None,
+               env: Optional[dict[str, str]] = None, workdir_dest: str = SANDBOX_WORKDIR,
+               tmp_mb: int = DEFAULT_TMP_MB, workdir_mb: Optional[int] = None) -> list[str]:
     """The argv prefix that runs a command inside the sandbox; append the command.
 
     ``workdir`` (a host directory; made private, 0700, and owned by the sandbox uid)
     appears at ``workdir_dest`` (default ``/workspace``) and is the only writable host
-    path besides ``rw_binds``. ``ro_binds``/``rw_binds`` entries are a path (same inside)
+    path besides ``rw_binds``; ``workdir=None`` puts a tmpfs of ``workdir_mb`` MiB (default
+    ``tmp_mb``) there instead. ``/tmp`` is a tmpfs of ``tmp_mb`` MiB and ``/var/tmp`` a
+    symlink to it. ``ro_binds``/``rw_binds`` entries are a path (same inside)
     or ``(host, inside)``. ``limits`` are applied by ``prlimit`` right before the
     command (``None``: the caller applies them itself, e.g. in forked children).
     ``network=False`` gives the code a network namespace with nothing in it.
@@ -197,14 +271,18 @@ def bwrap_argv(workdir: str, *, ro_binds: Iterable[Bind] = (), rw_binds: Iterabl
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed; install the 'bubblewrap' "
                                  "package or pass --unsafe-no-sandbox (not recommended)")
-    if not isinstance(workdir, str) or not os.path.isdir(workdir):
-        raise ValueError(f"workdir must be an existing directory, got {workdir!r}")
+    if workdir is not None and (not isinstance(workdir, str) or not os.path.isdir(workdir)):
+        raise ValueError(f"workdir must be an existing directory (or None), got {workdir!r}")
+    for name, mb in (("tmp_mb", tmp_mb), ("workdir_mb", workdir_mb)):
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
+            raise ValueError(f"{name} must be a positive integer (MiB), got {mb!r}")
     root = _running_as_root()
     if root and uid is None:
         uid = sandbox_uid()
-    os.chmod(workdir, 0o700)
-    if root:
-        os.chown(workdir, uid, uid)
+    if workdir is not None:
+        os.chmod(workdir, 0o700)
+        if root:
+            os.chown(workdir, uid, uid)
 
     argv = [bwrap, "--die-with-parent", "--new-session",
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -227,9 +305,12 @@ def bwrap_argv(workdir: str, *, ro_binds: Iterable[Bind] = (), rw_binds: Iterabl
             argv += ["--ro-bind", path, path]
     if network and os.path.exists("/etc/resolv.conf"):
         argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-    # /tmp and /var/tmp world-writable (sticky): the sandbox uid is not their owner when root
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
-             "--perms", "1777", "--dir", "/var/tmp"]
+    # /tmp world-writable (sticky): the sandbox uid is not its owner when root. Bounded,
+    # and /var/tmp is the same file system (one budget, one place to clear).
+    mib = 1024 * 1024
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777",
+             "--size", str(tmp_mb * mib), "--tmpfs", "/tmp",
+             "--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
     made: set[str] = {"/", "/usr", "/etc", "/proc", "/dev", "/tmp", "/var", "/var/tmp"}
 
     def bind(flag: str, src: str, dst: str) -> None:
@@ -251,11 +332,18 @@ def bwrap_argv(workdir: str, *, ro_binds: Iterable[Bind] = (), rw_binds: Iterabl
         bind("--ro-bind", *_norm_bind(b, "ro_binds"))
     for b in rw_binds:
         bind("--bind", *_norm_bind(b, "rw_binds"))
-    bind("--bind", workdir, workdir_dest)
+    if workdir is not None:
+        bind("--bind", workdir, workdir_dest)
+    else:
+        parent = os.path.dirname(workdir_dest.rstrip("/"))
+        if parent not in made and parent not in ("", "/"):
+            argv.extend(["--perms", "0755", "--dir", parent])
+        size = (workdir_mb or tmp_mb) * mib
+        argv += ["--perms", "1777", "--size", str(size), "--tmpfs", workdir_dest]
     argv += ["--chdir", cwd or workdir_dest]
     # environment
     base_env = {
-        "PATH": os.path.join(sys.prefix, "bin") + ":/usr/local/bin:/usr/bin:/bin",
+        "PATH": os.path.join(os.path.realpath(sys.prefix), "bin") + ":/usr/local/bin:/usr/bin:/bin",
         "HOME": workdir_dest, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
         "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -274,6 +362,58 @@ def bwrap_argv(workdir: str, *, ro_binds: Iterable[Bind] = (), rw_binds: Iterabl
     if limits is not None:
         argv += limits.prlimit_argv()
     return argv
+
+
+class ProcessHandle:
+    """A process to kill safely: holds a pidfd opened right after the spawn, so a kill can
+    never reach an unrelated process that reused the pid after this one was reaped."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self._fd: Optional[int] = os.pidfd_open(pid)
+        except OSError:       # already gone
+            self._fd = None
+
+    def kill(self) -> None:
+        """SIGKILL the process if it still exists; then forget it (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except (ProcessLookupError, OSError):
+            pass
+        finally:
+            os.close(fd)
+
+
+def packed_argv(argv: Sequence[str]) -> tuple[list[str], int]:
+    """Move bwrap's options (everything between the binary and the first ``--``) into a
+    memory file: returns ``([bwrap, "--args", FD, "--", *command], FD)``.
+
+    The caller passes ``FD`` to the child (``pass_fds=(FD,)``) and closes it once the
+    child has started; bwrap reads and closes it before running the command, so the
+    sandbox's ``/proc/1/cmdline`` shows no host path. ``argv`` must come from
+    :func:`bwrap_argv`.
+    """
+    argv = list(argv)
+    try:
+        split = argv.index("--")
+    except ValueError:
+        raise ValueError("packed_argv needs an argv from bwrap_argv (no '--' found)") from None
+    options = argv[1:split]
+    fd = os.memfd_create("bwrap_args", 0)
+    try:
+        data = b"".join(a.encode() + b"\0" for a in options)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return [argv[0], "--args", str(fd)] + argv[split:], fd
 
 
 _status_lock = threading.Lock()
@@ -304,9 +444,13 @@ def _probe() -> tuple[bool, str]:
             return False, f"'{tool}' (util-linux) not found: install util-linux"
     with tempfile.TemporaryDirectory(prefix="sandbox_probe_") as d:
         try:
-            argv = bwrap_argv(d, limits=ResourceLimits(cpu_s=5, wall_s=10))
-            r = subprocess.run(argv + [sys.executable, "-S", "-c", "pass"],
-                               capture_output=True, text=True, timeout=20)
+            argv, fd = packed_argv(bwrap_argv(d, limits=ResourceLimits(cpu_s=5, wall_s=10))
+                                   + [os.path.basename(sys.executable), "-S", "-c", "pass"])
+            try:
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=20,
+                                   pass_fds=(fd,))
+            finally:
+                os.close(fd)
         except (OSError, subprocess.SubprocessError, SandboxUnavailable) as e:
             return False, f"running bwrap failed: {e}"
         if r.returncode != 0:

@@ -34,6 +34,10 @@ class ToolSettings:
     sweep_interval_s: float = 30.0     # how often idle trajectory state is swept
     tool_dirs: list = field(default_factory=list)  # extra folders scanned for tools
     compat: str = NATIVE               # answer format: native | verltool (tool_server.kit.compat)
+    # --- request limits (HTTP) ---
+    max_request_mb: float = 64.0       # larger request bodies get HTTP 413
+    max_batch: int = 4096              # more actions in one request get HTTP 422
+    client_timeout_s: float = 60.0     # a client that takes longer to send a request is cut off
 
 
 class BaseTool:

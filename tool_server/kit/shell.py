@@ -24,12 +24,15 @@ import logging
 import os
 import re
 import signal
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Optional
 
 from tool_server.kit.observations import truncate_text
-from tool_server.sandbox import ResourceLimits, SandboxUnavailable, bwrap_argv, require_sandbox
+from tool_server.python_pool import WORKER_FILE, WORKER_SANDBOX_PATH
+from tool_server.sandbox import (ProcessHandle, ResourceLimits, SandboxUnavailable, bwrap_argv,
+                                 bwrap_path, packed_argv, require_sandbox)
 from tool_server.kit.options import tool_option
 from tool_server.kit.workspace import Workspace
 
@@ -55,11 +58,16 @@ def workspace_limits(extra: Optional[dict], prefix: str, wall_s: float) -> Resou
 
     Options (``--tool-opt``): ``<prefix>_cpu_s`` (CPU seconds per process, default 120),
     ``<prefix>_memory_mb`` (address space per process, 4096), ``<prefix>_nproc`` (256),
-    ``<prefix>_nofile`` (1024), ``<prefix>_fsize_mb`` (largest file written, 512).
+    ``<prefix>_nofile`` (1024), ``<prefix>_fsize_mb`` (largest file written, 512),
+    ``<prefix>_total_memory_mb`` (memory of all the sandbox's processes together, measured
+    every 50 ms by a watcher in the sandbox; default ``<prefix>_memory_mb``).
     """
+    memory_mb = tool_option(extra, f"{prefix}_memory_mb", int, 4096, minimum=64)
     return ResourceLimits(
         cpu_s=tool_option(extra, f"{prefix}_cpu_s", int, 120, minimum=1),
-        memory_mb=tool_option(extra, f"{prefix}_memory_mb", int, 4096, minimum=64),
+        memory_mb=memory_mb,
+        total_memory_mb=tool_option(extra, f"{prefix}_total_memory_mb", int, memory_mb,
+                                    minimum=64),
         nproc=tool_option(extra, f"{prefix}_nproc", int, 256, minimum=4),
         nofile=tool_option(extra, f"{prefix}_nofile", int, 1024, minimum=16),
         fsize_mb=tool_option(extra, f"{prefix}_fsize_mb", int, 512, minimum=1),
@@ -80,7 +88,13 @@ def workspace_argv(ws: Workspace, limits: ResourceLimits, unsafe_no_sandbox: boo
         log.warning("UNSAFE: running %r without a sandbox in %s", command[:1], ws.root)
         return list(command), ws.root
     require_sandbox()
+    ro_binds = []
+    if limits.total_memory_mb:   # all processes of the sandbox under one measured budget
+        ro_binds.append((WORKER_FILE, WORKER_SANDBOX_PATH))
+        command = [os.path.basename(sys.executable), "-I", WORKER_SANDBOX_PATH, "watch",
+                   str(limits.total_memory_mb), "--", *command]
     return bwrap_argv(ws.root, limits=limits, uid=ws.uid, workdir_dest=ws.sandbox_path,
+                      ro_binds=ro_binds,
                       env={"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
                            "PYTHONUNBUFFERED": "1"}) + list(command), None
 
@@ -127,19 +141,34 @@ class ShellResult:
     shell_exited: bool = False
 
 
+async def _spawn(argv: list[str], **kwargs) -> asyncio.subprocess.Process:
+    """``asyncio.create_subprocess_exec``; a bubblewrap argv has its options passed through
+    a memory file (:func:`packed_argv`: no host path in the sandbox's ``/proc/1/cmdline``),
+    and the process gets a :class:`ProcessHandle` (a pidfd taken right after the spawn)."""
+    fd = None
+    if argv and argv[0] == bwrap_path() and "--" in argv:
+        argv, fd = packed_argv(argv)
+        kwargs["pass_fds"] = (fd,)
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, **kwargs)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    proc.vtj_handle = ProcessHandle(proc.pid)
+    return proc
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the process group of ``proc`` (bwrap and, through --die-with-parent and the
-    pid namespace, everything inside the sandbox)."""
-    if proc.returncode is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.kill()
-    except ProcessLookupError:
-        pass
+    """SIGKILL ``proc`` through its pidfd, so a pid recycled after the process was reaped
+    is never hit. In the sandbox everything else dies with it (bwrap --die-with-parent and
+    the pid namespace); without one (``unsafe_no_sandbox``) its process group is killed
+    too while the process is still running."""
+    if proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.vtj_handle.kill()
 
 
 class ShellSession:
@@ -157,8 +186,8 @@ class ShellSession:
         return self.proc is not None and self.proc.returncode is None
 
     async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, cwd=self.cwd, stdin=asyncio.subprocess.PIPE,
+        self.proc = await _spawn(
+            self.argv, cwd=self.cwd, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             start_new_session=True)
 
@@ -235,8 +264,8 @@ async def run_once(argv: list[str], cwd: Optional[str], timeout_s: float, output
                    ) -> ShellResult:
     """Run ``argv`` (stdin ``/dev/null``) to completion or ``timeout_s``, killing the whole
     process group on timeout."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+    proc = await _spawn(
+        argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     out = OutputBuffer(output_cap)
 

@@ -20,7 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Collection, Optional, Union
 
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+from tool_server.kit.tags import delimited_bodies
+
 _NAME_RE = re.compile(r'"name"\s*:\s*"([^"\\]{1,200})"')
 
 
@@ -45,14 +46,19 @@ ParsedToolCall = Union[ToolCall, ToolCallError]
 
 def last_tool_call_body(action: str) -> Optional[str]:
     """The text inside the last complete ``<tool_call>...</tool_call>`` of ``action``."""
-    bodies = TOOL_CALL_RE.findall(action or "")
+    bodies = delimited_bodies(action or "", "<tool_call>", "</tool_call>")
     return bodies[-1].strip() if bodies else None
 
 
 def _strip_code_fence(body: str) -> str:
-    """Models sometimes wrap the JSON in a Markdown fence inside the tag; drop it."""
-    m = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.DOTALL)
-    return m.group(1) if m else body
+    """Models sometimes wrap the JSON in a Markdown fence inside the tag; drop it
+    (```` ```json ... ``` ```` or ```` ``` ... ``` ````; linear time)."""
+    if len(body) < 6 or not (body.startswith("```") and body.endswith("```")):
+        return body
+    inner = body[3:-3]
+    if inner.startswith("json"):
+        inner = inner[4:]
+    return inner.strip()
 
 
 def decode_tool_call(body: str) -> ParsedToolCall:
@@ -64,6 +70,9 @@ def decode_tool_call(body: str) -> ParsedToolCall:
     body = _strip_code_fence(body)
     try:
         obj = json.loads(body)
+    except RecursionError:
+        return ToolCallError(None, "Invalid JSON in <tool_call>: nested too deeply. Write "
+                             '{"name": "<tool>", "arguments": {...}}.')
     except json.JSONDecodeError as e:
         m = _NAME_RE.search(body)
         return ToolCallError(
@@ -83,6 +92,8 @@ def decode_tool_call(body: str) -> ParsedToolCall:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
+        except RecursionError:
+            return ToolCallError(name, f'"arguments" of {name} is nested too deeply.')
         except json.JSONDecodeError as e:
             return ToolCallError(name, f'"arguments" of {name} is a string that is not valid '
                                        f"JSON ({e.msg}); give an object instead.")

@@ -20,17 +20,15 @@ gives up on the call),
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any, Optional
 
 from tool_server.kit.options import tool_option
 from tool_server.kit.shell import (SandboxUnavailable, ShellSession, command_timeout,
                                       format_result, workspace_argv, workspace_limits)
-from tool_server.kit.tags import last_tag_body
+from tool_server.kit.tags import fenced_blocks, last_tag_body
 from tool_server.kit.base import Observation
 from tool_server.kit.workspace import WorkspaceError, WorkspaceTool
 
-_FENCE_RE = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
 
 
 def parse_bash_action(action: str) -> Optional[str]:
@@ -39,7 +37,7 @@ def parse_bash_action(action: str) -> Optional[str]:
     body = last_tag_body(action or "", "bash")
     if body is not None:
         return body
-    blocks = _FENCE_RE.findall(action or "")
+    blocks = fenced_blocks(action or "", ("bash", "sh", "shell"))
     return blocks[-1].strip() if blocks else None
 
 

@@ -16,7 +16,11 @@ workspace's sandbox path (``/workspace/...``). A path that escapes the workspace
 a symlink pointing outside, another absolute path) is refused. Files are opened component
 by component with ``O_NOFOLLOW`` relative to the workspace directory, so a symlink swapped in
 concurrently by the shell cannot redirect a read or write outside; a file that shares its
-inode with another path is replaced by a new file rather than written through.
+inode with another path is replaced by a new file rather than written through. Only regular
+files are opened, non-blocking (a FIFO or device made by the shell cannot hang the server).
+Files over ``file_editor_max_file_bytes`` (``--tool-opt``, default 4 MiB) are never read
+whole: ``view`` streams them in bounded memory (line count, then the lines in range, up to
+the observation limit) and edits are refused.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import stat
 import uuid
 from typing import Any, Optional
 
+from tool_server.kit.options import tool_option
 from tool_server.kit.tool_calls import (ToolCall, ToolCallError, invalid_call,
                                         parse_tool_call_for, register_names)
 from tool_server.kit.base import Observation
@@ -34,6 +39,7 @@ from tool_server.kit.workspace import Workspace, WorkspaceError, WorkspaceTool
 FILE_EDITOR_NAMES = register_names({"file_editor", "str_replace_editor"})
 COMMANDS = ("view", "create", "str_replace", "insert")
 SNIPPET_CONTEXT = 4
+DEFAULT_MAX_FILE_BYTES = 4 << 20   # larger files are viewed in parts and never edited
 
 
 class EditorError(ValueError):
@@ -58,14 +64,9 @@ def line_count(text: str) -> int:
     return text.count("\n") + (0 if text.endswith("\n") else 1)
 
 
-def view_lines(text: str, view_range: Optional[list]) -> tuple[str, int]:
-    """The numbered lines ``[start, end]`` (1-based, inclusive; ``end=-1``: to the end).
-
-    Returns ``(numbered text, start)``; raises :class:`EditorError` naming the bad bound.
-    """
-    n = line_count(text)
-    if view_range is None:
-        return number_lines(text), 1
+def _check_range(view_range: Any, n: int) -> tuple[int, int]:
+    """``(start, end)`` of a valid ``view_range`` for a file of ``n`` lines (``end=-1``:
+    ``n``); raises :class:`EditorError` naming the bad bound."""
     if (not isinstance(view_range, list) or len(view_range) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in view_range)):
         raise EditorError(f'"view_range" must be a list of two integers [start, end], got '
@@ -79,6 +80,18 @@ def view_lines(text: str, view_range: Optional[list]) -> tuple[str, int]:
     if not start <= end <= n:
         raise EditorError(f'"view_range" end {end} must be between {start} and {n} (the '
                           "number of lines), or -1 for the end of the file.")
+    return start, end
+
+
+def view_lines(text: str, view_range: Optional[list]) -> tuple[str, int]:
+    """The numbered lines ``[start, end]`` (1-based, inclusive; ``end=-1``: to the end).
+
+    Returns ``(numbered text, start)``; raises :class:`EditorError` naming the bad bound.
+    """
+    n = line_count(text)
+    if view_range is None:
+        return number_lines(text), 1
+    start, end = _check_range(view_range, n)
     lines = text.split("\n")[start - 1:end]
     return "\n".join(f"{i:6d}\t{line}" for i, line in enumerate(lines, start)), start
 
@@ -194,21 +207,131 @@ class _Dir:
         os.close(self.fd)
 
 
-def read_text(ws: Workspace, rel: str) -> str:
-    """Read the UTF-8 text file ``rel`` of the workspace (no symlink followed)."""
+def _open_regular(ws: Workspace, rel: str) -> tuple[int, os.stat_result]:
+    """An fd of the regular file ``rel`` (no symlink followed) and its stat.
+
+    Opened with ``O_NONBLOCK`` after an ``lstat`` check, so a FIFO or a device swapped in
+    by the sandboxed shell can never block the server in ``open()`` or ``read()``; the fd
+    is checked again with ``fstat`` (the entry may change between the two)."""
     d, name = posixpath.split(rel)
     with _Dir(ws, d) as dfd:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise EditorError(f"{rel} is not a regular file.")
-            data = f.read()
-    if b"\x00" in data[:8192]:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            raise EditorError(f"{rel} is not a regular file.")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise EditorError(f"{rel} is not a regular file.")
+    return fd, st
+
+
+def _check_text_head(rel: str, head: bytes) -> None:
+    if b"\x00" in head[:8192]:
         raise EditorError(f"{rel} looks like a binary file; file_editor edits text files only.")
+
+
+def read_text(ws: Workspace, rel: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> str:
+    """Read the UTF-8 text file ``rel`` of the workspace (no symlink followed; a file over
+    ``max_bytes`` is refused: :func:`view_file` shows parts of larger files)."""
+    fd, st = _open_regular(ws, rel)
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > max_bytes:
+            raise EditorError(f"{rel} has {st.st_size} bytes, over file_editor's limit of "
+                              f"{max_bytes} for editing; view parts of it with view_range.")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise EditorError(f"{rel} is over file_editor's limit of {max_bytes} bytes.")
+    _check_text_head(rel, data)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise EditorError(f"{rel} is not valid UTF-8 ({e.reason} at byte {e.start}).") from None
+
+
+def _stream_view(f, rel: str, view_range: Optional[list], max_chars: int) -> tuple[str, bool]:
+    """``view_lines`` for a file too large to read whole, in bounded memory.
+
+    Reads ``f`` in 1 MiB chunks: once to count lines (to check ``view_range`` exactly as
+    :func:`view_lines` does), then again keeping only the numbered lines in range until
+    the output reaches ``max_chars`` (each line cut there too). Returns
+    ``(numbered text, truncated)``."""
+    chunk_size = 1 << 20
+    _check_text_head(rel, os.pread(f.fileno(), 8192, 0))
+    n, last = 0, b"\n"
+    f.seek(0)
+    while True:
+        chunk = f.read(chunk_size)
+        if not chunk:
+            break
+        n += chunk.count(b"\n")
+        last = chunk[-1:]
+    if last != b"\n":
+        n += 1
+    if view_range is None:
+        start, end = 1, n
+    else:
+        start, end = _check_range(view_range, n)
+    out: list[str] = []
+    used = 0
+    line_no = 1
+    cur = bytearray()
+    f.seek(0)
+    truncated = False
+
+    def emit() -> bool:
+        nonlocal used
+        text = f"{line_no:6d}\t" + bytes(cur).decode("utf-8", "replace")
+        out.append(text)
+        used += len(text) + 1
+        return used >= max_chars
+
+    done = False
+    while not done:
+        chunk = f.read(chunk_size)
+        if not chunk:
+            if cur and start <= line_no <= end:
+                truncated = emit()
+            break
+        pos = 0
+        while True:
+            nl = chunk.find(b"\n", pos)
+            stop = len(chunk) if nl < 0 else nl
+            if start <= line_no <= end and len(cur) <= max_chars:
+                cur += chunk[pos:min(stop, pos + max_chars + 1 - len(cur))]
+            if nl < 0:
+                break
+            if start <= line_no <= end and emit():
+                truncated = line_no < end
+                done = True
+                break
+            cur.clear()
+            line_no += 1
+            pos = nl + 1
+            if line_no > end:
+                done = True
+                break
+    return "\n".join(out), truncated
+
+
+def view_file(ws: Workspace, rel: str, view_range: Optional[list], max_bytes: int,
+              max_chars: int) -> str:
+    """The ``cat -n`` view of ``rel`` (``view_range`` as in :func:`view_lines`): read whole
+    when at most ``max_bytes``, else streamed (:func:`_stream_view`) so a huge file costs
+    bounded memory."""
+    fd, st = _open_regular(ws, rel)
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size <= max_bytes:
+            data = f.read(max_bytes + 1)
+            if len(data) <= max_bytes:
+                _check_text_head(rel, data)
+                text = data.decode("utf-8", "replace")
+                return view_lines(text, view_range)[0]
+        body, truncated = _stream_view(f, rel, view_range, max_chars)
+    if truncated:
+        body += ("\n[... output truncated; the file is large: use view_range to see other "
+                 "lines ...]")
+    return body
 
 
 def write_text(ws: Workspace, rel: str, text: str, must_not_exist: bool = False) -> None:
@@ -230,7 +353,7 @@ def write_text(ws: Workspace, rel: str, text: str, must_not_exist: bool = False)
             if not stat.S_ISREG(st.st_mode):
                 raise EditorError(f"{rel} is not a regular file.")
             mode = stat.S_IMODE(st.st_mode)
-            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW, dir_fd=dfd)
+            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
             with os.fdopen(fd, "r+b") as f:
                 fst = os.fstat(f.fileno())
                 if stat.S_ISREG(fst.st_mode) and fst.st_nlink == 1:
@@ -284,6 +407,11 @@ class FileEditorTool(WorkspaceTool):
     usage = ('<tool_call>{"name": "file_editor", "arguments": {"command": "view" | "create" | '
              '"str_replace" | "insert", "path": "relative/path", ...}}</tool_call>')
 
+    def __init__(self, settings=None) -> None:
+        super().__init__(settings)
+        self.max_file_bytes = tool_option(self.settings.extra, "file_editor_max_file_bytes",
+                                          int, DEFAULT_MAX_FILE_BYTES, minimum=1024)
+
     def parse_action(self, action: str) -> tuple[Any, bool]:
         return parse_tool_call_for(action, FILE_EDITOR_NAMES)
 
@@ -332,8 +460,8 @@ class FileEditorTool(WorkspaceTool):
                 entries = list_dir(ws, rel)
                 return (f"Files and directories up to 2 levels deep in {shown} (hidden ones "
                         "excluded):\n" + "\n".join(entries))
-            text = read_text(ws, rel)
-            body, _ = view_lines(text, args.get("view_range"))
+            body = view_file(ws, rel, args.get("view_range"), self.max_file_bytes,
+                             self.settings.max_obs_chars)
             return f"Here is the result of running `cat -n` on {shown}:\n{body}"
         if rel == ".":
             raise EditorError(f"{command} needs a file path, not the workspace root.")
@@ -346,7 +474,7 @@ class FileEditorTool(WorkspaceTool):
         new_str = args.get("new_str", "" if command == "str_replace" else None)
         if not isinstance(new_str, str):
             raise EditorError(f'{command} needs "new_str" (a string).')
-        text = read_text(ws, rel)
+        text = read_text(ws, rel, self.max_file_bytes)
         if command == "str_replace":
             old_str = args.get("old_str")
             if not isinstance(old_str, str):

@@ -17,7 +17,9 @@ next number, so later calls can address it. Arguments:
 The observation is ``{"obs": text with the new image's number and size, "image": data URL}``.
 Every mistake (invalid JSON, unknown name, bad index, bad box) is an observation saying what
 is wrong. Options (``--tool-opt``): ``image_max_images`` (64), ``image_max_side`` (4096),
-``image_max_zoom`` (8).
+``image_max_zoom`` (8), ``image_max_trajectory_mb`` (256: decoded pixels a trajectory's
+images may hold together, the given ones included; an operation that would go over is
+refused with an observation).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ import binascii
 import io
 import math
 import os
-from typing import Any, Sequence
+import stat
+from typing import Any, Optional, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
@@ -100,12 +103,21 @@ def resolve_box(box: Sequence[float], width: int, height: int, coords: str = "au
 
 
 # --- image I/O -----------------------------------------------------------------------------
-def load_image(ref: Any) -> Image.Image:
-    """Open an image given as a file path, a ``data:image/...;base64,`` URL or raw bytes."""
+def image_bytes(img: Image.Image) -> int:
+    """Memory Pillow holds for ``img`` decoded: ``width * height`` times 1 byte for 1-band
+    8-bit modes (``1``, ``L``, ``P``), else 4 (Pillow stores RGB, RGBA, I, F... in 32-bit
+    pixels)."""
+    return img.width * img.height * (1 if img.mode in ("1", "L", "P") else 4)
+
+
+def load_image(ref: Any, max_bytes: Optional[int] = None) -> Image.Image:
+    """Open an image given as a file path, a ``data:image/...;base64,`` URL or raw bytes.
+    With ``max_bytes``, an image whose decoded size (:func:`image_bytes`) is larger is
+    refused before it is decoded."""
     if isinstance(ref, (bytes, bytearray)):
         data = bytes(ref)
     elif isinstance(ref, dict) and ("bytes" in ref or "path" in ref):
-        return load_image(ref.get("bytes") or ref.get("path"))
+        return load_image(ref.get("bytes") or ref.get("path"), max_bytes)
     elif isinstance(ref, str) and ref.startswith("data:"):
         header, _, payload = ref.partition(",")
         if ";base64" not in header:
@@ -116,16 +128,24 @@ def load_image(ref: Any) -> Image.Image:
             raise ValueError(f"image data URL is not valid base64: {e}") from None
     elif isinstance(ref, str):
         path = ref[len("file://"):] if ref.startswith("file://") else ref
-        if not os.path.isfile(path):
-            raise ValueError(f"image file not found: {path}")
-        with open(path, "rb") as f:
+        try:   # non-blocking and regular files only: a FIFO or device cannot hang a thread
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            raise ValueError(f"image file not found: {path}") from None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError(f"image file is not a regular file: {path}")
             data = f.read()
     else:
         raise ValueError(f"an image must be a path or a data URL, got {type(ref).__name__}")
     try:
         img = Image.open(io.BytesIO(data))
+        if max_bytes is not None and image_bytes(img) > max_bytes:
+            raise ValueError(f"the image is {img.width}x{img.height} pixels "
+                             f"({image_bytes(img) >> 20} MB decoded), over the "
+                             f"{max_bytes >> 20} MB limit per trajectory")
         img.load()
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise ValueError(f"cannot decode image: {e}") from None
     return img
 
@@ -167,13 +187,19 @@ class ImageTool(BaseTool):
             if isinstance(refs, (str, bytes, dict)):
                 refs = [refs]
             images = []
+            budget = self._budget_bytes()
             for i, ref in enumerate(refs):
                 try:
-                    images.append(load_image(ref))
+                    images.append(load_image(ref, budget - sum(map(image_bytes, images))))
                 except ValueError as e:
+                    for img in images:
+                        img.close()
                     raise ValueError(f'extra_field["images"][{i}]: {e}') from None
             env["images"] = images
         return env["images"]
+
+    def _budget_bytes(self) -> int:
+        return self._opt("image_max_trajectory_mb", 256) << 20
 
     def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
                        ) -> tuple[Observation, bool, bool]:
@@ -183,6 +209,13 @@ class ImageTool(BaseTool):
         try:
             images = self._images(trajectory_id, extra_field)
             text, img = self._run(parsed, images)
+            held = sum(map(image_bytes, images))
+            if held + image_bytes(img) > self._budget_bytes():
+                img.close()
+                raise ValueError(f"this trajectory's images already hold {held >> 20} MB and "
+                                 f"the new one would take {image_bytes(img) >> 20} MB, over the "
+                                 f"{self._budget_bytes() >> 20} MB limit per trajectory; crop "
+                                 "to a smaller region.")
         except ValueError as e:
             msg = f"{parsed.name} failed: {e}"
             return invalid_call(msg)

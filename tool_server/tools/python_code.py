@@ -17,13 +17,18 @@ program, stdin and observation follow VerlTool's python tool
 (``tool_server/kit/python_compat.py``).
 
 Options (``--tool-opt``): ``python_timeout`` (wall s, default: server timeout - 0.5),
-``python_cpu_s``, ``python_memory_mb`` (1024), ``python_nproc`` (64), ``python_nofile``
-(256), ``python_fsize_mb`` (64), ``python_stateful`` (false), ``python_max_kernels``
-(32: live stateful interpreters; the least recently used trajectory's is freed first).
+``python_cpu_s``, ``python_memory_mb`` (1024: address space of each process, and the
+memory budget of all processes of a call together, measured every 20 ms, see
+``python_worker.call_memory_bytes``), ``python_nproc`` (64), ``python_nofile`` (256),
+``python_fsize_mb`` (64), ``python_disk_mb`` (256: size of each of the sandbox's two
+tmpfs, ``/tmp`` and ``/workspace``; no host directory is writable), ``python_stateful``
+(false), ``python_max_kernels`` (32: live stateful interpreters; the least recently used
+trajectory's is freed first).
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import signal
@@ -31,21 +36,21 @@ import sys
 from typing import Any, Optional
 
 from tool_server.python_pool import PythonPool, RunResult, SandboxProcess, WorkerDied
-from tool_server.sandbox import ResourceLimits, SandboxUnavailable, sandbox_status
 from tool_server.kit import python_compat as vt
-from tool_server.kit.options import tool_option
 from tool_server.kit.base import BaseTool, Observation
+from tool_server.kit.options import tool_option
+from tool_server.kit.tags import fenced_blocks, tag_bodies
+from tool_server.sandbox import (DEFAULT_TMP_MB, ResourceLimits, SandboxUnavailable,
+                                 sandbox_status)
 
-_TAG_RE = re.compile(r"<python>(.*?)</python>", re.DOTALL)
-_FENCE_RE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
 _RUN_DIR_RE = re.compile(r"/workspace/run_[A-Za-z0-9_]+/")
 
 
 def extract_code(action: str) -> Optional[str]:
     """All ``<python>`` blocks joined by newlines, else all fenced python blocks, else None."""
-    blocks = _TAG_RE.findall(action)
+    blocks = tag_bodies(action, "python")
     if not blocks:
-        blocks = _FENCE_RE.findall(action)
+        blocks = fenced_blocks(action, ("python", "py"))
     if not blocks:
         return None
     return "\n".join(b.strip("\n") for b in blocks)
@@ -80,6 +85,10 @@ def format_result(r: RunResult, limits: ResourceLimits) -> str:
     if r.timed_out:
         notes.append(f"TimeoutError: the code ran longer than the {limits.wall_s:g} s "
                      "time limit and was stopped.")
+    elif r.memory_exceeded:
+        notes.append(f"MemoryError: the program's processes used more than "
+                     f"{limits.total_memory_mb or limits.memory_mb} MB together and were "
+                     "stopped.")
     elif r.truncated:
         notes.append("[output truncated" + ("; the program printed too much and was stopped]"
                                             if r.signal is not None else "]"))
@@ -119,6 +128,8 @@ class PythonCodeTool(BaseTool):
             nofile=tool_option(extra, "python_nofile", int, 256, minimum=16),
             fsize_mb=tool_option(extra, "python_fsize_mb", int, 64, minimum=1),
             wall_s=wall)
+        self.limits = dataclasses.replace(self.limits, total_memory_mb=self.limits.memory_mb)
+        self.disk_mb = tool_option(extra, "python_disk_mb", int, DEFAULT_TMP_MB, minimum=1)
         self.stateful = tool_option(extra, "python_stateful", bool, False)
         self.max_kernels = tool_option(extra, "python_max_kernels", int, 32, minimum=1)
         self.max_output = max(4 * self.settings.max_obs_chars, 4096)
@@ -126,7 +137,8 @@ class PythonCodeTool(BaseTool):
             self.max_output = max(self.max_output, 4 * vt.MAX_OBS_CHARS + 4096)
         self.unsafe = bool(self.settings.unsafe_no_sandbox)
         self.root_dir = os.path.join(self.settings.workdir, f"python_{os.getpid()}")
-        self.pool = PythonPool(self.settings.workers, self.root_dir, unsafe=self.unsafe)
+        self.pool = PythonPool(self.settings.workers, self.root_dir, unsafe=self.unsafe,
+                               tmp_mb=self.disk_mb)
         self._refusal: Optional[str] = None
 
     async def astart(self) -> None:
@@ -193,7 +205,8 @@ class PythonCodeTool(BaseTool):
             if kernel is not None:
                 note = "(The previous interpreter was stopped; its variables are lost.)\n"
             self._evict_kernels(keep=trajectory_id)
-            kernel = SandboxProcess("kernel", self.root_dir, unsafe=self.unsafe)
+            kernel = SandboxProcess("kernel", self.root_dir, unsafe=self.unsafe,
+                                    tmp_mb=self.disk_mb)
             env["kernel"] = kernel
             self.save_env(trajectory_id, env)
             try:
@@ -208,6 +221,9 @@ class PythonCodeTool(BaseTool):
             return RunResult(stdout=note, timed_out=timed_out,
                              error=None if timed_out else
                              f"the sandboxed interpreter was killed ({e}); its variables are lost")
+        if r.kernel_lost:
+            r.stdout += ("\n" if r.stdout and not r.stdout.endswith("\n") else "") + \
+                "(The interpreter was stopped; its variables are lost.)\n"
         if note:
             r.stdout = note + r.stdout
         return r

@@ -4,7 +4,7 @@ Action: the last ``<sql>...</sql>`` block of the turn (one statement). The datab
 the file named by ``extra_field["db_path"]``, opened read-only (``mode=ro``, plus
 ``PRAGMA query_only``; ``ATTACH`` is refused), so no write survives. A query runs for at
 most ``sql_timeout`` seconds (a progress handler interrupts it) and returns at most
-``sql_max_rows`` rows as a plain-text table. SQL errors, a missing database and
+``sql_max_rows`` rows (and ``sql_max_result_bytes``) as a plain-text table. SQL errors, a missing database and
 timeouts are observations, never exceptions.
 
 Under ``--compat verltool`` (or ``--tool-opt sql_compat=verltool``) parsing and
@@ -12,8 +12,9 @@ observation follow VerlTool's sql tool (``tool_server/kit/sql_compat.py``); the
 database is opened read-only all the same.
 
 Options (``--tool-opt``): ``sql_timeout`` (s, default min(5, server timeout - 0.5)),
-``sql_max_rows`` (50), ``sql_max_cell_chars`` (100), ``sql_db_root`` (if set, db_path
-must lie under it).
+``sql_max_rows`` (50), ``sql_max_cell_chars`` (100), ``sql_max_value_bytes`` (1 MiB: the
+longest string or blob a query may build), ``sql_max_result_bytes`` (1 MiB: rows fetched
+stop there), ``sql_db_root`` (if set, db_path must lie under it).
 """
 from __future__ import annotations
 
@@ -73,17 +74,29 @@ def _authorizer(action: int, *args: Any) -> int:
     return sqlite3.SQLITE_DENY if action in _DENIED else sqlite3.SQLITE_OK
 
 
+def value_bytes(value: Any) -> int:
+    """Approximate bytes a fetched value holds: its length for text and blobs, 8 else."""
+    return len(value) if isinstance(value, (str, bytes)) else 8
+
+
 def run_query(db_path: str, query: str, timeout_s: float, max_rows: int,
+              max_value_bytes: int = 1 << 20, max_result_bytes: int = 1 << 20,
               lenient_text: bool = False, in_transaction: bool = False
               ) -> tuple[list[str], list[tuple], bool]:
     """Run ``query`` on the database read-only -> ``(columns, rows, more_rows_exist)``.
-    Raises ``sqlite3.Error`` (``OperationalError('interrupted')`` on timeout).
+
+    Bounded in rows and in bytes: no string or blob may exceed ``max_value_bytes``
+    (sqlite's ``SQLITE_LIMIT_LENGTH``, so ``zeroblob(400000000)`` fails inside sqlite
+    with "string or blob too big" instead of being built), and rows stop once their values
+    (:func:`value_bytes`) add up to ``max_result_bytes`` (``more_rows_exist`` is then True).
     ``lenient_text``: text that is not UTF-8 loses its bad bytes instead of raising;
-    ``in_transaction``: the query runs inside ``BEGIN`` (both as VerlTool's executor)."""
+    ``in_transaction``: the query runs inside ``BEGIN`` (both as VerlTool's executor).
+    Raises ``sqlite3.Error`` (``OperationalError('interrupted')`` on timeout)."""
     uri = "file:" + urllib.parse.quote(os.path.abspath(db_path)) + "?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=min(timeout_s, 1.0),
                            check_same_thread=False)
     try:
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value_bytes)
         conn.execute("PRAGMA query_only = ON")
         conn.set_authorizer(_authorizer)
         if lenient_text:
@@ -94,8 +107,22 @@ def run_query(db_path: str, query: str, timeout_s: float, max_rows: int,
         conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 1000)
         cur = conn.execute(query)
         columns = [d[0] for d in cur.description] if cur.description else []
-        rows = cur.fetchmany(max_rows + 1) if columns else []
-        return columns, rows[:max_rows], len(rows) > max_rows
+        rows: list[tuple] = []
+        more = False
+        used = 0
+        while columns:
+            row = cur.fetchone()
+            if row is None:
+                break
+            if len(rows) == max_rows:
+                more = True
+                break
+            used += sum(value_bytes(v) for v in row)
+            if used > max_result_bytes and rows:
+                more = True
+                break
+            rows.append(row)
+        return columns, rows, more
     finally:
         conn.close()
 
@@ -115,6 +142,10 @@ class SqlTool(BaseTool):
                                      minimum=0.01)
         self.max_rows = tool_option(extra, "sql_max_rows", int, 50, minimum=1)
         self.max_cell_chars = tool_option(extra, "sql_max_cell_chars", int, 100, minimum=8)
+        self.max_value_bytes = tool_option(extra, "sql_max_value_bytes", int, 1 << 20,
+                                           minimum=1024)
+        self.max_result_bytes = tool_option(extra, "sql_max_result_bytes", int, 1 << 20,
+                                            minimum=1024)
         root = tool_option(extra, "sql_db_root", str, None)
         self.db_root: Optional[str] = os.path.realpath(root) if root else None
 
@@ -158,7 +189,8 @@ class SqlTool(BaseTool):
         if error:
             return error, False, True
         try:
-            columns, rows, more = run_query(path, query, self.timeout_s, self.max_rows)
+            columns, rows, more = run_query(path, query, self.timeout_s, self.max_rows,
+                                            self.max_value_bytes, self.max_result_bytes)
         except sqlite3.OperationalError as e:
             if str(e) == "interrupted":
                 return (f"Error: the query ran longer than {self.timeout_s:g} s and was "
