@@ -1,11 +1,13 @@
-"""Generated tasks (data written in the verl layout), selected by ``config.task.name``."""
+"""Task data (written in the verl layout), selected by ``config.task.name``."""
 from __future__ import annotations
 
 import os
 
-from verltool_jax.tasks import tiny_math
+from verltool_jax.tasks import spider, swe, tiny_math
 
-TASKS = {"tiny_math": tiny_math.write_task_from_config}
+TASKS = {"tiny_math": tiny_math.write_task_from_config,
+         "spider": spider.write_task_from_config,
+         "quixbugs": swe.write_task_from_config}
 
 
 def prepare_task(config, out_dir: str | os.PathLike):
