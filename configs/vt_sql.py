@@ -52,6 +52,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.task.spider_dir = ""                 # required: the Spider folder
     c.task.databases = ()                  # empty: every database the query files use
     c.task.single_table = False            # only single-table questions
+    c.task.eval_from = "test"              # test: Spider dev = eval | pool: mix, hold out
     c.task.num_train = 0                   # 0: all usable train questions
     c.task.num_eval = 0                    # 0: all usable Spider-dev questions
     c.task.seed = 0
@@ -133,6 +134,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.model.tiny.seed = 0
         c.task.databases = ("concert_singer", "pets_1")
         c.task.single_table = True
+        c.task.eval_from = "pool"
         c.task.num_train = 16
         c.task.num_eval = 8
         c.rollout.n_samples = 2

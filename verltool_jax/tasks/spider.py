@@ -89,12 +89,20 @@ def _render(toks: Sequence[Token]) -> str:
     """Tokens back to sqlite text: identifiers double-quoted, single spaces between
     words, none around punctuation."""
     out = []
+    prev: Token = ("", "")
     for kind, text in toks:
         s = '"' + text.replace('"', '""') + '"' if kind == "ident" else text
-        if out and not (s in (",", ")", ".") or out[-1] in ("(", ".")):
+        type_args = (s == "(" and prev[0] == "word" and prev[1].upper() not in _SPACED_BEFORE_PAREN)
+        if out and not (s in (",", ")", ".") or out[-1] in ("(", ".") or type_args):
             out.append(" ")
         out.append(s)
+        prev = (kind, text)
     return "".join(out)
+
+
+# keywords after which "(" starts a list, not a type's arguments: "KEY (a)", "INT(11)"
+_SPACED_BEFORE_PAREN = {"KEY", "REFERENCES", "UNIQUE", "CHECK", "AND", "OR", "ON", "IN",
+                        "AS", "INDEX", "DEFAULT", "NOT", "EXISTS"}
 
 
 def _strip_qualifier(toks: list[Token]) -> list[Token]:
@@ -564,11 +572,12 @@ class SqlTaskFiles:
 
 
 def write_task_from_config(config, out_dir: str | os.PathLike) -> SqlTaskFiles:
-    """Prepare Spider from ``config.task.spider_dir`` into ``out_dir``: train rows from
-    ``train_queries.csv``, eval rows from ``test_queries.csv`` (the Spider dev set),
-    limited to ``config.task.databases`` if non-empty and to single-table questions if
-    ``config.task.single_table``; ``num_train`` / ``num_eval`` (> 0) subsample with
-    ``config.task.seed``."""
+    """Prepare Spider from ``config.task.spider_dir`` into ``out_dir``, limited to
+    ``config.task.databases`` if non-empty and to single-table questions if
+    ``config.task.single_table``. ``eval_from="test"``: train rows from
+    ``train_queries.csv``, eval rows from ``test_queries.csv`` (the Spider dev set, on
+    other databases); ``"pool"``: both files mixed and shuffled, ``num_eval`` held out.
+    ``num_train`` / ``num_eval`` (> 0) subsample with ``config.task.seed``."""
     t = config.task
     if not t.spider_dir:
         raise ValueError("task.spider_dir is empty: pass the Spider folder "
@@ -579,15 +588,27 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> SqlTaskFiles:
                   config.rollout.max_turns, write=False)
     out = Path(out_dir)
     rng = random.Random(t.seed)
+    if t.eval_from == "test":
+        pools = {"train": rep.row_data.get("train", []), "eval": rep.row_data.get("test", [])}
+    elif t.eval_from == "pool":
+        rows = rep.row_data.get("test", []) + rep.row_data.get("train", [])
+        rng.shuffle(rows)
+        n_eval = t.num_eval or len(rows) // 5
+        pools = {"eval": rows[:n_eval], "train": rows[n_eval:]}
+    else:
+        raise ValueError(f"task.eval_from must be 'test' (train rows from train_queries.csv, "
+                         f"eval rows from test_queries.csv) or 'pool' (both files mixed, "
+                         f"num_eval held out), got {t.eval_from!r}")
     files = {}
-    for split, name, limit in (("train", "train", t.num_train), ("test", "eval", t.num_eval)):
-        rows = rep.row_data.get(split, [])
+    for name, limit in (("train", t.num_train), ("eval", t.num_eval)):
+        rows = pools[name]
         if limit and limit < len(rows):
             rows = rng.sample(rows, limit)
         if not rows:
-            raise ValueError(f"Spider split {split!r} has no usable question for "
-                             f"databases={dbs} single_table={bool(t.single_table)}:\n"
-                             f"{rep.summary()}")
+            raise ValueError(f"Spider has no usable {name} question for databases={dbs} "
+                             f"single_table={bool(t.single_table)} eval_from={t.eval_from!r} "
+                             f"(Spider's train and test databases are disjoint; "
+                             f"eval_from='pool' splits one set of databases):\n{rep.summary()}")
         files[name] = write_rows(rows, out / f"{name}.parquet")
     (out / "prepare_report.txt").write_text(rep.summary() + "\n")
     return SqlTaskFiles(train=files["train"], eval=files["eval"])
