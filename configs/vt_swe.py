@@ -18,8 +18,8 @@ validated mutants of the corrected programs (``task.mutants_per_program``). The 
 uses ``bash``, ``file_editor`` and ``run_tests`` in its own sandboxed copy of the task
 repository (``extra_info.repo_path``). Reward ``swe``: 1 iff the hidden tests
 (``extra_info.hidden_test_cmd``: FAIL_TO_PASS + PASS_TO_PASS on pristine test files) pass;
-the rollout must run them before the trajectory is released
-(:func:`verltool_jax.tasks.swe_rollout.run_hidden_tests`). Evaluation metrics:
+the agent loop runs them before the trajectory is released
+(:mod:`verltool_jax.rollout.final_check`). Evaluation metrics:
 :func:`verltool_jax.tasks.eval_metrics.swe_eval_metrics`; scripted end-to-end check:
 ``experiments/swe_quixbugs_eval.py``.
 """

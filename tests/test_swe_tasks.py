@@ -17,7 +17,12 @@ from verltool_jax.data.readers import read_rows
 from verltool_jax.rewards import get_reward_fn
 from verltool_jax.tasks import TASKS, swe
 from verltool_jax.tasks.eval_metrics import swe_eval_metrics
-from verltool_jax.tasks.swe_rollout import POLICIES, run_episode
+from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
+from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.rollout.sync_baseline import run_rollout_sync
+from verltool_jax.rollout.testing import ScriptedSampler
+from verltool_jax.tasks.swe_rollout import POLICIES, oracle_actions, run_episode
+from verltool_jax.testing.tiny import build_tokenizer
 from verltool_jax.tools_client import ToolClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -202,29 +207,74 @@ def test_registered_quixbugs_task_rows(tmp_path):
     assert "pytest" in e["hidden_test_cmd"] and evals[0]["data_source"] == "swe"
 
 
-@needs_quix
-@pytest.mark.skipif(not sandbox_status()[0], reason=f"no sandbox: {sandbox_status()[1]}")
-def test_oracle_resolves_and_noop_does_not_through_real_sandboxes(tmp_path):
-    tasks, rejected = swe.quixbugs_tasks(QUIX, tmp_path, ["gcd"])
+needs_sandbox = pytest.mark.skipif(not sandbox_status()[0],
+                                   reason=f"no sandbox: {sandbox_status()[1]}")
+
+
+@pytest.fixture(scope="module")
+def gcd_env(tmp_path_factory):
+    """The validated gcd task and a real tool server with the three SWE tools."""
+    root = tmp_path_factory.mktemp("swe_e2e")
+    tasks, rejected = swe.quixbugs_tasks(QUIX, root, ["gcd"])
     assert len(tasks) == 1, rejected
-
-    async def go(url):
-        async with ToolClient(url, timeout_s=90) as client:
-            out = {}
-            for policy in ("oracle", "noop"):
-                out[policy] = [await run_episode(client, t, POLICIES[policy](t), f"{policy}-{t.task_id}")
-                               for t in tasks]
-            return out
-
     with run_server(tools=["bash", "file_editor", "run_tests"], timeout=60,
-                    workdir=str(tmp_path / "wd")) as url:
-        res = asyncio.run(go(url))
-    assert [e.reward for e in res["oracle"]] == [1.0]
-    assert [e.reward for e in res["noop"]] == [0.0]
-    for e in res["oracle"]:
-        assert e.invalid_tool_calls == 0 and e.tool_calls == 3 and e.termination == "eos"
-        assert e.hidden["failed"] == 0 and e.hidden["passed"] >= 5 and e.sandbox_s > 0
-    assert res["noop"][0].hidden["failed"] == 5
-    # the original task repositories were not touched by the sandboxed edits
-    assert (Path(tasks[0].repo_path) / "python_programs" / "gcd.py").read_text() == \
+                    workdir=str(root / "wd")) as url:
+        yield tasks[0], url
+
+
+@needs_quix
+@needs_sandbox
+def test_oracle_resolves_and_noop_does_not_through_real_sandboxes(gcd_env):
+    task, url = gcd_env
+
+    async def go():
+        async with ToolClient(url, timeout_s=90) as client:
+            return {p: await run_episode(client, task, POLICIES[p](task), f"{p}-{task.task_id}")
+                    for p in ("oracle", "noop")}
+
+    res = asyncio.run(go())
+    oracle, noop = res["oracle"], res["noop"]
+    assert oracle.reward == 1.0 and noop.reward == 0.0
+    assert oracle.invalid_tool_calls == 0 and oracle.tool_calls == 3
+    assert oracle.termination == "eos" and oracle.sandbox_s > 0
+    assert oracle.hidden["failed"] == 0 and oracle.hidden["passed"] == 6
+    assert noop.hidden["failed"] == 5 and noop.hidden["passed"] == 1
+    # the task repository itself was not touched by the sandboxed edits
+    assert (Path(task.repo_path) / "python_programs" / "gcd.py").read_text() == \
         (QUIX / "python_programs" / "gcd.py").read_text()
+
+
+@needs_quix
+@needs_sandbox
+def test_agent_loop_runs_hidden_tests_before_release(gcd_env, tmp_path):
+    """The rollout (async and sync) runs the hidden tests after the last turn; the swe
+    reward reads them: a scripted fix scores 1, a trajectory without edits 0."""
+    task, url = gcd_env
+    tok = build_tokenizer(tmp_path / "tok")
+    fix = oracle_actions(task)[1]                  # the str_replace call with the fix
+    row = swe.make_row(task)
+
+    def script(rid, k):
+        if rid.startswith("fix") and k == 0:
+            return "I will fix it. " + fix
+        return "<answer>done</answer>"
+
+    cfg = RolloutConfig(max_turns=3, max_response_tokens=4096, action_stop_strings=("</tool_call>",))
+    prompt = tok.encode("<|im_start|>user\nfix gcd<|im_end|>\n<|im_start|>assistant\n",
+                        add_special_tokens=False)
+    items = [PromptItem(prompt, row, "fix"), PromptItem(prompt, row, "idle")]
+
+    async def go(runner):
+        async with ToolClient(url, timeout_s=90) as client:
+            return await runner(items, 1, ScriptedSampler(tok, script), client, tok, cfg)
+
+    fn = get_reward_fn("swe")
+    for runner in (run_rollout, run_rollout_sync):
+        (fixed,), (idle,) = asyncio.run(go(runner))
+        assert fixed.tool_calls == 1 and idle.tool_calls == 0
+        assert "hidden_test_result" not in row["extra_info"]          # the row is not mutated
+        scores = [fn("", t.data["reward_model"]["ground_truth"], t.data["extra_info"]).score
+                  for t in (fixed, idle)]
+        assert scores == [1.0, 0.0], [t.data["extra_info"]["hidden_test_result"] for t in (fixed, idle)]
+        assert idle.data["extra_info"]["hidden_test_result"]["failed"] == 5
+        assert "hidden_test_cmd" not in tok.decode(fixed.prompt_ids + fixed.response_ids)

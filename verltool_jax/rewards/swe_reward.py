@@ -1,10 +1,10 @@
 """SWE: 1 iff the hidden tests pass and the previously passing tests still pass.
 
 The repository state lives in the tool server's workspace, so the reward cannot be
-computed from the response text: the rollout runs the task's hidden test command
+computed from the response text: the agent loop runs the task's hidden test command
 (``extra_info["hidden_test_cmd"]``) through the ``run_tests`` tool before the trajectory is
-released (:func:`verltool_jax.tasks.swe_rollout.run_hidden_tests`) and puts the run's
-metrics into ``extra_info["hidden_test_result"]``. The score is then
+released (:mod:`verltool_jax.rollout.final_check`) and puts the run's metrics into
+``extra_info["hidden_test_result"]``. The score is then
 :func:`verltool_jax.tasks.swe.swe_reward_from_result` with ``n_expected =
 |FAIL_TO_PASS| + |PASS_TO_PASS|`` from the ground truth.
 """
@@ -22,7 +22,7 @@ def swe_reward(response_text: str, ground_truth: Any, extra_info: dict) -> Rewar
     result = (extra_info or {}).get("hidden_test_result")
     if not isinstance(result, dict):
         raise ValueError("SWE reward: extra_info.hidden_test_result is missing; run the "
-                         "task's hidden tests (verltool_jax.tasks.swe_rollout."
+                         "task's hidden tests (verltool_jax.rollout.final_check."
                          "run_hidden_tests) before scoring")
     gt = ground_truth if isinstance(ground_truth, dict) else {}
     n = len(gt.get("fail_to_pass") or ()) + len(gt.get("pass_to_pass") or ())

@@ -4,8 +4,9 @@ only runs the visible tests) and one episode's record.
 
 Every action goes through the real tool server (``bash`` / ``file_editor`` /
 ``run_tests`` sharing the trajectory's sandboxed workspace), exactly as a model's actions
-would; :func:`run_hidden_tests` must run before the trajectory is finished (finishing
-releases the workspace).
+would; the hidden tests (:func:`verltool_jax.rollout.final_check.run_hidden_tests`) run
+before the trajectory is finished (finishing releases the workspace), as the agent loop
+does for model-driven trajectories.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from verltool_jax.rewards.swe_reward import swe_reward
+from verltool_jax.rollout.final_check import run_hidden_tests
 from verltool_jax.tasks.swe import SweTask, make_row
 
 
@@ -26,23 +28,6 @@ def tool_call(name: str, **arguments) -> str:
 
 
 RUN_TESTS = tool_call("run_tests")
-
-
-async def run_hidden_tests(client, trajectory_id: str, extra_info: dict) -> dict:
-    """Run ``extra_info["hidden_test_cmd"]`` with the ``run_tests`` tool in the
-    trajectory's workspace -> its metrics (passed, failed, errors, exit_code, timed_out)
-    plus ``seconds`` (the call's latency) and ``valid``."""
-    cmd = extra_info.get("hidden_test_cmd")
-    if not isinstance(cmd, str) or not cmd:
-        raise ValueError("extra_info.hidden_test_cmd is missing: the row is not an SWE task")
-    extra = dict(extra_info, test_cmd=cmd)
-    res = await client.get_observation(trajectory_id, RUN_TESTS, extra)
-    metrics = dict(res.extra.get("metrics") or {})
-    metrics.update(seconds=res.latency_s, valid=res.valid)
-    if not res.valid or "exit_code" not in metrics:
-        metrics.setdefault("exit_code", None)
-        metrics["error"] = res.extra.get("invalid_reason") or res.observation[:300]
-    return metrics
 
 
 def oracle_actions(task: SweTask) -> list[str]:
