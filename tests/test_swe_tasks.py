@@ -74,9 +74,15 @@ def test_swe_eval_metrics():
     assert m["swe/ended/eos"] == pytest.approx(2 / 3) and m["swe/ended/max_turns"] == pytest.approx(1 / 3)
 
 
+@pytest.fixture(scope="module")
+def gcd_task(tmp_path_factory):
+    """The validated QuixBugs gcd task (shared by the tests below)."""
+    return swe.write_quixbugs_task(QUIX, "gcd", tmp_path_factory.mktemp("gcd"))
+
+
 @needs_quix
-def test_quixbugs_task_validated_and_already_passing_rejected(tmp_path):
-    t = swe.write_quixbugs_task(QUIX, "gcd", tmp_path)
+def test_quixbugs_task_validated_and_already_passing_rejected(gcd_task, tmp_path):
+    t = gcd_task
     repo = Path(t.repo_path)
     assert (repo / "python_programs" / "gcd.py").read_text() == \
         (QUIX / "python_programs" / "gcd.py").read_text()
@@ -86,12 +92,13 @@ def test_quixbugs_task_validated_and_already_passing_rejected(tmp_path):
     assert len(t.fail_to_pass) == 5 and len(t.pass_to_pass) == 1
     assert "python_programs/gcd.py" in t.statement and "Greatest Common Divisor" in t.statement
     assert json.loads((repo.parent / "task.json").read_text())["task_id"] == "gcd"
+    assert 5 <= t.meta["per_test_timeout_s"] and f"--timeout={t.meta['per_test_timeout_s']}" in t.hidden_test_cmd
     # hidden tests restore pristine test files: gutting the test file does not help
-    (repo / "python_testcases" / "test_gcd.py").write_text("def test_ok():\n    pass\n")
-    run = swe.run_on_copy(repo, t.hidden_test_cmd)
+    scratch = tmp_path / "edited"
+    swe.shutil.copytree(repo, scratch)
+    (scratch / "python_testcases" / "test_gcd.py").write_text("def test_ok():\n    pass\n")
+    run = swe.run_on_copy(scratch, t.hidden_test_cmd)
     assert run.exit_code == 1 and len(run.outcomes) == 6
-    (repo / "python_testcases" / "test_gcd.py").write_bytes(
-        (QUIX / "python_testcases" / "test_gcd.py").read_bytes())
     # a "bug" that is the corrected program: hidden tests already pass -> rejected
     correct = (QUIX / "correct_python_programs" / "gcd.py").read_text()
     with pytest.raises(swe.TaskRejected, match="already pass"):
@@ -212,14 +219,11 @@ needs_sandbox = pytest.mark.skipif(not sandbox_status()[0],
 
 
 @pytest.fixture(scope="module")
-def gcd_env(tmp_path_factory):
+def gcd_env(gcd_task, tmp_path_factory):
     """The validated gcd task and a real tool server with the three SWE tools."""
-    root = tmp_path_factory.mktemp("swe_e2e")
-    tasks, rejected = swe.quixbugs_tasks(QUIX, root, ["gcd"])
-    assert len(tasks) == 1, rejected
     with run_server(tools=["bash", "file_editor", "run_tests"], timeout=60,
-                    workdir=str(root / "wd")) as url:
-        yield tasks[0], url
+                    workdir=str(tmp_path_factory.mktemp("wd"))) as url:
+        yield gcd_task, url
 
 
 @needs_quix

@@ -32,7 +32,9 @@ Sources:
 
 Validation at data preparation runs the hidden command on a scratch copy in a subprocess
 with a timeout (QuixBugs is trusted data; the agent's code only ever runs in the tool
-server's sandbox): a task whose ``FAIL_TO_PASS`` tests already pass, or whose fix does not
+server's sandbox). For QuixBugs the per-test limit is 3x the fixed program's test time,
+at least 5 s, so a buggy program that never returns is cut without cutting a slow
+correct test (levenshtein's takes ~10 s on a busy machine). A task whose ``FAIL_TO_PASS`` tests already pass, or whose fix does not
 make every listed test pass, is rejected with the reason (:class:`TaskRejected`).
 
     python -m verltool_jax.tasks.swe --quixbugs-dir DIR --out outputs/swe [--mutants 2]
@@ -44,6 +46,7 @@ import ast
 import base64
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -60,8 +63,10 @@ from typing import Iterable, Optional, Sequence
 from verltool_jax.data.readers import write_rows
 
 DATA_SOURCE = "swe"
-SLOW_TEST_TIMEOUT_S = 3           # per-test limit inside pytest (pytest-timeout)
-RUN_TIMEOUT_S = 180.0             # a whole validation run
+SLOW_TEST_TIMEOUT_S = 5           # least per-test limit inside pytest (pytest-timeout)
+CALIBRATION_TEST_TIMEOUT_S = 120  # per-test limit while timing the fixed program
+RUN_TIMEOUT_S = 300.0             # a whole validation run
+SWEBENCH_TEST_TIMEOUT_S = 60      # per-test limit of SWE-bench-style tasks
 PYTEST_CONFIG_FILES = ("pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 
 QUIXBUGS_CONFTEST = '''import pytest
@@ -175,10 +180,12 @@ def run_on_copy(repo: str | os.PathLike, cmd: str, overlay: Optional[str | os.Pa
         return run_cmd(cmd, work, timeout_s)
 
 
-def validate_task(task: SweTask, timeout_s: float = RUN_TIMEOUT_S) -> SweTask:
+def validate_task(task: SweTask, timeout_s: float = RUN_TIMEOUT_S,
+                  after: Optional[TestRun] = None) -> SweTask:
     """Compute (if empty) or check ``fail_to_pass`` / ``pass_to_pass`` by running the
-    hidden command before and after the oracle fix; raise :class:`TaskRejected` if the
-    hidden tests already pass before any edit, or the fix leaves a listed test failing."""
+    hidden command before and after the oracle fix (``after``: that run, if done
+    already); raise :class:`TaskRejected` if the hidden tests already pass before any
+    edit, or the fix leaves a listed test failing."""
     before = run_on_copy(task.repo_path, task.hidden_test_cmd, None, timeout_s)
     # a run that timed out (a buggy program that never returns) has no summary: every
     # test then counts as not passing before the fix
@@ -187,7 +194,8 @@ def validate_task(task: SweTask, timeout_s: float = RUN_TIMEOUT_S) -> SweTask:
         if task.fail_to_pass and not failing:
             raise TaskRejected(f"{task.task_id}: the hidden tests already pass before any edit")
         return task
-    after = run_on_copy(task.repo_path, task.hidden_test_cmd, task.oracle_path, timeout_s)
+    if after is None:
+        after = run_on_copy(task.repo_path, task.hidden_test_cmd, task.oracle_path, timeout_s)
     passing_after = after.passed()
     if not task.fail_to_pass and not task.pass_to_pass:
         task.fail_to_pass = sorted(passing_after - before.passed())
@@ -294,16 +302,28 @@ def write_quixbugs_task(quix_dir: str | os.PathLike, name: str, out_root: str | 
         shutil.copy(node, repo / "python_programs" / "node.py")
     (root / "oracle" / "python_programs").mkdir(parents=True)
     (root / "oracle" / "python_programs" / f"{name}.py").write_text(correct)
-    run = pytest_cmd([f"python_testcases/test_{name}.py"])
+
+    def commands(per_test_s: int) -> tuple[str, str]:
+        run = pytest_cmd([f"python_testcases/test_{name}.py"], per_test_s)
+        return run, restore_files_cmd(test_files, PYTEST_CONFIG_FILES) + " && " + run
+
+    test_cmd, hidden_cmd = commands(SLOW_TEST_TIMEOUT_S)
     task = SweTask(task_id=task_id, repo_path=str(repo),
                    statement=quixbugs_statement(name, _docstring(buggy), _functions(correct)),
-                   test_cmd=run,
-                   hidden_test_cmd=restore_files_cmd(test_files, PYTEST_CONFIG_FILES) + " && " + run,
+                   test_cmd=test_cmd, hidden_test_cmd=hidden_cmd,
                    oracle_path=str(root / "oracle"), source=source,
                    meta={"program": name})
     if validate:
         try:
-            validate_task(task, timeout_s)
+            # time the fixed program first: the per-test limit is 3x that run's wall time
+            # (at least SLOW_TEST_TIMEOUT_S), so a correct but slow test is never cut while
+            # a buggy program that never returns is stopped soon
+            after = run_on_copy(repo, commands(CALIBRATION_TEST_TIMEOUT_S)[1], task.oracle_path,
+                                timeout_s)
+            per_test = max(SLOW_TEST_TIMEOUT_S, math.ceil(3 * after.seconds))
+            task.test_cmd, task.hidden_test_cmd = commands(per_test)
+            task.meta["per_test_timeout_s"] = per_test
+            validate_task(task, timeout_s, after)
         except TaskRejected:
             shutil.rmtree(root, ignore_errors=True)
             raise
@@ -477,7 +497,7 @@ def write_swebench_task(rec: dict, mirrors: str | os.PathLike, out_root: str | o
     _git("clone", "-q", "--no-checkout", str(mirror), str(repo))
     _git("-c", "advice.detachedHead=false", "checkout", "-q", rec["base_commit"], cwd=repo)
     tests = rec["FAIL_TO_PASS"] + rec["PASS_TO_PASS"]
-    run = rec.get("test_cmd") or pytest_cmd(tests)
+    run = rec.get("test_cmd") or pytest_cmd(tests, SWEBENCH_TEST_TIMEOUT_S)
     patch_file = ".swe_test_patch.diff"
     base = shlex.quote(rec["base_commit"])
     reset = "".join(f" && (git checkout -q {base} -- {shlex.quote(p)} 2>/dev/null "
@@ -498,7 +518,8 @@ def write_swebench_task(rec: dict, mirrors: str | os.PathLike, out_root: str | o
                     (oracle / p).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(work / p, oracle / p)
     task = SweTask(task_id=task_id, repo_path=str(repo), statement=rec["problem_statement"],
-                   test_cmd=rec.get("test_cmd") or pytest_cmd([]), hidden_test_cmd=hidden,
+                   test_cmd=rec.get("test_cmd") or pytest_cmd([], SWEBENCH_TEST_TIMEOUT_S),
+                   hidden_test_cmd=hidden,
                    fail_to_pass=list(rec["FAIL_TO_PASS"]), pass_to_pass=list(rec["PASS_TO_PASS"]),
                    oracle_path=str(oracle) if oracle else None, source="swebench",
                    meta={"repo": rec["repo"], "base_commit": rec["base_commit"]})
