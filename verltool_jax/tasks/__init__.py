@@ -1,13 +1,26 @@
-"""Task data (written in the verl layout), selected by ``config.task.name``."""
+"""Task data (written in the verl layout), selected by ``config.task.name``.
+
+Each entry of :data:`TASKS` is ``write_task_from_config(config, out_dir)`` of its module,
+imported on first use (so ``python -m verltool_jax.tasks.<module>`` runs its module
+cleanly).
+"""
 from __future__ import annotations
 
+import importlib
 import os
 
-from verltool_jax.tasks import spider, swe, tiny_math
+_MODULES = {"tiny_math": "tiny_math", "spider": "spider", "quixbugs": "swe"}
 
-TASKS = {"tiny_math": tiny_math.write_task_from_config,
-         "spider": spider.write_task_from_config,
-         "quixbugs": swe.write_task_from_config}
+
+def _writer(module: str):
+    def write_task_from_config(config, out_dir: str | os.PathLike):
+        mod = importlib.import_module(f"verltool_jax.tasks.{module}")
+        return mod.write_task_from_config(config, out_dir)
+    write_task_from_config.__qualname__ = f"{module}.write_task_from_config"
+    return write_task_from_config
+
+
+TASKS = {name: _writer(module) for name, module in _MODULES.items()}
 
 
 def prepare_task(config, out_dir: str | os.PathLike):
