@@ -2,8 +2,15 @@
 
 Both queries run read-only (``sqlite3`` URI ``mode=ro``; only SELECT/WITH statements)
 with a time limit; the reward is 1 if their result sets are equal: as multisets of
-rows, or as ordered lists when the gold query has ``ORDER BY``. Values compare after
-rounding floats to 6 places. The database path is ``extra_info["db_path"]`` (or
+rows, or as ordered lists when the gold query has ``ORDER BY`` at its outermost level
+(as Spider's evaluation does; an ORDER BY inside a subquery does not order the result).
+Values compare after rounding floats to 6 places.
+
+Two rewards: ``sql`` (lenient: the final SQL is the last ``<solution>``/``<answer>``/
+```` ```sql ```` block, else the last ``<sql>`` action; no answer scores 0 with
+``has_answer=False`` so ``reward.format_penalty`` applies) and ``sql_solution`` (the
+SkyRL-SQL rule VerlTool trains with: -1 if the model's text has no non-empty
+``<solution>...</solution>``, else execution match 1/0). The database path is ``extra_info["db_path"]`` (or
 ``ground_truth["db_path"]`` with the gold SQL in ``ground_truth["sql"]``).
 """
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any, Optional
 
 from tool_server.kit.tags import last_tag_body
 from verltool_jax.rewards.base import RewardResult, register_reward
+from verltool_jax.rewards.sql_tokens import top_level_order_by
 
 _FENCE_RE = re.compile(r"```sql\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -86,6 +94,21 @@ def _gold_and_db(ground_truth: Any, extra_info: dict) -> tuple[str, str]:
     return gold, str(db)
 
 
+def execution_match(pred_sql: str, gold_sql: str, db: str, timeout_s: float = 5.0
+                    ) -> RewardResult:
+    """1.0 if ``pred_sql``'s result equals ``gold_sql``'s on ``db`` (ordered only when the
+    gold query orders at its outermost level), else 0.0; a failing prediction scores 0
+    with ``info["exec_error"]``. A failing gold query raises (the data is broken)."""
+    gold_rows = execute_readonly(db, gold_sql, timeout_s)
+    try:
+        pred_rows = execute_readonly(db, pred_sql, timeout_s)
+    except SQLExecutionError as e:
+        return RewardResult(0.0, False, {"pred": pred_sql, "has_answer": True,
+                                         "exec_error": str(e)})
+    ok = result_sets_match(pred_rows, gold_rows, top_level_order_by(gold_sql))
+    return RewardResult(float(ok), ok, {"pred": pred_sql, "has_answer": True})
+
+
 @register_reward("sql", "spider", "bird", "synsql", "text2sql")
 def sql_reward(response_text: str, ground_truth: Any, extra_info: dict,
                timeout_s: float = 5.0) -> RewardResult:
@@ -94,12 +117,32 @@ def sql_reward(response_text: str, ground_truth: Any, extra_info: dict,
     pred_sql = extract_sql(response_text)
     if not pred_sql:
         return RewardResult(0.0, False, {"pred": None, "has_answer": False})
-    gold_rows = execute_readonly(db, gold_sql, timeout_s)   # a broken gold query is an error
-    try:
-        pred_rows = execute_readonly(db, pred_sql, timeout_s)
-    except SQLExecutionError as e:
-        return RewardResult(0.0, False, {"pred": pred_sql, "has_answer": True,
-                                         "exec_error": str(e)})
-    ordered = re.search(r"(?i)\border\s+by\b", gold_sql) is not None
-    ok = result_sets_match(pred_rows, gold_rows, ordered)
-    return RewardResult(float(ok), ok, {"pred": pred_sql, "has_answer": True})
+    return execution_match(pred_sql, gold_sql, db, timeout_s)
+
+
+FORMAT_ERROR_SCORE = -1.0
+
+
+def solution_sql(text: str) -> Optional[str]:
+    """The body of the last ``<solution>`` block (its last ```` ```sql ```` fence if it
+    has one), or None when there is no non-empty one."""
+    body = last_tag_body(text or "", "solution")
+    if not body or not body.strip():
+        return None
+    fenced = _FENCE_RE.findall(body)
+    sql = fenced[-1].strip() if fenced else body.strip()
+    return sql or None
+
+
+@register_reward("sql_solution")
+def sql_solution_reward(response_text: str, ground_truth: Any, extra_info: dict,
+                        timeout_s: float = 5.0) -> RewardResult:
+    """SkyRL-SQL's reward: ``FORMAT_ERROR_SCORE`` (-1) without a ``<solution>``, else
+    execution match 1/0 (:func:`execution_match`). The -1 is the reward's own, so leave
+    ``reward.format_penalty`` at 0 with it."""
+    gold_sql, db = _gold_and_db(ground_truth, extra_info or {})
+    pred_sql = solution_sql(response_text)
+    if pred_sql is None:
+        return RewardResult(FORMAT_ERROR_SCORE, False, {"pred": None, "has_answer": False,
+                                                        "format_error": True})
+    return execution_match(pred_sql, gold_sql, db, timeout_s)

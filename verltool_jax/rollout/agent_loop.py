@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
 from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.rollout.final_check import final_check
 from verltool_jax.rollout.observation import ObservationFormatter
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.rollout.turns import TrajectoryBuilder
@@ -79,7 +80,8 @@ async def rollout_trajectory(builder: TrajectoryBuilder, sampler: Sampler,
         raise
     except Exception as e:  # noqa: BLE001 - one trajectory's failure must not end the batch
         builder.fail(f"{type(e).__name__}: {e}")
-    if builder.traj.tool_calls or builder.pending_action is not None:
+    checked = await final_check(builder, tool_client)
+    if builder.traj.tool_calls or builder.pending_action is not None or checked:
         try:
             await tool_client.finish(tid)
         except asyncio.CancelledError:

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from verltool_jax.rollout.agent_loop import PromptLike, as_prompt_item, make_formatter
 from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.rollout.final_check import final_check
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.rollout.turns import TrajectoryBuilder
@@ -71,7 +72,9 @@ async def run_rollout_sync(prompts: Sequence[PromptLike], n_samples: int, sample
             if b.finished:
                 b.traj.wall_time_s = now
         live = [b for b in live if not b.finished]
-    used = [b.traj.trajectory_id for b in flat if b.traj.tool_calls or b.traj.actions]
+    checked = await asyncio.gather(*(final_check(b, tool_client) for b in flat))
+    used = [b.traj.trajectory_id for b, c in zip(flat, checked)
+            if b.traj.tool_calls or b.traj.actions or c]
     if used:
         try:
             await tool_client.finish(used)

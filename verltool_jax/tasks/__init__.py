@@ -9,6 +9,7 @@ and writes the data with :func:`prepare_task`.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,14 @@ class TaskFiles:
     sft: Optional[Path] = None
 
 
+# Built-in tasks: name -> module of verltool_jax.tasks defining ``TASK_CONFIG`` (the
+# dataclass of its ``task`` section) and ``write_task_from_config(run_config, out_dir)``.
+# A module is imported on first use, so ``python -m verltool_jax.tasks.<module>`` runs it
+# cleanly and a run imports only its own task.
+BUILTIN = {"tiny_math": "tiny_math", "search_qa": "search_qa", "spider": "spider",
+           "quixbugs": "swe"}
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     config_cls: type
@@ -35,16 +44,24 @@ TASKS: dict[str, TaskSpec] = {}
 
 
 def register_task(name: str, config_cls: type, prepare: Callable[[Any, Path], TaskFiles]) -> None:
+    """Add a task (a plugin's own, or a built-in on first use)."""
     if not dataclasses.is_dataclass(config_cls) or "name" not in {
             f.name for f in dataclasses.fields(config_cls)}:
         raise TypeError(f"task {name!r}: config_cls must be a dataclass with a 'name' field")
     TASKS[name] = TaskSpec(config_cls, prepare)
 
 
+def known_tasks() -> list[str]:
+    return sorted(set(TASKS) | set(BUILTIN))
+
+
 def _spec(name: str) -> TaskSpec:
+    if name not in TASKS and name in BUILTIN:
+        mod = importlib.import_module(f"verltool_jax.tasks.{BUILTIN[name]}")
+        register_task(name, mod.TASK_CONFIG, mod.write_task_from_config)
     if name not in TASKS:
         raise ValueError(f"task.name={name!r} is not a known task; choose one of "
-                         f"{sorted(TASKS)}, or leave task.name empty and give data.train_files")
+                         f"{known_tasks()}, or leave task.name empty and give data.train_files")
     return TASKS[name]
 
 
@@ -69,12 +86,3 @@ def task_config(values: Mapping[str, Any]) -> Any:
 def prepare_task(run_config: Any, out_dir: str | os.PathLike) -> TaskFiles:
     """Write the data of ``run_config.task`` under ``out_dir``; returns its files."""
     return _spec(run_config.task.name).prepare(run_config, Path(out_dir))
-
-
-def _register_builtin() -> None:
-    from verltool_jax.tasks import search_qa, tiny_math
-    register_task("tiny_math", tiny_math.TinyMathTask, tiny_math.write_task_from_config)
-    register_task("search_qa", search_qa.SearchQATask, search_qa.write_task_from_config)
-
-
-_register_builtin()

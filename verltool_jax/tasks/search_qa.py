@@ -186,3 +186,6 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
                          out / "train.parquet"),
         eval=write_rows([make_row(q, prompt, "eval", i, threshold) for i, q in enumerate(evals)],
                         out / "eval.parquet"))
+
+
+TASK_CONFIG = SearchQATask

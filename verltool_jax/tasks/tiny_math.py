@@ -121,3 +121,6 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     t = config.task
     return write_task(out_dir, t.num_train, t.num_eval, t.num_demos, tuple(t.digits), t.seed,
                       config.rollout.obs_template)
+
+
+TASK_CONFIG = TinyMathTask

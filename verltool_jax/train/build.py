@@ -62,9 +62,10 @@ def prepare_task_files(rc: RunConfig, out_dir: Path) -> dict:
     if rc.task is not None:
         from verltool_jax.tasks import prepare_task
         tf = prepare_task(rc, out_dir / "data")
+        sft = getattr(tf, "sft", None)
         files = {"train": files["train"] or (str(tf.train),),
                  "eval": files["eval"] or (str(tf.eval),),
-                 "sft": files["sft"] or ((str(tf.sft),) if tf.sft else ())}
+                 "sft": files["sft"] or ((str(sft),) if sft else ())}
     if not files["train"] and rc.stage == "rl":
         raise ValueError("no training data: set data.train_files (parquet/JSONL in the verl "
                          "layout) or task.name to a known task")

