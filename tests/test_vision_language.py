@@ -31,10 +31,27 @@ def vl25():
     return path, hf_model(path), load_hf(path), pv, grid
 
 
+@nnx.jit
+def _forward(model, ids, mask, positions, images):
+    return model(ids, mask, positions, images)
+
+
 def _logits(model, ids, mask, pv, grid, **kw):
     inp = vl_inputs(model.config, ids, mask, pv, grid, **kw)
-    return np.asarray(nnx.jit(lambda m, i, a, p, im: m(i, a, p, im))(
-        model, jnp.asarray(ids), jnp.asarray(mask), inp["positions"], inp["images"]))
+    return np.asarray(_forward(model, jnp.asarray(ids), jnp.asarray(mask), inp["positions"],
+                               inp["images"]))
+
+
+@nnx.jit
+def _logprobs(model, ids, mask, targets, positions, images):
+    return token_logprobs(model, ids, mask, targets, chunk_size=8, positions=positions,
+                          images=images)
+
+
+@nnx.jit
+def _grad(model, ids, mask, targets, positions, images):
+    return nnx.grad(lambda m: -(_logprobs(m, ids, mask, targets, positions, images)
+                                * mask).sum())(model)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -118,18 +135,27 @@ def test_padded_patches_and_chunked_logprobs_with_images(vl25):
     np.testing.assert_allclose(padded, full, atol=1e-5)
     inp = vl_inputs(model.config, ids, mask, pv, grid)
     targets = jnp.asarray(np.roll(ids, -1, axis=1))
-    lp = token_logprobs(model, jnp.asarray(ids), jnp.asarray(mask), targets, chunk_size=8, **inp)
+    lp = _logprobs(model, jnp.asarray(ids), jnp.asarray(mask), targets, inp["positions"],
+                   inp["images"])
     want = naive_logprobs(jnp.asarray(full), targets)
     real = mask.astype(bool)
     np.testing.assert_allclose(np.asarray(lp)[real], np.asarray(want)[real], atol=1e-5)
 
-    # the gradient reaches the vision tower
-    def loss(m):
-        return -(token_logprobs(m, jnp.asarray(ids), jnp.asarray(mask), targets, chunk_size=8,
-                                **inp) * jnp.asarray(mask)).sum()
-    g = nnx.grad(loss)(model)
-    gk = g["visual"]["patch_embed"]["kernel"][...]
-    assert np.isfinite(gk).all() and np.abs(gk).max() > 0
+
+@pytest.mark.slow
+def test_logprob_gradient_reaches_the_vision_tower(vl25):
+    _, _, model, pv, grid = vl25
+    ids, mask, _ = vl_batch(grid[:2], "left", seed=6)
+    inp = vl_inputs(model.config, ids, mask, pv, grid)
+    targets = jnp.asarray(np.roll(ids, -1, axis=1))
+    g = _grad(model, jnp.asarray(ids), jnp.asarray(mask), targets, inp["positions"], inp["images"])
+    for path in (("visual", "patch_embed", "kernel"), ("visual", "blocks", 0, "attn", "qkv", "kernel"),
+                 ("visual", "merger", "mlp_out", "bias")):
+        leaf = g
+        for p in path:
+            leaf = leaf[p]
+        arr = np.asarray(leaf[...])
+        assert np.isfinite(arr).all() and np.abs(arr).max() > 0, path
 
 
 def test_save_hf_uses_transformers_names_and_reloads(vl25, tmp_path):
