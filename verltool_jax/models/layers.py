@@ -111,11 +111,11 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, hidden: Optional[int] = None,
                  intermediate: Optional[int] = None, bias: bool = False):
-        H = cfg.hidden_size if hidden is None else hidden
-        I = cfg.intermediate_size if intermediate is None else intermediate
-        self.gate_proj = _linear(cfg, H, I, bias, rngs)
-        self.up_proj = _linear(cfg, H, I, bias, rngs)
-        self.down_proj = _linear(cfg, I, H, bias, rngs)
+        h = cfg.hidden_size if hidden is None else hidden
+        inter = cfg.intermediate_size if intermediate is None else intermediate
+        self.gate_proj = _linear(cfg, h, inter, bias, rngs)
+        self.up_proj = _linear(cfg, h, inter, bias, rngs)
+        self.down_proj = _linear(cfg, inter, h, bias, rngs)
 
     def __call__(self, x):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
