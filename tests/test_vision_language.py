@@ -244,3 +244,60 @@ def test_bad_inputs_name_the_problem(vl25):
         cfg.replace(mrope_section=(2, 3, 4))
     with pytest.raises(ValueError, match="out_hidden_size"):
         cfg.replace(hidden_size=32, head_dim=8, mrope_section=(2, 1, 1))
+
+
+# Qwen2.5-VL-7B-Instruct's config.json as published on the hub (flat layout, legacy mrope).
+HUB_QWEN2_5_VL_7B = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653, "vision_token_id": 151654, "image_token_id": 151655,
+    "video_token_id": 151656, "hidden_act": "silu", "hidden_size": 3584,
+    "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 128000,
+    "max_window_layers": 28, "model_type": "qwen2_5_vl", "num_attention_heads": 28,
+    "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
+    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280,
+                      "intermediate_size": 3420, "num_heads": 16, "in_chans": 3,
+                      "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
+                      "spatial_patch_size": 14, "window_size": 112,
+                      "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+                      "temporal_patch_size": 2},
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": 152064}
+
+
+def _shapes_vs_transformers(hub: dict) -> int:
+    """Our HF names and shapes (abstract, nothing allocated) equal those of transformers'
+    model built on the meta device from the same dict; returns the parameter count."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from verltool_jax.models.hf_io import _flat_params, _value
+    from verltool_jax.models.name_maps import canonical_hf_name, param_table
+    from verltool_jax.models.vision_language import model_class
+    cfg = ModelConfig.from_hf_dict(hub)
+    flat = _flat_params(nnx.eval_shape(lambda: model_class(cfg)(cfg, nnx.Rngs(0))))
+    ours = {}
+    for m in param_table(cfg):
+        shape = tuple(_value(flat[m.path]).shape)
+        ours[m.hf_name] = m.hf_shape or (shape[::-1] if m.transpose else shape)
+    with torch.device("meta"):
+        ref = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**hub))
+    theirs = {canonical_hf_name(k): tuple(v.shape) for k, v in ref.state_dict().items()}
+    assert ours == theirs
+    return sum(int(np.prod(s)) for s in ours.values())
+
+
+def test_hub_7b_widths_match_transformers():
+    """Every tensor name and shape at the real widths (2 decoder layers, 8 vision blocks)."""
+    hub = {**HUB_QWEN2_5_VL_7B, "num_hidden_layers": 2, "max_window_layers": 2,
+           "vision_config": {**HUB_QWEN2_5_VL_7B["vision_config"], "depth": 8,
+                             "fullatt_block_indexes": [7]}}
+    cfg = ModelConfig.from_hf_dict(hub)
+    assert cfg.mrope_section == (16, 24, 24) and cfg.head_dim == 128 and cfg.rope_theta == 1e6
+    assert cfg.vision.patch_dim == 3 * 2 * 14 * 14 and cfg.vision.in_channels == 3
+    _shapes_vs_transformers(hub)
+
+
+@pytest.mark.slow
+def test_hub_7b_full_model_has_8_29b_parameters():
+    assert _shapes_vs_transformers(HUB_QWEN2_5_VL_7B) == 8_292_166_656
