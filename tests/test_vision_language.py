@@ -17,7 +17,7 @@ from verltool_jax.models import ModelConfig, load_hf, save_hf, token_logprobs, v
 from verltool_jax.models.hf_io import hf_named_tensors
 from verltool_jax.models.logprobs import naive_logprobs
 from verltool_jax.models.vision import vision_layout
-from verltool_jax.models.vision_language import mrope_positions
+from verltool_jax.models.vision_language import expand_image_tokens, mrope_positions
 from verltool_jax.sharding import make_mesh, param_spec
 
 
@@ -240,6 +240,12 @@ def test_bad_inputs_name_the_problem(vl25):
     text_cfg = cfg.replace(model_type="qwen2", vision=None, mrope_section=())
     with pytest.raises(ValueError, match="text-only"):
         vl_inputs(text_cfg, ids, mask, pv, grid)
+    assert expand_image_tokens([5, START, IMAGE, END, IMAGE], [[1, 6, 10], [1, 4, 4]], cfg) == \
+        [5, START] + [IMAGE] * 15 + [END] + [IMAGE] * 4
+    with pytest.raises(ValueError, match="more image tokens"):
+        expand_image_tokens([IMAGE, IMAGE], [[1, 4, 4]], cfg)
+    with pytest.raises(ValueError, match="more rows"):
+        expand_image_tokens([IMAGE], [[1, 4, 4], [1, 4, 4]], cfg)
     with pytest.raises(ValueError, match="mrope_section"):
         cfg.replace(mrope_section=(2, 3, 4))
     with pytest.raises(ValueError, match="out_hidden_size"):

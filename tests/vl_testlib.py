@@ -45,6 +45,13 @@ def hf_config(kind: str):
     return Qwen2VLConfig(text_config=text, vision_config=vision, **ids)
 
 
+@functools.lru_cache(maxsize=None)
+def vl_model_config(kind: str = "qwen2_5_vl"):
+    """Our ``ModelConfig`` of ``hf_config(kind)``."""
+    from verltool_jax.models import ModelConfig
+    return ModelConfig.from_hf_dict(hf_config(kind).to_dict())
+
+
 def hf_class(kind: str):
     import transformers
     return {"qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
@@ -94,22 +101,22 @@ def process(imgs):
     return np.asarray(out["pixel_values"], np.float32), np.asarray(out["image_grid_thw"])
 
 
-def image_run(grid) -> list[int]:
-    """``<vision_start> <image> * (t*h*w/4) <vision_end>`` for one image grid."""
-    n = int(np.prod(grid)) // MERGE ** 2
-    return [START] + [IMAGE] * n + [END]
-
-
 def vl_batch(grids, side: str = "left", seed: int = 0):
     """Three rows, padded on ``side``: row 0 holds image 0 between text, row 1 images 1 and 0
-    (different sizes) with text around, row 2 text only. Returns ``(ids, mask, order)``
-    with ``order`` the image indices in row-major placeholder order."""
+    (different sizes) with text around, row 2 text only; each image is ``<vision_start>
+    <image> <vision_end>`` with the image token expanded as the processor does
+    (``expand_image_tokens``). Returns ``(ids, mask, order)`` with ``order`` the image
+    indices in row-major placeholder order."""
+    from verltool_jax.models.vision_language import expand_image_tokens
+    cfg = vl_model_config()
     rng = np.random.default_rng(seed)
 
     def text(n):
         return [int(t) for t in rng.integers(3, 280, n)]
-    rows = [text(3) + image_run(grids[0]) + text(4),
-            text(2) + image_run(grids[1]) + text(3) + image_run(grids[0]) + text(2),
+    img = [START, IMAGE, END]
+    rows = [expand_image_tokens(text(3) + img + text(4), [grids[0]], cfg),
+            expand_image_tokens(text(2) + img + text(3) + img + text(2), [grids[1], grids[0]],
+                                cfg),
             text(7)]
     T = max(len(r) for r in rows) + 2
     ids = np.zeros((len(rows), T), np.int64)

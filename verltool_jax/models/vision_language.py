@@ -27,6 +27,31 @@ from .transformer import Transformer, text_only_error
 from .vision import ImageBatch, VisionTower, check_grid, image_batch
 
 
+def image_token_counts(image_grid_thw, config: ModelConfig) -> list[int]:
+    """Placeholders per image: ``t * h * w / spatial_merge_size**2`` (one per merged block)."""
+    m2 = config.vision.spatial_merge_size ** 2
+    return [int(np.prod(g)) // m2 for g in check_grid(image_grid_thw, config.vision).tolist()]
+
+
+def expand_image_tokens(token_ids, image_grid_thw, config: ModelConfig) -> list[int]:
+    """Replace the i-th single ``image_token_id`` of ``token_ids`` by ``image_token_counts[i]``
+    copies -- what the Qwen2-VL / Qwen2.5-VL processor does to each ``<|image_pad|>`` of the
+    chat-templated text (the surrounding vision start / end tokens stay as they are)."""
+    counts = iter(image_token_counts(image_grid_thw, config))
+    out: list[int] = []
+    for t in token_ids:
+        if int(t) != config.image_token_id:
+            out.append(int(t))
+            continue
+        n = next(counts, None)
+        if n is None:
+            raise ValueError("token_ids hold more image tokens than image_grid_thw has rows")
+        out.extend([config.image_token_id] * n)
+    if next(counts, None) is not None:
+        raise ValueError("image_grid_thw has more rows than token_ids have image tokens")
+    return out
+
+
 def mrope_positions(input_ids, attention_mask, image_grid_thw, config: ModelConfig
                     ) -> tuple[np.ndarray, np.ndarray]:
     """3-axis RoPE positions ``[B, T, 3]`` (int32) and each row's ``delta [B]``.
@@ -97,9 +122,7 @@ def vl_inputs(config: ModelConfig, input_ids, attention_mask=None, pixel_values=
     n_tokens = int(np.sum((ids == config.image_token_id) & real))
     if (pixel_values is None) != (image_grid_thw is None):
         raise ValueError("pixel_values and image_grid_thw go together; pass both or neither")
-    m2 = config.vision.spatial_merge_size ** 2
-    n_feats = 0 if image_grid_thw is None else int(
-        np.prod(check_grid(image_grid_thw, config.vision), axis=1).sum()) // m2
+    n_feats = 0 if image_grid_thw is None else sum(image_token_counts(image_grid_thw, config))
     if n_tokens != n_feats:
         raise ValueError(f"the prompts hold {n_tokens} image tokens (id {config.image_token_id}) "
                          f"but image_grid_thw gives {n_feats} image features; build input_ids "
