@@ -16,7 +16,7 @@ from vl_testlib import (END, IMAGE, START, hf_model, hf_vl_logits, images, proce
 from verltool_jax.models import ModelConfig, load_hf, save_hf, token_logprobs, vl_inputs
 from verltool_jax.models.hf_io import hf_named_tensors
 from verltool_jax.models.logprobs import naive_logprobs
-from verltool_jax.models.vision import vision_layout
+from verltool_jax.models.vision import attention_groups, vision_layout
 from verltool_jax.models.vision_language import expand_image_tokens, mrope_positions
 from verltool_jax.sharding import make_mesh, param_spec
 
@@ -125,6 +125,14 @@ def test_window_segments_equal_transformers_windows(vl25):
     same_hf = hf_window[:, None] == hf_window[None, :]
     np.testing.assert_array_equal(same_ours, same_hf)
     assert len(set(win.tolist())) == 6 + 1 + 6 and set(full.tolist()) == {0, 1, 2}
+    # the gathered groups: one row per window (<= 4 merged blocks of 4 patches), -1 padded
+    groups = attention_groups(win)
+    assert groups.shape == (13, 16)
+    for g, row in enumerate(groups):
+        members = row[row >= 0]
+        assert (win[members] == g).all() and len(members) == (win == g).sum()
+        assert (np.diff(members) > 0).all()
+    assert attention_groups(np.array([1, -1, 0, 1])).tolist() == [[2, -1], [0, 3]]
 
 
 def test_padded_patches_and_chunked_logprobs_with_images(vl25):

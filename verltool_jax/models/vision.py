@@ -17,11 +17,12 @@ The tower (``VisionTower``):
 3. the merger: ``norm``, concatenate each ``m x m`` block into one vector, ``Linear -> GELU
    -> Linear`` to the language model's width: one token per block.
 
-HF reorders the patches window by window before the blocks and back after the merger;
-attention without a causal mask is permutation-equivariant, so here the patches keep the
-processor order and the window restriction is a mask built from segment ids
-(``vision_layout``). The masks are ``[N, N]``: fine for the few thousand patches of an
-RL prompt, quadratic beyond that.
+HF reorders the patches window by window before the blocks and back after the merger.
+Here the patches keep the processor order; each attention layer gathers its segments
+into a padded ``[G, L]`` batch (``attention_groups``: one row per window, or per image
+frame for full attention), attends within each row, and scatters the result back. The
+cost is ``G * L^2`` -- linear in the number of windows, and per image (not per batch)
+quadratic for the full-attention blocks.
 """
 from __future__ import annotations
 
@@ -43,14 +44,15 @@ class ImageBatch:
 
     ``pixel_values [N, patch_dim]`` (processor order, see the module docstring);
     ``patch_positions [N, 2]`` int32 (row, column of each patch in its image);
-    ``full_segment [N]`` / ``window_segment [N]`` int32: patches attend to each other iff
-    their segment ids are equal (full-attention blocks / window blocks). Rows beyond the
-    real patches (padding to a fixed ``N``) have segment ``-1`` and are never read back.
+    ``full_groups [Gf, Lf]`` / ``window_groups [Gw, Lw]`` int32: the patch indices of each
+    image frame / each window, padded with -1 (``attention_groups``); a patch attends to
+    the patches of its own row. Patches beyond the real ones (padding to a fixed ``N``)
+    are in no group and never read back.
     """
     pixel_values: jnp.ndarray
     patch_positions: jnp.ndarray
-    full_segment: jnp.ndarray
-    window_segment: jnp.ndarray
+    full_groups: jnp.ndarray
+    window_groups: jnp.ndarray
 
 
 def check_grid(image_grid_thw, vision: VisionConfig) -> np.ndarray:
@@ -113,6 +115,23 @@ def vision_layout(image_grid_thw, vision: VisionConfig, num_patches: Optional[in
     return positions, full_seg, win_seg
 
 
+def attention_groups(segment: np.ndarray) -> np.ndarray:
+    """``[G, L]`` int32: row ``g`` lists, in order, the indices ``i`` with ``segment[i] == g``
+    (segments numbered ``0 .. G-1``; ``-1`` entries belong to none), padded with -1 to the
+    largest segment's size ``L``."""
+    seg = np.asarray(segment)
+    real = np.nonzero(seg >= 0)[0]
+    if real.size == 0:
+        return np.full((0, 1), -1, np.int32)
+    counts = np.bincount(seg[real])
+    out = np.full((counts.size, int(counts.max())), -1, np.int32)
+    order = real[np.argsort(seg[real], kind="stable")]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    col = np.arange(order.size) - np.repeat(starts, counts)
+    out[seg[order], col] = order
+    return out
+
+
 def image_batch(pixel_values, image_grid_thw, vision: VisionConfig,
                 num_patches: Optional[int] = None) -> ImageBatch:
     """Check ``pixel_values [N, patch_dim]`` against the grids and build the ``ImageBatch``
@@ -128,8 +147,9 @@ def image_batch(pixel_values, image_grid_thw, vision: VisionConfig,
     if num_patches is not None:
         pv = np.pad(pv, ((0, num_patches - n), (0, 0)))
     return ImageBatch(pixel_values=jnp.asarray(pv, jnp.float32),
-                      patch_positions=jnp.asarray(positions), full_segment=jnp.asarray(full),
-                      window_segment=jnp.asarray(win))
+                      patch_positions=jnp.asarray(positions),
+                      full_groups=jnp.asarray(attention_groups(full)),
+                      window_groups=jnp.asarray(attention_groups(win)))
 
 
 def quick_gelu(x):
@@ -173,23 +193,27 @@ class VisionAttention(nnx.Module):
         self.heads = v.num_heads
         self.rope_theta = v.rope_theta
 
-    def __call__(self, x, positions, mask):
-        """``x [1,N,W]``, ``positions [1,N,2]``, ``mask [1,N,N]`` -> ``[1,N,W]``.
+    def __call__(self, x, positions, groups):
+        """``x [N,W]``, ``positions [N,2]``, ``groups [G,L]`` (``attention_groups``) -> ``[N,W]``.
 
-        RoPE: with ``D`` the head dim and ``f = rope_inv_freq(D / 2, theta)`` (``D/4``
-        frequencies), the ``D/2`` angles are ``[row * f, col * f]``.
+        Each patch attends to the patches of its group. RoPE: with ``D`` the head dim and
+        ``f = rope_inv_freq(D / 2, theta)`` (``D/4`` frequencies), the ``D/2`` angles are
+        ``[row * f, col * f]``.
         """
-        B, N, W = x.shape
+        N, W = x.shape
         D = W // self.heads
-        q, k, val = jnp.split(self.qkv(x).reshape(B, N, 3, self.heads, D), 3, axis=2)
-        q, k, val = q[:, :, 0], k[:, :, 0], val[:, :, 0]
+        qkv = self.qkv(x).reshape(N, 3, self.heads, D)
         f = rope_inv_freq(D // 2, self.rope_theta)
-        inv = np.concatenate([f, f])
-        sections = (D // 4, D // 4)
-        q = apply_rope(q, positions, inv, sections)
-        k = apply_rope(k, positions, inv, sections)
-        out = attention_weights_apply(q, k, val, mask)
-        return self.proj(out.reshape(B, N, W))
+        inv, sections = np.concatenate([f, f]), (D // 4, D // 4)
+        q = apply_rope(qkv[None, :, 0], positions[None], inv, sections)[0]
+        k = apply_rope(qkv[None, :, 1], positions[None], inv, sections)[0]
+        valid = groups >= 0
+        idx = jnp.where(valid, groups, 0)
+        mask = valid[:, None, :] & valid[:, :, None]
+        out = attention_weights_apply(q[idx], k[idx], qkv[:, 2][idx], mask)   # [G,L,heads,D]
+        # padding slots write to a spare row N, dropped
+        y = jnp.zeros((N + 1, self.heads, D), out.dtype).at[jnp.where(valid, groups, N)].set(out)
+        return self.proj(y[:N].reshape(N, W))
 
 
 class VisionBlock(nnx.Module):
@@ -203,8 +227,8 @@ class VisionBlock(nnx.Module):
         else:
             self.mlp = GeluMLP(cfg, rngs)
 
-    def __call__(self, x, positions, mask):
-        x = x + self.attn(self.norm1(x), positions, mask)
+    def __call__(self, x, positions, groups):
+        x = x + self.attn(self.norm1(x), positions, groups)
         return x + self.mlp(self.norm2(x))
 
 
@@ -225,8 +249,8 @@ class PatchMerger(nnx.Module):
         return self.mlp_out(jax.nn.gelu(self.mlp_in(h), approximate=False))
 
 
-def _block_call(block, x, positions, mask):
-    return block(x, positions, mask)
+def _block_call(block, x, positions, groups):
+    return block(x, positions, groups)
 
 
 class VisionTower(nnx.Module):
@@ -243,17 +267,14 @@ class VisionTower(nnx.Module):
 
     def __call__(self, images: ImageBatch) -> jnp.ndarray:
         from .transformer import REMAT_JAX_POLICIES
-        x = self.patch_embed(images.pixel_values.astype(dtype_of(self.dtype)))[None]
-        pos = images.patch_positions[None]
-        full = images.full_segment
-        win = images.window_segment
-        masks = {True: (full[:, None] == full[None, :])[None],
-                 False: (win[:, None] == win[None, :])[None]}
+        x = self.patch_embed(images.pixel_values.astype(dtype_of(self.dtype)))
+        pos = images.patch_positions
         for i, block in enumerate(self.blocks):
-            mask = masks[self.vision.full_attention(i)]
+            groups = (images.full_groups if self.vision.full_attention(i)
+                      else images.window_groups)
             if self.remat_policy == "none":
-                x = _block_call(block, x, pos, mask)
+                x = _block_call(block, x, pos, groups)
             else:
                 x = nnx.remat(_block_call, policy=REMAT_JAX_POLICIES[self.remat_policy])(
-                    block, x, pos, mask)
-        return self.merger(x[0])
+                    block, x, pos, groups)
+        return self.merger(x)
