@@ -139,7 +139,11 @@ def test_padded_patches_and_chunked_logprobs_with_images(vl25):
     _, _, model, pv, grid = vl25
     ids, mask, _ = vl_batch(grid[:2], "right", seed=6)
     full = _logits(model, ids, mask, pv, grid)
-    padded = _logits(model, ids, mask, pv, grid, num_patches=pv.shape[0] + 24)
+    bucketed = vl_inputs(model.config, ids, mask, pv, grid, bucket=True)["images"]
+    assert bucketed.pixel_values.shape == (256, 96)             # 136 patches -> 4 * 64
+    assert bucketed.full_groups.shape == (4, 64)                # 3 frames of <= 60 patches
+    assert bucketed.window_groups.shape == (16, 16)             # 13 windows of <= 16 patches
+    padded = _logits(model, ids, mask, pv, grid, bucket=True)
     np.testing.assert_allclose(padded, full, atol=1e-5)
     inp = vl_inputs(model.config, ids, mask, pv, grid)
     targets = jnp.asarray(np.roll(ids, -1, axis=1))

@@ -132,10 +132,24 @@ def attention_groups(segment: np.ndarray) -> np.ndarray:
     return out
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _pad_groups(groups: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    out = np.full((rows, cols), -1, np.int32)
+    out[:groups.shape[0], :groups.shape[1]] = groups
+    return out
+
+
 def image_batch(pixel_values, image_grid_thw, vision: VisionConfig,
-                num_patches: Optional[int] = None) -> ImageBatch:
-    """Check ``pixel_values [N, patch_dim]`` against the grids and build the ``ImageBatch``
-    (``num_patches``: pad to a fixed size so that one compilation serves many batches)."""
+                bucket: bool = False) -> ImageBatch:
+    """Check ``pixel_values [N, patch_dim]`` against the grids and build the ``ImageBatch``.
+
+    ``bucket=True`` pads every shape to a power of two (the patch count to ``m^2`` times
+    one; a window group to the window's full patch count), so that a jitted step compiles
+    for a few shapes instead of one per set of image sizes. Padding changes no output.
+    """
     pv = np.asarray(pixel_values)
     grid = check_grid(image_grid_thw, vision)
     n = int(np.prod(grid, axis=1).sum())
@@ -143,13 +157,19 @@ def image_batch(pixel_values, image_grid_thw, vision: VisionConfig,
         raise ValueError(f"pixel_values has shape {pv.shape}; image_grid_thw {grid.tolist()} "
                          f"needs ({n}, {vision.patch_dim}) = (sum t*h*w, in_channels * "
                          f"temporal_patch_size * patch_size**2) as the Qwen2-VL processor writes")
+    m2 = vision.spatial_merge_size ** 2
+    num_patches = m2 * _pow2(n // m2) if bucket else None
     positions, full, win = vision_layout(grid, vision, num_patches)
-    if num_patches is not None:
+    full_g, win_g = attention_groups(full), attention_groups(win)
+    if bucket:
         pv = np.pad(pv, ((0, num_patches - n), (0, 0)))
+        full_g = _pad_groups(full_g, _pow2(full_g.shape[0]), _pow2(full_g.shape[1]))
+        side = vision.window_size // vision.patch_size if vision.kind == "qwen2_5_vl" else 0
+        win_cols = side * side if side else _pow2(win_g.shape[1])
+        win_g = _pad_groups(win_g, _pow2(win_g.shape[0]), max(win_cols, win_g.shape[1]))
     return ImageBatch(pixel_values=jnp.asarray(pv, jnp.float32),
                       patch_positions=jnp.asarray(positions),
-                      full_groups=jnp.asarray(attention_groups(full)),
-                      window_groups=jnp.asarray(attention_groups(win)))
+                      full_groups=jnp.asarray(full_g), window_groups=jnp.asarray(win_g))
 
 
 def quick_gelu(x):

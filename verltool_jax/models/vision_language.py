@@ -102,12 +102,12 @@ def mrope_positions(input_ids, attention_mask, image_grid_thw, config: ModelConf
 
 
 def vl_inputs(config: ModelConfig, input_ids, attention_mask=None, pixel_values=None,
-              image_grid_thw=None, num_patches: Optional[int] = None) -> dict:
+              image_grid_thw=None, bucket: bool = False) -> dict:
     """``{"positions": [B,T,3], "images": ImageBatch or None}`` for ``VisionLanguageModel``.
 
     Checks that every image has exactly its placeholders (``t*h*w / m^2`` image tokens,
     counted over real tokens) and that no video token is present (videos are not
-    supported). ``num_patches`` pads the patches to a fixed count (see ``image_batch``).
+    supported). ``bucket`` pads the image arrays to power-of-two shapes (see ``image_batch``).
     """
     if not config.is_vision_language:
         raise ValueError(text_only_error(config))
@@ -129,7 +129,7 @@ def vl_inputs(config: ModelConfig, input_ids, attention_mask=None, pixel_values=
                          "and pixel_values with the same processor call")
     positions, _ = mrope_positions(ids, mask, image_grid_thw, config)
     images = None if pixel_values is None else image_batch(pixel_values, image_grid_thw,
-                                                           config.vision, num_patches)
+                                                           config.vision, bucket)
     return {"positions": jnp.asarray(positions), "images": images}
 
 
