@@ -5,8 +5,8 @@ entries carry ``transpose=True``. A vision-language model (``qwen2_5_vl``, ``qwe
 the ``qwen2`` decoder table plus its vision tower's table; its checkpoint names are the
 hub's (``model.layers.*``, ``visual.*``, ``lm_head.weight``; transformers >= 5 writes these
 too), and the ``model.language_model.*`` / ``model.visual.*`` spelling some
-transformers 4.x versions wrote is read as well (``canonical_hf_name``). The same table drives ``load_hf``, ``save_hf`` and the
-weight sync to samplers (``hf_named_tensors``).
+transformers 4.x versions wrote is read as well (``canonical_hf_name``). The same table
+drives ``load_hf``, ``save_hf`` and the weight sync to samplers (``hf_named_tensors``).
 """
 from __future__ import annotations
 
