@@ -319,3 +319,20 @@ def test_hub_7b_widths_match_transformers():
 @pytest.mark.slow
 def test_hub_7b_full_model_has_8_29b_parameters():
     assert _shapes_vs_transformers(HUB_QWEN2_5_VL_7B) == 8_292_166_656
+
+
+@pytest.mark.slow
+def test_bf16_and_remat_run_the_vision_tower(vl25):
+    path, _, model, pv, grid = vl25
+    ids, mask, _ = vl_batch(grid[:2], "left", seed=10)
+    real = mask.astype(bool)
+    full = _logits(model, ids, mask, pv, grid)
+    bf16 = _logits(load_hf(path, dtype="bfloat16"), ids, mask, pv, grid)
+    assert np.isfinite(bf16).all() and np.abs(bf16 - full)[real].max() < 0.25
+    inp = vl_inputs(model.config, ids, mask, pv, grid, bucket=True)
+    args = (jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(np.roll(ids, -1, axis=1)),
+            inp["positions"], inp["images"])
+    g_full = _grad(load_hf(path, remat_policy="full"), *args)
+    g_none = _grad(model, *args)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_none)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
