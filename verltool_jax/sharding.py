@@ -32,6 +32,21 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"mlp/down_proj/kernel$", P("tp", "fsdp")),                  # [I, H]
     (r"(^|/)lm_head/kernel$", P("fsdp", "tp")),                   # [H, V]
     (r"norm/weight$", P()),                                       # RMSNorm scales
+    # vision tower (Qwen2.5-VL / Qwen2-VL): the same column / row split as the decoder
+    (r"visual/patch_embed/kernel$", P("fsdp", "tp")),            # [patch_dim, W]
+    (r"attn/qkv/kernel$", P("fsdp", "tp")),                       # [W, 3W]
+    (r"attn/qkv/bias$", P("tp")),
+    (r"attn/proj/kernel$", P("tp", "fsdp")),                      # [W, W]
+    (r"mlp/(gate|up)_proj/bias$", P("tp")),
+    (r"mlp/down_proj/bias$", P()),
+    (r"mlp/fc1/kernel$", P("fsdp", "tp")),
+    (r"mlp/fc1/bias$", P("tp")),
+    (r"mlp/fc2/kernel$", P("tp", "fsdp")),
+    (r"merger/mlp_in/kernel$", P("fsdp", "tp")),                  # [4W, 4W]
+    (r"merger/mlp_in/bias$", P("tp")),
+    (r"merger/mlp_out/kernel$", P("tp", "fsdp")),                 # [4W, H]
+    (r"(attn/proj|mlp/fc2|merger/mlp_out)/bias$", P()),
+    (r"(norm1|norm2|ln_q)/(weight|scale|bias)$", P()),            # vision RMS/LayerNorms
 )
 
 

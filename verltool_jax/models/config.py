@@ -7,6 +7,13 @@ One config drives one model code path; the family differences are switches:
 * Llama 3.x: ``rope_scaling`` of type ``llama3``; ``attention_bias`` puts a bias on
   q/k/v *and* o.
 
+* Qwen2.5-VL / Qwen2-VL (``qwen2_5_vl``, ``qwen2_vl``): a Qwen2 language model with
+  multimodal RoPE (``mrope_section``) plus a vision tower (``vision``, a
+  :class:`VisionConfig`) and the image placeholder token ids. Both HF layouts of their
+  ``config.json`` are read: the hub's flat one (text fields at the top level,
+  ``rope_scaling: {type: mrope, mrope_section}``) and transformers >= 5's nested
+  ``text_config`` / ``vision_config``; the nested one is written.
+
 Both HF layouts of the RoPE settings are read: transformers < 5 writes ``rope_theta`` +
 ``rope_scaling``; transformers >= 5 writes ``rope_parameters`` (which holds ``rope_theta``).
 """
@@ -19,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+VL_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama") + VL_MODEL_TYPES
+VL_ARCHITECTURES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+                    "qwen2_vl": "Qwen2VLForConditionalGeneration"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -50,6 +60,122 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class VisionConfig:
+    """The vision tower of Qwen2.5-VL / Qwen2-VL (HF ``vision_config``).
+
+    Images arrive as patches of ``in_channels x temporal_patch_size x patch_size x
+    patch_size`` pixels; ``depth`` blocks of width ``hidden_size`` (``num_heads`` heads)
+    run over them; the merger joins each ``spatial_merge_size x spatial_merge_size``
+    block of patches into one token of width ``out_hidden_size`` (the language model's
+    hidden size).
+
+    ``kind`` picks the block: ``qwen2_5_vl`` (RMSNorm, SwiGLU MLP with bias, window
+    attention over ``window_size x window_size`` pixels except the blocks listed in
+    ``fullatt_block_indexes``, which attend over the whole image) or ``qwen2_vl``
+    (LayerNorm, ``fc1 -> hidden_act -> fc2`` MLP, full attention everywhere).
+    HF ``qwen2_vl`` names the width ``embed_dim`` and the output ``hidden_size``; here both
+    kinds use the Qwen2.5-VL names.
+    """
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+    kind: str = "qwen2_5_vl"
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+    window_size: int = 112
+    fullatt_block_indexes: tuple[int, ...] = ()
+    hidden_act: str = "silu"
+    rope_theta: float = 10000.0
+    tokens_per_second: int = 4
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size",
+                     "patch_size", "temporal_patch_size", "spatial_merge_size", "in_channels"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"VisionConfig.{name} must be a positive int, got {v!r}")
+        if self.kind not in VL_MODEL_TYPES:
+            raise ValueError(f"VisionConfig.kind must be one of {VL_MODEL_TYPES}, got {self.kind!r}")
+        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
+            raise ValueError(f"VisionConfig.hidden_size ({self.hidden_size}) / num_heads "
+                             f"({self.num_heads}) must be a multiple of 4 (2-D RoPE)")
+        bad = [i for i in self.fullatt_block_indexes if not 0 <= i < self.depth]
+        if bad:
+            raise ValueError(f"VisionConfig.fullatt_block_indexes {bad} outside 0..{self.depth - 1}")
+        acts = ("silu",) if self.kind == "qwen2_5_vl" else ("quick_gelu", "gelu", "silu")
+        if self.hidden_act not in acts:
+            raise ValueError(f"VisionConfig.hidden_act must be one of {acts} for {self.kind}, "
+                             f"got {self.hidden_act!r}")
+        if self.kind == "qwen2_5_vl":
+            unit = self.patch_size * self.spatial_merge_size
+            if self.window_size < unit or self.window_size % unit:
+                raise ValueError(f"VisionConfig.window_size ({self.window_size}) must be a "
+                                 f"positive multiple of patch_size * spatial_merge_size ({unit})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Length of one flattened patch: ``in_channels * temporal_patch_size * patch_size**2``."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    def full_attention(self, block: int) -> bool:
+        """Whether ``block`` attends over the whole image (else within its window)."""
+        return self.kind == "qwen2_vl" or block in self.fullatt_block_indexes
+
+    @classmethod
+    def from_hf_dict(cls, kind: str, d: dict) -> "VisionConfig":
+        """Read an HF ``vision_config`` of ``kind`` (``qwen2_5_vl`` or ``qwen2_vl``)."""
+        rope = d.get("rope_parameters") or {}
+        common = dict(kind=kind, depth=int(d["depth"]), num_heads=int(d["num_heads"]),
+                      patch_size=int(d.get("patch_size", 14)),
+                      temporal_patch_size=int(d.get("temporal_patch_size", 2)),
+                      spatial_merge_size=int(d.get("spatial_merge_size", 2)),
+                      in_channels=int(d.get("in_channels", d.get("in_chans", 3))),
+                      rope_theta=float(rope.get("rope_theta", 10000.0)))
+        if kind == "qwen2_vl":
+            width = int(d["embed_dim"])
+            return cls(hidden_size=width, intermediate_size=int(width * d.get("mlp_ratio", 4)),
+                       out_hidden_size=int(d["hidden_size"]), window_size=0,
+                       hidden_act=d.get("hidden_act", "quick_gelu"), **common)
+        return cls(hidden_size=int(d["hidden_size"]), intermediate_size=int(d["intermediate_size"]),
+                   out_hidden_size=int(d["out_hidden_size"]),
+                   window_size=int(d.get("window_size", 112)),
+                   fullatt_block_indexes=tuple(int(i) for i in d.get("fullatt_block_indexes", ())),
+                   hidden_act=d.get("hidden_act", "silu"),
+                   tokens_per_second=int(d.get("tokens_per_second", 4)), **common)
+
+    def to_hf_dict(self) -> dict:
+        d: dict[str, Any] = dict(
+            depth=self.depth, num_heads=self.num_heads, in_channels=self.in_channels,
+            patch_size=self.patch_size, temporal_patch_size=self.temporal_patch_size,
+            spatial_merge_size=self.spatial_merge_size, hidden_act=self.hidden_act,
+            model_type=f"{self.kind}_vision")
+        if self.kind == "qwen2_vl":
+            if self.intermediate_size % self.hidden_size:
+                raise ValueError("qwen2_vl writes the MLP width as embed_dim * mlp_ratio; "
+                                 "intermediate_size must be a multiple of hidden_size")
+            d.update(embed_dim=self.hidden_size, hidden_size=self.out_hidden_size,
+                     mlp_ratio=self.intermediate_size // self.hidden_size)
+            if self.rope_theta != 10000.0:
+                raise ValueError("qwen2_vl vision RoPE has a fixed theta of 10000")
+            return d
+        d.update(hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+                 out_hidden_size=self.out_hidden_size, window_size=self.window_size,
+                 fullatt_block_indexes=list(self.fullatt_block_indexes),
+                 tokens_per_second=self.tokens_per_second,
+                 rope_parameters={"rope_type": "axial", "rope_theta": self.rope_theta})
+        return d
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Architecture + numerics of a decoder-only transformer (hashable: usable as a static arg).
 
@@ -58,6 +184,11 @@ class ModelConfig:
     per-layer rematerialisation: ``none`` (store all activations), ``full`` (recompute the
     whole layer in the backward pass), ``dots`` (save matmul outputs, recompute the rest),
     ``dots_no_batch`` (save only matmuls without batch dimensions).
+
+    Vision-language models (``model_type`` in ``VL_MODEL_TYPES``) add ``vision`` (the
+    tower), ``mrope_section`` (how many of the ``head_dim // 2`` RoPE frequencies follow
+    the temporal, height and width position; empty = plain 1-D RoPE) and the special
+    token ids the processor writes around an image.
     """
     vocab_size: int
     hidden_size: int
@@ -81,6 +212,12 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat_policy: str = "none"
+    mrope_section: tuple[int, ...] = ()
+    vision: Optional[VisionConfig] = None
+    image_token_id: Optional[int] = None
+    video_token_id: Optional[int] = None
+    vision_start_token_id: Optional[int] = None
+    vision_end_token_id: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -104,6 +241,22 @@ class ModelConfig:
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig.remat_policy must be one of {REMAT_POLICIES}, "
                              f"got {self.remat_policy!r}")
+        if self.mrope_section and sum(self.mrope_section) != self.head_dim // 2:
+            raise ValueError(f"ModelConfig.mrope_section {self.mrope_section} must sum to "
+                             f"head_dim // 2 = {self.head_dim // 2}")
+        if self.model_type in VL_MODEL_TYPES:
+            if self.vision is None or self.vision.kind != self.model_type:
+                raise ValueError(f"ModelConfig.vision must be a VisionConfig of kind "
+                                 f"{self.model_type!r} for model_type {self.model_type!r}")
+            if self.vision.out_hidden_size != self.hidden_size:
+                raise ValueError(f"VisionConfig.out_hidden_size ({self.vision.out_hidden_size}) "
+                                 f"must equal ModelConfig.hidden_size ({self.hidden_size})")
+            if self.image_token_id is None:
+                raise ValueError("ModelConfig.image_token_id is required for a vision-language "
+                                 "model (config.json image_token_id)")
+        elif self.vision is not None:
+            raise ValueError(f"model_type {self.model_type!r} is text-only; a vision tower needs "
+                             f"one of {VL_MODEL_TYPES}")
 
     def replace(self, **kw) -> "ModelConfig":
         """A copy with fields replaced (e.g. ``cfg.replace(dtype='bfloat16')``)."""
@@ -112,6 +265,10 @@ class ModelConfig:
     @property
     def family(self) -> str:
         return self.model_type
+
+    @property
+    def is_vision_language(self) -> bool:
+        return self.vision is not None
 
     # ------------------------------------------------------------------ HF interop
     @classmethod
@@ -122,6 +279,8 @@ class ModelConfig:
         if mt not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"config.json model_type must be one of {SUPPORTED_MODEL_TYPES}, "
                              f"got {mt!r}")
+        if mt in VL_MODEL_TYPES:
+            return cls._from_hf_vl_dict(d, **overrides)
         if d.get("use_sliding_window"):
             raise ValueError("config.json use_sliding_window=true is not supported; "
                              "set it to false (full attention)")
@@ -163,6 +322,31 @@ class ModelConfig:
         return cls(**kw)
 
     @classmethod
+    def _from_hf_vl_dict(cls, d: dict, **overrides) -> "ModelConfig":
+        """A VL ``config.json``: the text fields (nested ``text_config`` or top level) are a
+        Qwen2 language model whose RoPE carries ``mrope_section``."""
+        mt = d["model_type"]
+        if "vision_config" not in d:
+            raise ValueError(f"config.json of a {mt} model needs a vision_config")
+        nested = d.get("text_config") or {}
+        text = {k: v for k, v in {**d, **nested}.items() if k not in ("vision_config", "text_config")}
+        rope = {**(text.get("rope_scaling") or {}), **(text.get("rope_parameters") or {})}
+        section = tuple(int(s) for s in rope.pop("mrope_section", ()) or ())
+        if rope.get("rope_type", rope.get("type")) in ("mrope", "default", None):
+            rope.pop("type", None)
+            rope["rope_type"] = "default"
+        text.update(model_type="qwen2", rope_parameters=rope, rope_scaling=None,
+                    tie_word_embeddings=bool(d.get("tie_word_embeddings")
+                                             or nested.get("tie_word_embeddings")))
+        base = cls.from_hf_dict(text)
+        kw = dict(model_type=mt, mrope_section=section,
+                  vision=VisionConfig.from_hf_dict(mt, d["vision_config"]),
+                  **{k: d.get(k) for k in ("image_token_id", "video_token_id",
+                                           "vision_start_token_id", "vision_end_token_id")})
+        kw.update(overrides)
+        return base.replace(**kw)
+
+    @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **overrides) -> "ModelConfig":
         """Read ``<path>/config.json`` (``path`` may also be the json file itself)."""
         p = Path(path)
@@ -175,6 +359,8 @@ class ModelConfig:
 
     def to_hf_dict(self) -> dict:
         """The HF ``config.json`` fields (transformers and vLLM read these)."""
+        if self.model_type in VL_MODEL_TYPES:
+            return self._to_hf_vl_dict()
         arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "llama": "LlamaForCausalLM"}[self.model_type]
         rope = self.rope_scaling.to_hf(self.rope_theta)
@@ -207,3 +393,22 @@ class ModelConfig:
             else:
                 d.update(use_sliding_window=False, max_window_layers=self.num_layers)
         return d
+
+    def _to_hf_vl_dict(self) -> dict:
+        """transformers >= 5 layout: ``text_config`` (Qwen2 fields, M-RoPE sections in
+        ``rope_parameters``) and ``vision_config`` nested under the VL model."""
+        text = self.replace(model_type="qwen2", vision=None, mrope_section=()).to_hf_dict()
+        for k in ("architectures", "torch_dtype", "dtype", "rope_scaling", "tie_word_embeddings"):
+            text.pop(k, None)
+        text["model_type"] = f"{self.model_type}_text"
+        if self.mrope_section:
+            text["rope_parameters"] = {**text["rope_parameters"],
+                                       "mrope_section": list(self.mrope_section)}
+        return dict(architectures=[VL_ARCHITECTURES[self.model_type]], model_type=self.model_type,
+                    text_config=text, vision_config=self.vision.to_hf_dict(),
+                    image_token_id=self.image_token_id, video_token_id=self.video_token_id,
+                    vision_start_token_id=self.vision_start_token_id,
+                    vision_end_token_id=self.vision_end_token_id,
+                    tie_word_embeddings=self.tie_word_embeddings, torch_dtype=self.param_dtype,
+                    dtype=self.param_dtype, bos_token_id=self.bos_token_id,
+                    eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id)

@@ -18,9 +18,10 @@ import numpy as np
 from flax import nnx
 
 from .config import ModelConfig
-from .name_maps import ParamMapping, hf_to_path, param_table
+from .name_maps import ParamMapping, canonical_hf_name, hf_to_path, param_table
 from .safetensors_io import checkpoint_files, iter_tensors, write_file
 from .transformer import Transformer
+from .vision_language import model_class
 
 # Tensors some HF checkpoints carry that are not parameters (recomputed from the config).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -76,7 +77,7 @@ def hf_named_tensors(model_or_state, config: ModelConfig) -> Iterator[tuple[str,
             raise KeyError(f"parameter {m.path} ({m.hf_name}) missing from the state; is the "
                            f"config ({config.model_type}) the model's?")
         arr = _to_host(_value(flat[m.path]))
-        yield m.hf_name, (np.ascontiguousarray(arr.T) if m.transpose else arr)
+        yield m.hf_name, np.ascontiguousarray(m.to_hf(arr))
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -84,11 +85,12 @@ def _np_dtype(name: str) -> np.dtype:
 
 
 def _place(arr: np.ndarray, m: ParamMapping, shape, dtype, mesh, rules) -> jax.Array:
-    src = arr.T if m.transpose else arr
-    if tuple(src.shape) != tuple(shape):
+    expected = m.hf_shape or (tuple(shape[::-1]) if m.transpose else tuple(shape))
+    if tuple(arr.shape) != tuple(expected):
         raise ValueError(f"checkpoint tensor {m.hf_name} has shape {tuple(arr.shape)}, "
-                         f"expected {tuple(shape[::-1]) if m.transpose else tuple(shape)} from "
-                         f"config.json; the checkpoint and its config disagree")
+                         f"expected {tuple(expected)} from config.json; the checkpoint and its "
+                         f"config disagree")
+    src = m.to_ours(arr)
     if mesh is None:
         return jnp.asarray(np.asarray(src, dtype=dtype))
     from ..sharding import param_spec
@@ -100,7 +102,8 @@ def _place(arr: np.ndarray, m: ParamMapping, shape, dtype, mesh, rules) -> jax.A
 
 def load_hf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
             param_dtype: Optional[str] = None, rules=None, **config_overrides) -> Transformer:
-    """Load an HF checkpoint directory (``config.json`` + safetensors) as a ``Transformer``.
+    """Load an HF checkpoint directory (``config.json`` + safetensors) as a ``Transformer``
+    (a ``VisionLanguageModel`` for Qwen2.5-VL / Qwen2-VL checkpoints).
 
     ``dtype`` sets the compute dtype and, unless ``param_dtype`` is given, the parameter
     dtype too (e.g. ``"bfloat16"``); default float32. ``mesh``: place each parameter in its
@@ -116,7 +119,8 @@ def load_hf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
     if param_dtype is not None:
         over["param_dtype"] = param_dtype
     cfg = ModelConfig.from_pretrained(path, **over)
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
+    cls = model_class(cfg)
+    abstract = nnx.eval_shape(lambda: cls(cfg, nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract)
     shapes = {k: _value(v) for k, v in _flat_params(abs_state).items()}
     table = hf_to_path(cfg)
@@ -125,6 +129,8 @@ def load_hf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
     unexpected = []
     for f in checkpoint_files(path):
         for name, arr in iter_tensors(f):
+            if cfg.is_vision_language:
+                name = canonical_hf_name(name)
             m = table.get(name)
             if m is None:
                 if name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -159,8 +165,8 @@ def save_hf(model: Transformer, path: str | os.PathLike, tokenizer=None,
     specs = []
     for m in param_table(cfg):
         v = _value(flat[m.path])
-        specs.append((m.hf_name, tuple(v.shape[::-1]) if m.transpose else tuple(v.shape),
-                      np.dtype(v.dtype)))
+        shape = m.hf_shape or (tuple(v.shape[::-1]) if m.transpose else tuple(v.shape))
+        specs.append((m.hf_name, tuple(shape), np.dtype(v.dtype)))
     shards: list[list] = [[]]
     size = 0
     for s in specs:
@@ -186,7 +192,8 @@ def save_hf(model: Transformer, path: str | os.PathLike, tokenizer=None,
     hf = cfg.to_hf_dict()
     with open(out / "config.json", "w") as f:
         json.dump(hf, f, indent=2)
-    gen = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf[k] is not None}
+    gen = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+           if hf.get(k) is not None}
     with open(out / "generation_config.json", "w") as f:
         json.dump(gen, f, indent=2)
     if tokenizer is not None:

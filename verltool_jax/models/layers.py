@@ -1,6 +1,7 @@
 """Building blocks of the decoder: RMSNorm, grouped-query attention, SwiGLU MLP."""
 from __future__ import annotations
 
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -71,9 +72,11 @@ class Attention(nnx.Module):
         self.qk_norm = cfg.qk_norm
         self.shape = (N, K, D)
         self.rope = (D, cfg.rope_theta, cfg.rope_scaling)  # static, hashable
+        self.rope_sections = tuple(cfg.mrope_section)
 
     def __call__(self, x, positions, mask, kv_cache=None, write_index=0):
-        """``x [B,T,H]`` -> ``(out [B,T,H], (k, v))``.
+        """``x [B,T,H]`` -> ``(out [B,T,H], (k, v))``; ``positions [B,T]``, or ``[B,T,3]``
+        (temporal, height, width) with multimodal RoPE (``ModelConfig.mrope_section``).
 
         Without ``kv_cache`` the keys are this call's own tokens (``mask [B,T,T]``). With
         ``kv_cache = (k_cache, v_cache)`` of shape ``[B,S,K,D]``, this call's keys/values
@@ -88,8 +91,8 @@ class Attention(nnx.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         inv_freq = rope_inv_freq(*self.rope)
-        q = apply_rope(q, positions, inv_freq)
-        k = apply_rope(k, positions, inv_freq)
+        q = apply_rope(q, positions, inv_freq, self.rope_sections)
+        k = apply_rope(k, positions, inv_freq, self.rope_sections)
         if kv_cache is not None:
             kc, vc = kv_cache
             start = (0, write_index, 0, 0)
@@ -100,13 +103,19 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``.
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        H, I = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = _linear(cfg, H, I, False, rngs)
-        self.up_proj = _linear(cfg, H, I, False, rngs)
-        self.down_proj = _linear(cfg, I, H, False, rngs)
+    Widths default to the decoder's (``cfg.hidden_size -> cfg.intermediate_size``); the
+    Qwen2.5-VL vision blocks pass their own widths and ``bias=True``.
+    """
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, hidden: Optional[int] = None,
+                 intermediate: Optional[int] = None, bias: bool = False):
+        h = cfg.hidden_size if hidden is None else hidden
+        inter = cfg.intermediate_size if intermediate is None else intermediate
+        self.gate_proj = _linear(cfg, h, inter, bias, rngs)
+        self.up_proj = _linear(cfg, h, inter, bias, rngs)
+        self.down_proj = _linear(cfg, inter, h, bias, rngs)
 
     def __call__(self, x):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -45,13 +45,48 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling = RopeScalin
     raise ValueError(f"rope_type {kind!r} is not supported (use default, linear or llama3)")
 
 
-def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, inv_freq: jnp.ndarray) -> jnp.ndarray:
-    """Rotate ``x [B, T, N, D]`` by angles ``positions[b, t] * inv_freq`` (HF half-split layout).
+def section_index(sections: tuple[int, ...]) -> np.ndarray:
+    """``[sum(sections)]`` int32: which position axis drives each frequency.
 
-    With ``x = [x1, x2]`` split in halves along D and ``a = positions * inv_freq`` (float32):
+    Multimodal RoPE (M-RoPE, Qwen2-VL) splits the ``head_dim // 2`` frequencies into
+    consecutive sections, one per position axis (temporal, height, width):
+    ``sections = (16, 24, 24)`` gives frequency ``i`` the axis ``0`` for ``i < 16``, ``1``
+    for ``16 <= i < 40`` and ``2`` after.
+    """
+    return np.repeat(np.arange(len(sections), dtype=np.int32), np.asarray(sections, np.int64))
+
+
+def rope_angles(positions: jnp.ndarray, inv_freq, sections: tuple[int, ...] = ()) -> jnp.ndarray:
+    """Rotation angles ``[..., D/2]`` (float32) of each token.
+
+    ``positions [...]`` (one axis): ``a_i = positions * inv_freq_i``. ``positions [..., P]``
+    (P axes, ``sections`` given): ``a_i = positions[..., axis(i)] * inv_freq_i`` with
+    ``axis = section_index(sections)``; a text token whose axes are equal gets the plain
+    1-D angles, which is why ``[...]`` positions are accepted with ``sections`` too.
+    """
+    inv = jnp.asarray(inv_freq, jnp.float32)
+    pos = positions.astype(jnp.float32)
+    if sections and pos.ndim == 3:
+        if pos.shape[-1] != len(sections):
+            raise ValueError(f"positions have {pos.shape[-1]} axes, rope sections {sections} "
+                             f"need {len(sections)}")
+        idx = section_index(sections)
+        if idx.shape[0] != inv.shape[0]:
+            raise ValueError(f"rope sections {sections} sum to {idx.shape[0]}, need "
+                             f"head_dim // 2 = {inv.shape[0]}")
+        return pos[..., idx] * inv
+    return pos[..., None] * inv
+
+
+def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, inv_freq: jnp.ndarray,
+               sections: tuple[int, ...] = ()) -> jnp.ndarray:
+    """Rotate ``x [B, T, N, D]`` by angles ``rope_angles(positions, inv_freq, sections)``
+    (HF half-split layout); ``positions`` is ``[B, T]``, or ``[B, T, P]`` for M-RoPE.
+
+    With ``x = [x1, x2]`` split in halves along D and ``a`` the angles (float32):
     ``out = [x1 cos a - x2 sin a, x2 cos a + x1 sin a]``, returned in ``x.dtype``.
     """
-    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    ang = rope_angles(positions, inv_freq, sections)
     cos = jnp.cos(ang)[:, :, None, :].astype(x.dtype)
     sin = jnp.sin(ang)[:, :, None, :].astype(x.dtype)
     x1, x2 = jnp.split(x, 2, axis=-1)

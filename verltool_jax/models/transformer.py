@@ -40,6 +40,12 @@ def causal_padding_mask(attention_mask: jnp.ndarray) -> jnp.ndarray:
     return causal[None] & (attention_mask.astype(bool)[:, None, :])
 
 
+def text_only_error(config: ModelConfig) -> str:
+    """The message for images given to a model without a vision tower."""
+    return (f"model_type {config.model_type!r} is text-only and cannot take images; use a "
+            f"vision-language checkpoint (model_type qwen2_5_vl or qwen2_vl)")
+
+
 def _layer_call(layer, x, positions, mask):
     return layer(x, positions, mask)[0]
 
@@ -58,13 +64,17 @@ class Transformer(nnx.Module):
 
     # -------------------------------------------------------------------- backbone
     def backbone(self, input_ids, positions, mask, kv_caches: Optional[Sequence] = None,
-                 write_index=0):
+                 write_index=0, inputs_embeds=None):
         """Embed, run every layer, final norm: ``-> (hidden [B,T,H], new_kv_caches)``.
 
         ``mask [B,T,S]`` (see ``Attention``); ``kv_caches`` is a per-layer sequence of
         ``(k, v)`` caches or None (plain forward, with per-layer remat as configured).
+        ``inputs_embeds [B,T,H]`` replaces the token embeddings when given (a VL model
+        passes the text embeddings with its image features scattered in).
         """
-        x = constrain_activations(self.embed(input_ids).astype(dtype_of(self.config.dtype)))
+        if inputs_embeds is None:
+            inputs_embeds = self.embed(input_ids)
+        x = constrain_activations(inputs_embeds.astype(dtype_of(self.config.dtype)))
         new_caches = []
         policy = self.config.remat_policy
         for i, layer in enumerate(self.layers):
@@ -80,8 +90,12 @@ class Transformer(nnx.Module):
             x = constrain_activations(x)
         return self.final_norm(x), (new_caches if kv_caches is not None else None)
 
-    def hidden_states(self, input_ids, attention_mask=None, positions=None) -> jnp.ndarray:
-        """Final-norm hidden states ``[B,T,H]`` (in ``config.dtype``)."""
+    def hidden_states(self, input_ids, attention_mask=None, positions=None,
+                      inputs_embeds=None, images=None) -> jnp.ndarray:
+        """Final-norm hidden states ``[B,T,H]`` (in ``config.dtype``). ``images`` is for the
+        vision-language subclass; a text-only model raises if given any."""
+        if images is not None:
+            raise ValueError(text_only_error(self.config))
         input_ids = jnp.asarray(input_ids)
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -92,7 +106,8 @@ class Transformer(nnx.Module):
                              f"input_ids shape {input_ids.shape}")
         if positions is None:
             positions = default_positions(attention_mask)
-        h, _ = self.backbone(input_ids, positions, causal_padding_mask(attention_mask))
+        h, _ = self.backbone(input_ids, positions, causal_padding_mask(attention_mask),
+                             inputs_embeds=inputs_embeds)
         return h
 
     # ------------------------------------------------------------------ output head
@@ -107,6 +122,7 @@ class Transformer(nnx.Module):
         w = self.lm_head_weight().astype(hidden.dtype)
         return jnp.einsum("...h,hv->...v", hidden, w, preferred_element_type=jnp.float32)
 
-    def __call__(self, input_ids, attention_mask=None, positions=None) -> jnp.ndarray:
+    def __call__(self, input_ids, attention_mask=None, positions=None, images=None) -> jnp.ndarray:
         """``logits [B,T,V]`` float32; ``attention_mask`` 1 = token, 0 = padding (left or right)."""
-        return self.project(self.hidden_states(input_ids, attention_mask, positions))
+        return self.project(self.hidden_states(input_ids, attention_mask, positions,
+                                               images=images))

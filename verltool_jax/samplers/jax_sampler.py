@@ -160,8 +160,15 @@ class JAXSampler:
         return self._dead is None and not self._closed and self._thread.is_alive()
 
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None) -> Completion:
-        """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`)."""
+                       request_id: Optional[str] = None, *,
+                       images: Optional[Sequence[Any]] = None) -> Completion:
+        """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`).
+
+        ``images`` are refused: a text-only model cannot see them, and this sampler does
+        not yet feed a vision-language model's tower.
+        """
+        if images:
+            raise SamplerRequestError(self._images_error())
         if not self.alive:
             raise SamplerDeadError(f"{self.name}: the JAX sampler is "
                                    f"{'closed' if self._closed else f'dead ({self._dead!r})'}; "
@@ -185,6 +192,13 @@ class JAXSampler:
                                       f"request_timeout_s={self.request_timeout_s} s") from None
         finally:
             self._inflight -= 1
+
+    def _images_error(self) -> str:
+        if not getattr(self.config, "is_vision_language", False):
+            from verltool_jax.models.transformer import text_only_error
+            return f"{self.name}: {text_only_error(self.config)}"
+        return (f"{self.name}: the JAX sampler does not feed images to a {self.config.model_type} "
+                "model; sample image prompts with the vLLM sampler")
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap in the trainer's params (``nnx.State`` of the ``Transformer``, or the model)."""
