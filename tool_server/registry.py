@@ -12,7 +12,6 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Iterable, Optional

@@ -12,7 +12,6 @@ import os
 from typing import Sequence
 
 import faiss
-import numpy as np
 
 from .bm25_index import document_text
 from .corpus import Document

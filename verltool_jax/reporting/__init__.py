@@ -7,4 +7,4 @@ from verltool_jax.reporting.progress import ProgressBar, format_progress
 from verltool_jax.reporting.reward_summary import reward_metrics
 
 __all__ = ["MetricsWriter", "ProgressBar", "format_progress", "names", "plot_metrics",
-           "read_metrics", "render_report", "write_trajectory_report"]
+           "read_metrics", "render_report", "reward_metrics", "write_trajectory_report"]

@@ -1,0 +1,1 @@
+"""Tests of experiments (fixtures shared with other folders come from tests/support)."""

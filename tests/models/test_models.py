@@ -1,0 +1,180 @@
+"""Flax models vs transformers (PyTorch) on tiny random checkpoints of every family."""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from support.models import hf_logits, hf_model, padded_batch, tiny_ckpt
+from verltool_jax.models import ModelConfig, Transformer
+from verltool_jax.models.hf_io import hf_named_tensors, load_hf, save_hf
+
+FAMILIES = [("qwen2", True), ("qwen3", True), ("llama", False)]
+
+
+def _flax_logits(model, ids, mask):
+    return np.asarray(nnx.jit(lambda m, i, a: m(i, a))(model, jnp.asarray(ids),
+                                                        jnp.asarray(mask)))
+
+
+@pytest.mark.parametrize("family,tie", FAMILIES)
+def test_parity_with_transformers_padding_both_sides(family, tie):
+    path = tiny_ckpt(family, tie)
+    ids, mask = padded_batch()
+    ref = hf_logits(hf_model(path), ids, mask)
+    model = load_hf(path)
+    assert model.config.model_type == family and model.config.tie_word_embeddings == tie
+    ours = _flax_logits(model, ids, mask)
+    real = mask.astype(bool)
+    diff = np.abs(ours - ref)[real].max()
+    assert diff <= 1e-4, f"{family}: max abs diff {diff}"
+    # the logits are not trivially small: the test would see a wrong weight
+    assert np.abs(ref[real]).max() > 1.0
+    # padding does not change a row's logits: row 1 unpadded alone gives the same values
+    n = int(mask[1].sum())
+    alone = _flax_logits(model, ids[1:2, -n:], np.ones((1, n), np.int64))
+    np.testing.assert_allclose(alone[0], ours[1, -n:], atol=1e-4)
+
+
+def test_family_switches_from_config_json():
+    q2 = load_hf(tiny_ckpt("qwen2")).config
+    q3 = load_hf(tiny_ckpt("qwen3")).config
+    ll = load_hf(tiny_ckpt("llama", False)).config
+    assert (q2.qkv_bias, q2.qk_norm, q2.o_bias) == (True, False, False)
+    assert (q3.qkv_bias, q3.qk_norm) == (False, True)
+    assert ll.rope_scaling.rope_type == "llama3" and ll.rope_scaling.factor == 8.0
+    assert not ll.tie_word_embeddings and ll.num_kv_heads == 2 and ll.num_heads == 4
+
+
+@pytest.mark.parametrize("family,tie", FAMILIES)
+def test_save_hf_reloads_in_transformers(family, tie, tmp_path):
+    src = tiny_ckpt(family, tie)
+    model = load_hf(src)
+    out = save_hf(model, tmp_path / "ckpt")
+    ids, mask = padded_batch(seed=1)
+    real = mask.astype(bool)
+    ref = hf_logits(hf_model(src), ids, mask)
+    again = hf_logits(hf_model(out), ids, mask)
+    assert np.abs(again - ref)[real].max() <= 1e-5
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == family and cfg["tie_word_embeddings"] == tie
+
+
+def test_save_hf_sharded_files_and_index(tmp_path):
+    model = load_hf(tiny_ckpt("qwen2"))
+    out = save_hf(model, tmp_path / "c", max_shard_bytes=200_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = set(index["weight_map"].values())
+    assert len(files) > 1 and all((out / f).exists() for f in files)
+    again = load_hf(out)
+    for (n1, a), (n2, b) in zip(hf_named_tensors(model, model.config),
+                                hf_named_tensors(again, again.config)):
+        assert n1 == n2
+        np.testing.assert_array_equal(a, b)
+
+
+def test_hf_named_tensors_match_transformers_state_dict():
+    path = tiny_ckpt("llama", False)
+    model = load_hf(path)
+    sd = {k: v.numpy() for k, v in hf_model(path).state_dict().items()}
+    ours = dict(hf_named_tensors(nnx.split(model, nnx.Param)[1], model.config))
+    assert set(ours) == set(sd)
+    for k, v in ours.items():
+        assert v.shape == sd[k].shape, k
+        np.testing.assert_array_equal(v, sd[k])
+    # tied: no lm_head, like HF's own saved file
+    tied = load_hf(tiny_ckpt("qwen2"))
+    names = [n for n, _ in hf_named_tensors(tied, tied.config)]
+    assert "lm_head.weight" not in names and "model.layers.0.self_attn.q_proj.bias" in names
+
+
+def test_bf16_params_and_compute():
+    path = tiny_ckpt("qwen3")
+    ids, mask = padded_batch(seed=2)
+    ref = hf_logits(hf_model(path), ids, mask)
+    model = load_hf(path, dtype="bfloat16")
+    params = nnx.state(model, nnx.Param)
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    ours = _flax_logits(model, ids, mask)
+    assert ours.dtype == np.float32
+    real = mask.astype(bool)
+    err = np.abs(ours - ref)[real]
+    assert err.mean() < 0.05 * np.abs(ref[real]).mean() and err.max() > 1e-6  # really bf16
+    # bf16 compute on fp32 params
+    mixed = load_hf(path, dtype="bfloat16", param_dtype="float32")
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(mixed, nnx.Param))} == {jnp.dtype("float32")}
+
+
+def test_remat_policies_give_the_same_gradient():
+    path = tiny_ckpt("qwen2")
+    ids, mask = padded_batch(seed=3)
+    ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+
+    def grads(policy):
+        model = load_hf(path, remat_policy=policy)
+        graphdef, params = nnx.split(model, nnx.Param)
+
+        @jax.jit
+        def g(p):
+            def loss(p):
+                logits = nnx.merge(graphdef, p)(ids, mask)
+                return (jax.nn.logsumexp(logits, -1) * mask).sum()
+            return jax.value_and_grad(loss)(p)
+        return g(params)
+
+    (l0, g0), (l1, g1) = grads("none"), grads("full")
+    assert abs(float(l0) - float(l1)) < 1e-4
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_random_init_model_runs_and_bad_input_errors():
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                      head_dim=16, intermediate_size=64)
+    model = Transformer(cfg, nnx.Rngs(0))
+    assert nnx.jit(lambda m, x: m(x))(model, jnp.ones((2, 5), jnp.int32)).shape == (2, 5, 64)
+    with pytest.raises(ValueError, match="input_ids"):
+        model(jnp.ones((5,), jnp.int32))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(jnp.ones((2, 5), jnp.int32), jnp.ones((2, 4), jnp.int32))
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        cfg.replace(num_kv_heads=3)
+    with pytest.raises(ValueError, match="remat_policy"):
+        cfg.replace(remat_policy="sometimes")
+    with pytest.raises(ValueError, match="model_type"):
+        ModelConfig.from_hf_dict({"model_type": "gpt2"})
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 256},
+    {"rope_type": "linear", "factor": 4.0},
+])
+def test_rope_scaling_frequencies_match_transformers(rope):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from verltool_jax.models.rope import rope_inv_freq
+
+    hf_cfg = LlamaConfig(hidden_size=256, num_attention_heads=2, head_dim=128,
+                         rope_parameters={**rope, "rope_theta": 500000.0})
+    ref, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_cfg)
+    cfg = ModelConfig.from_hf_dict({**hf_cfg.to_dict(), "vocab_size": 8})
+    ours = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
+    base = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
+    assert not np.allclose(ours, base)  # the scaling did something
+
+
+def test_hf_named_tensors_accepts_pure_dict_and_bf16():
+    model = load_hf(tiny_ckpt("qwen3"), dtype="bfloat16")
+    state = nnx.split(model, nnx.Param)[1]
+    a = dict(hf_named_tensors(state, model.config))
+    b = dict(hf_named_tensors(nnx.to_pure_dict(state), model.config))
+    assert a.keys() == b.keys() and "model.layers.1.self_attn.k_norm.weight" in a
+    for k in a:
+        assert a[k].dtype == b[k].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(a[k], b[k])

