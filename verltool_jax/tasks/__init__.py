@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import os
 
-from verltool_jax.tasks import tiny_math
+from verltool_jax.tasks import math_data, tiny_math
 
-TASKS = {"tiny_math": tiny_math.write_task_from_config}
+TASKS = {"tiny_math": tiny_math.write_task_from_config,
+         "vt_math": math_data.write_task_from_config}
 
 
 def prepare_task(config, out_dir: str | os.PathLike):

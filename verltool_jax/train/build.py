@@ -51,12 +51,13 @@ def prepare_task_files(config, out_dir: Path) -> dict:
     files = {"train": tuple(config.data.train_files), "eval": tuple(config.data.eval_files),
              "sft": tuple(config.sft.files)}
     task = config.get("task")
-    if task is not None and task.get("name") == "tiny_math":
-        from verltool_jax.tasks.tiny_math import write_task_from_config
-        tf = write_task_from_config(config, out_dir / "data")
+    if task is not None and task.get("name"):
+        from verltool_jax.tasks import prepare_task
+        tf = prepare_task(config, out_dir / "data")
+        evals = tf.eval if isinstance(tf.eval, tuple) else (tf.eval,)
         files = {"train": files["train"] or (str(tf.train),),
-                 "eval": files["eval"] or (str(tf.eval),),
-                 "sft": files["sft"] or (str(tf.sft),)}
+                 "eval": files["eval"] or tuple(str(p) for p in evals),
+                 "sft": files["sft"] or ((str(tf.sft),) if tf.sft is not None else ())}
     if not files["train"] and config.stage == "rl":
         raise ValueError("no training data: set data.train_files (parquet/JSONL in the verl "
                          "layout) or task.name to a built-in task")
