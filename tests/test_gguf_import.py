@@ -173,9 +173,9 @@ def test_smollm2_matches_transformers_gguf_load():
     for name, arr in hf_named_tensors(model, cfg):
         np.testing.assert_array_equal(arr, theirs[name].numpy(), err_msg=name)
     tok = gguf_tokenizer(path)
-    rows = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+    from verltool_jax.data.templating import prompt_token_ids
+    rows = [prompt_token_ids(tok, [{"role": "user", "content": q}])
             for q in ("What is 48 / 2?", "Natalia sold clips to 48 of her friends in April.")]
-    rows = [list(r["input_ids"] if isinstance(r, dict) else r) for r in rows]
     T = max(map(len, rows))
     ids = np.full((len(rows), T), tok.pad_token_id, np.int64)
     mask = np.zeros_like(ids)

@@ -193,35 +193,40 @@ def load_gguf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
               **config_overrides) -> Transformer:
     """Load a Llama / Qwen2 / Qwen3 GGUF file as a ``Transformer`` (weights dequantised to
     float32, then cast to ``param_dtype``). Arguments as ``hf_io.load_hf``."""
-    reader = _reader(path)
-    meta = _meta(reader)
-    hf = gguf_hf_config(meta, {t.name for t in reader.tensors}, path)
+    return _load(_reader(path), path, dtype_overrides(dtype, param_dtype, **config_overrides),
+                 mesh, rules)
+
+
+def _load(reader, path, overrides: dict, mesh=None, rules=None) -> Transformer:
+    hf = gguf_hf_config(_meta(reader), {t.name for t in reader.tensors}, path)
     if "vocab_size" not in hf:
         emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
         if emb is None:
             raise GGUFError(f"{path}: GGUF file has no token_embd.weight")
         hf["vocab_size"] = int(emb.shape[1])
-    cfg = ModelConfig.from_hf_dict(hf, **dtype_overrides(dtype, param_dtype, **config_overrides))
+    cfg = ModelConfig.from_hf_dict(hf, **overrides)
     return build_from_tensors(cfg, iter_hf_tensors(reader, hf, path), str(path),
                               mesh=mesh, rules=rules)
 
 
-def has_tokenizer(path: str | os.PathLike) -> bool:
-    return "tokenizer.ggml.model" in _reader(path).fields
+def has_tokenizer(path: str | os.PathLike, reader=None) -> bool:
+    """Whether the file carries tokenizer metadata (``tokenizer.ggml.model``)."""
+    return "tokenizer.ggml.model" in (reader or _reader(path)).fields
 
 
-def gguf_tokenizer(path: str | os.PathLike):
+def gguf_tokenizer(path: str | os.PathLike, reader=None):
     """The file's tokenizer (vocabulary, merges, special tokens and chat template from
     ``tokenizer.*`` metadata) as a Hugging Face tokenizer, via transformers' GGUF
-    conversion."""
+    conversion. ``reader``: an open ``gguf.GGUFReader`` of ``path`` (saves a re-parse)."""
     p = Path(path)
-    if not has_tokenizer(p):
+    reader = reader or _reader(p)
+    if not has_tokenizer(p, reader):
         raise GGUFError(f"{p}: GGUF file has no tokenizer metadata (tokenizer.ggml.model); "
                         "give the tokenizer separately (model.tokenizer_path)")
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     if not getattr(tok, "chat_template", None):
-        template = _meta(_reader(p)).get("tokenizer.chat_template")
+        template = _meta(reader).get("tokenizer.chat_template")
         if template:
             tok.chat_template = template
     return tok
@@ -232,6 +237,7 @@ def export_gguf_to_hf(path: str | os.PathLike, out_dir: str | os.PathLike,
     """Write a GGUF file as an HF checkpoint directory (config.json, safetensors in
     ``dtype``, generation_config.json, and the tokenizer when the file has one) that
     transformers, vLLM and ``load_hf`` read."""
-    model = load_gguf(path, dtype=dtype)
-    tok = gguf_tokenizer(path) if has_tokenizer(path) else None
+    reader = _reader(path)
+    model = _load(reader, path, dtype_overrides(dtype))
+    tok = gguf_tokenizer(path, reader) if has_tokenizer(path, reader) else None
     return save_hf(model, out_dir, tokenizer=tok)
