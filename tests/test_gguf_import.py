@@ -188,3 +188,23 @@ def test_smollm2_matches_transformers_gguf_load():
     assert mask.sum(1).min() < T            # some row really is padded
     assert np.abs(got - want)[real].max() <= 5e-4
     assert (got.argmax(-1) == want.argmax(-1))[real].all()
+
+
+def test_load_gguf_places_params_on_a_mesh(tmp_path):
+    import jax
+    from jax.sharding import NamedSharding
+    from verltool_jax.sharding import make_mesh, param_spec
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 (host) devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    path = tmp_path / "llama.gguf"
+    write_gguf(path, "llama", {"blk.0.attn_q.weight": "Q4_1", "blk.1.ffn_up.weight": "Q6_K"})
+    mesh = make_mesh((1, 4, 2))
+    sharded = load_gguf(path, mesh=mesh)
+    from verltool_jax.models.hf_io import _flat_params, _value
+    for p, v in _flat_params(sharded).items():
+        arr = _value(v)
+        assert arr.sharding == NamedSharding(mesh, param_spec(p, arr.shape, mesh)), p
+    ids, mask = padded_batch(vocab=VOCAB)
+    a = np.asarray(load_gguf(path)(jnp.asarray(ids), jnp.asarray(mask)))
+    b = np.asarray(sharded(jnp.asarray(ids), jnp.asarray(mask)))
+    np.testing.assert_allclose(a, b, atol=1e-4)
