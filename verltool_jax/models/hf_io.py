@@ -110,15 +110,31 @@ def load_hf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
     ``sharding.PARAM_RULES`` sharding while reading. ``config_overrides`` set other
     ``ModelConfig`` fields (e.g. ``remat_policy="full"``).
     """
-    from ..sharding import PARAM_RULES
-    rules = PARAM_RULES if rules is None else rules
-    over = dict(config_overrides)
+    over = dtype_overrides(dtype, param_dtype, **config_overrides)
+    cfg = ModelConfig.from_pretrained(path, **over)
+    tensors = (nt for f in checkpoint_files(path) for nt in iter_tensors(f))
+    return build_from_tensors(cfg, tensors, str(path), mesh=mesh, rules=rules)
+
+
+def dtype_overrides(dtype: Optional[str], param_dtype: Optional[str] = None, **over) -> dict:
+    """``ModelConfig`` overrides for a load: ``dtype`` sets compute and (unless
+    ``param_dtype`` is given) parameter dtype."""
+    over = dict(over)
     if dtype is not None:
         over["dtype"] = dtype
         over.setdefault("param_dtype", dtype)
     if param_dtype is not None:
         over["param_dtype"] = param_dtype
-    cfg = ModelConfig.from_pretrained(path, **over)
+    return over
+
+
+def build_from_tensors(cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]],
+                       source: str, mesh=None, rules=None) -> Transformer:
+    """A ``Transformer`` of ``cfg`` whose parameters come from ``(hf_name, array)`` pairs in
+    HF layout (read one at a time; each placed in its sharding as it arrives). Every
+    parameter must arrive exactly once; ``source`` names the checkpoint in errors."""
+    from ..sharding import PARAM_RULES
+    rules = PARAM_RULES if rules is None else rules
     cls = model_class(cfg)
     abstract = nnx.eval_shape(lambda: cls(cfg, nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract)
@@ -127,24 +143,23 @@ def load_hf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
     pdt = _np_dtype(cfg.param_dtype)
     loaded: dict[tuple, jax.Array] = {}
     unexpected = []
-    for f in checkpoint_files(path):
-        for name, arr in iter_tensors(f):
-            if cfg.is_vision_language:
-                name = canonical_hf_name(name)
-            m = table.get(name)
-            if m is None:
-                if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                    continue  # some tied checkpoints still store the copy
-                if not name.endswith(_IGNORED_SUFFIXES):
-                    unexpected.append(name)
-                continue
-            loaded[m.path] = _place(arr, m, shapes[m.path].shape, pdt, mesh, rules)
+    for name, arr in tensors:
+        if cfg.is_vision_language:
+            name = canonical_hf_name(name)
+        m = table.get(name)
+        if m is None:
+            if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue  # some tied checkpoints still store the copy
+            if not name.endswith(_IGNORED_SUFFIXES):
+                unexpected.append(name)
+            continue
+        loaded[m.path] = _place(arr, m, shapes[m.path].shape, pdt, mesh, rules)
     if unexpected:
-        raise ValueError(f"{path}: tensors with no place in a {cfg.model_type} model: "
+        raise ValueError(f"{source}: tensors with no place in a {cfg.model_type} model: "
                          f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
     missing = [m.hf_name for m in table.values() if m.path not in loaded]
     if missing:
-        raise ValueError(f"{path}: checkpoint lacks tensors {missing[:8]}"
+        raise ValueError(f"{source}: checkpoint lacks tensors {missing[:8]}"
                          f"{' ...' if len(missing) > 8 else ''}")
     state = nnx.from_flat_state(
         {k: v.replace(loaded[k]) if isinstance(v, nnx.Variable) else loaded[k]

@@ -105,7 +105,8 @@ def math_equivalent(pred: str, gold: Any) -> bool:
 
 
 @register_reward("math", "tiny_math", "math", "gsm8k", "openai/gsm8k", "lighteval/MATH",
-                 "DigitalLearningGmbH/MATH-lighteval", "deepscaler", "aime", "math_dapo")
+                 "DigitalLearningGmbH/MATH-lighteval", "deepscaler", "aime", "math_dapo",
+                 "amc", "svamp", "mawps")
 def math_reward(response_text: str, ground_truth: Any, extra_info: dict) -> RewardResult:
     """1.0 if the extracted final answer is equivalent to ``ground_truth``, else 0.0."""
     pred = extract_answer(response_text)

@@ -22,7 +22,7 @@ import ml_collections
 class TaskFiles:
     """A task's data files (verl layout); ``sft`` is None for a task without demonstrations."""
     train: Path
-    eval: Path
+    eval: Path                            # a task may also give a tuple of eval files
     sft: Optional[Path] = None
 
 
@@ -30,8 +30,8 @@ class TaskFiles:
 # dataclass of its ``task`` section) and ``write_task_from_config(run_config, out_dir)``.
 # A module is imported on first use, so ``python -m verltool_jax.tasks.<module>`` runs it
 # cleanly and a run imports only its own task.
-BUILTIN = {"tiny_math": "tiny_math", "search_qa": "search_qa", "spider": "spider",
-           "quixbugs": "swe"}
+BUILTIN = {"tiny_math": "tiny_math", "vt_math": "math_data", "search_qa": "search_qa",
+           "spider": "spider", "quixbugs": "swe"}
 
 
 @dataclass(frozen=True)

