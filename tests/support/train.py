@@ -30,11 +30,12 @@ B, T = 8, 16
 CONFIGS = {
     # GSPO + seq-mean-token-mean + truncated IS weights; the whole batch in one pass
     "gspo_whole": dict(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean", tis_cap=2.0,
-                       dual_clip_c=None, clip_ratio_low=0.2, clip_ratio_high=0.28),
+                       dual_clip_c=None, clip_ratio_low=0.2, clip_ratio_high=0.28,
+                       mini_batch_size=None, micro_batch_size=None),
     # the same with 2 micro-batches of 4
     "gspo_micro": dict(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean", tis_cap=2.0,
                        dual_clip_c=None, clip_ratio_low=0.2, clip_ratio_high=0.28,
-                       micro_batch_size=4),
+                       mini_batch_size=None, micro_batch_size=4),
     # PPO/DAPO with everything on: recomputed old logprobs, KL vs reference params,
     # entropy bonus, 2 epochs x 2 mini-batches x 2 micro-batches
     "ppo_full": dict(policy_loss="ppo", clip_ratio_high=0.28, dual_clip_c=3.0,

@@ -270,7 +270,7 @@ def test_search_r1_parquet_read_as_is(data, tmp_path):
 
 
 def test_errors_before_training(data, tmp_path):
-    from verltool_jax.train.trainer import Trainer
+    from verltool_jax.train.build import build_run
     bad_q = tmp_path / "nq_open_dev.jsonl"
     bad_q.write_text(json.dumps({"question": "q", "answer": ["a"]}) + "\n"
                      + json.dumps({"question": "q2", "answer": None}) + "\n")
@@ -286,7 +286,8 @@ def test_errors_before_training(data, tmp_path):
     for i, (cfg, err, match) in enumerate(cases):
         cfg.trainer.out_dir = str(tmp_path / f"run{i}")
         with pytest.raises(err, match=match):
-            Trainer(cfg, echo=False).setup()
+            with build_run(cfg):
+                pass
         assert not (tmp_path / f"run{i}" / "init_model").exists()   # failed before model work
 
 

@@ -15,7 +15,7 @@ from verltool_jax.cli.config_loader import load_config
 from verltool_jax.cli.validate import validate_config
 from verltool_jax.data.readers import read_rows
 from verltool_jax.rewards import get_reward_fn
-from verltool_jax.tasks import TASKS, swe
+from verltool_jax.tasks import prepare_task, swe
 from verltool_jax.tasks.eval_metrics import swe_eval_metrics
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
@@ -202,7 +202,7 @@ def test_registered_quixbugs_task_rows(tmp_path):
     c = load_config(f"{REPO}/configs/vt_swe.py:tiny", lock=False)
     c.task.quixbugs_dir = str(QUIX)
     c.task.programs = ("gcd",)
-    files = TASKS["quixbugs"](c, tmp_path)
+    files = prepare_task(c, tmp_path)
     evals, train = read_rows(files.eval), read_rows(files.train)
     assert [r["extra_info"]["task_id"] for r in evals] == ["gcd"]
     assert len(train) == 1 and train[0]["extra_info"]["source"] == "quixbugs-mutant"

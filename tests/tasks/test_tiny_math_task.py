@@ -61,5 +61,5 @@ def test_custom_obs_template_and_bad_sizes():
         tiny_math.demonstration_segments(1, 2, obs_template="no slot")
     cfg = load_config("configs/tiny_math.py:smoke")
     cfg.task.name = "tiny_mth"
-    with pytest.raises(ValueError, match="task.name='tiny_mth' is not a generated task"):
+    with pytest.raises(ValueError, match="task.name='tiny_mth' is not a known task"):
         prepare_task(cfg, "/nonexistent")

@@ -11,7 +11,7 @@ from verltool_jax.cli.validate import validate_config
 from verltool_jax.data.readers import read_rows
 from verltool_jax.rewards import get_reward_fn
 from verltool_jax.rewards.base import RewardResult
-from verltool_jax.tasks import TASKS
+from verltool_jax.tasks import prepare_task
 from verltool_jax.tasks.eval_metrics import sql_eval_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def test_vt_sql_variants_load_and_validate():
 def test_registered_spider_task_writes_train_and_eval(tmp_path):
     c = load_config(f"{REPO}/configs/vt_sql.py:tiny", lock=False)
     c.task.spider_dir = str(SPIDER)
-    files = TASKS["spider"](c, tmp_path)
+    files = prepare_task(c, tmp_path)
     train, evals = read_rows(files.train), read_rows(files.eval)
     assert len(train) == 16 and len(evals) == 8
     assert {r["extra_info"]["db_id"] for r in train + evals} <= {"concert_singer", "pets_1"}
@@ -115,4 +115,4 @@ def test_registered_spider_task_writes_train_and_eval(tmp_path):
         assert fn(f"<solution>{gold}</solution>", gold, r["extra_info"]).score == 1.0
     c.task.spider_dir = ""
     with pytest.raises(ValueError, match="task.spider_dir"):
-        TASKS["spider"](c, tmp_path / "x")
+        prepare_task(c, tmp_path / "x")

@@ -179,7 +179,10 @@ def _other_value(key, ft, current):
                "algo.clip_ratio_low": (0.1, "0.1"), "algo.dual_clip_c": (4.0, "4.0"),
                "rollout.n_samples": (4, "4"), "rollout.top_k": (5, "5"),
                "optimizer.name": (None, None), "optimizer.schedule": ("cosine", "cosine"),
-               "tool_server.tool_opt": (None, None),   # free-form map: keys come from configs "algo.old_logprobs": ("recompute", "recompute"),
+               "algo.old_logprobs": ("recompute", "recompute"),
+               # a free-form map whose keys the experiment config defines: overriding one of
+               # them is tested with the retrieval-QA configs (tests/tasks)
+               "tool_server.tool_opt": (None, None),
                "algo.adv_estimator": ("rloo", "rloo"), "algo.policy_loss": ("gspo", "gspo"),
                "algo.kl_estimator": ("k1", "k1"),
                "algo.loss_agg_mode": ("seq-mean-token-mean", "seq-mean-token-mean"),

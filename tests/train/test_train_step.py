@@ -181,7 +181,8 @@ def test_kl_without_reference_is_a_clear_error():
     from verltool_jax.train.step import make_train_step
     from support.train import optimizer_for
     state = new_state("gspo_whole")        # no ref params
-    step = make_train_step(dict(kl_coef=0.1), state.graphdef, optimizer_for("gspo_whole"))
+    step = make_train_step(dict(kl_coef=0.1, mini_batch_size=None, micro_batch_size=None),
+                           state.graphdef, optimizer_for("gspo_whole"))
     with pytest.raises(ValueError, match="ref_logprobs"):
         step(state, batch(0))
 

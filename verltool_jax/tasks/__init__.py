@@ -84,5 +84,9 @@ def task_config(values: Mapping[str, Any]) -> Any:
 
 
 def prepare_task(run_config: Any, out_dir: str | os.PathLike) -> TaskFiles:
-    """Write the data of ``run_config.task`` under ``out_dir``; returns its files."""
+    """Write the data of ``run_config.task`` under ``out_dir``; returns its files.
+    ``run_config``: a ``RunConfig`` or a config dict (validated here)."""
+    from verltool_jax.run_config import RunConfig, run_config_from_dict
+    if not isinstance(run_config, RunConfig):
+        run_config = run_config_from_dict(run_config)
     return _spec(run_config.task.name).prepare(run_config, Path(out_dir))
