@@ -1,4 +1,4 @@
-"""Asynchronous vs batch-synchronous rollout (issue 7 ablation).
+"""Asynchronous vs batch-synchronous rollout (the rollout-mode ablation).
 
 Same prompts, same real vLLM CPU sampler with a tiny model, a real tool server, three
 tool-latency profiles:

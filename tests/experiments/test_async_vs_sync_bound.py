@@ -1,4 +1,4 @@
-"""The lower bound of experiments/async_vs_sync.py (issue 7), on hand-made trajectories."""
+"""The lower bound of experiments/async_vs_sync.py, on hand-made trajectories."""
 import importlib.util
 import random
 from pathlib import Path

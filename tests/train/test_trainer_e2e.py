@@ -1,4 +1,4 @@
-"""End-to-end training through the real components (issue 8): the tiny_math smoke config
+"""End-to-end training through the real components: the tiny_math smoke config
 with the real tool server (sandboxed python), the real vLLM CPU sampler, the reward pool,
 the jitted train step, weight resync, orbax checkpoints, metrics, plot and HTML report."""
 from __future__ import annotations
