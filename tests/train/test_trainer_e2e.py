@@ -153,3 +153,22 @@ def test_eval_entry_point_scores_the_checkpoint(two_runs, capsys, tmp_path):
     assert "&lt;python&gt;" in report.read_text() or "tool calls" in report.read_text()
     assert eval_cli.main(["--config", "configs/tiny_math.py:smoke",
                           "--checkpoint", str(tmp_path / "missing")]) == 2
+
+
+def test_console_shows_the_trainer_and_the_log_file_the_libraries(tmp_path):
+    """`python -m verltool_jax.train`: the console has the trainer's own lines (and says
+    where the library log is); vLLM/XLA/tool-server output lands in <out_dir>/run.log."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "verltool_jax.train", "--config",
+                        "configs/tiny_math.py:smoke", f"--config.trainer.out_dir={out}",
+                        "--config.logging.progress_bar=false", "--config.trainer.steps=1"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    console = r.stdout + r.stderr
+    assert f"library logs (vLLM, XLA, tool server) go to {out}/run.log" in console
+    assert "[sft] step 2/2" in console and "[trainer] done" in console
+    assert "step 1/1 | reward" in console                        # the progress line
+    assert " INFO " not in console and "WARNING" not in console   # no library lines
+    log = (out / "run.log").read_text()
+    assert "vllm" in log.lower() and " INFO " in log             # they went to the log
