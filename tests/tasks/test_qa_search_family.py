@@ -411,10 +411,10 @@ def test_started_tool_server_searches_the_configured_index(data, tmp_path):
 def test_vt_search_tiny_trains_one_step(data, tmp_path):
     """configs/vt_search.py:tiny through the real trainer (vLLM CPU sampler, the started
     tool server over the index, reward pool, one GRPO step, report)."""
-    from verltool_jax.train.trainer import Trainer
+    from verltool_jax.train.trainer import train
     cfg = _cfg("vt_search.py:tiny", data, f"trainer.out_dir={tmp_path / 'run'}",
                "logging.progress_bar=false")
-    summary = Trainer(cfg, echo=False).run()
+    summary = train(cfg, echo=False).summary
     assert summary["steps"] == 1
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("reward/mean" in r or any(k.startswith("reward") for k in r) for r in rows)
