@@ -10,7 +10,8 @@ policy, evaluates, and then loops. One RL step:
 1. take ``trainer.batch_groups`` complete groups: from the :class:`TrajectoryQueue` that the
    :class:`RolloutProducer` fills continuously (async; at most ``rollout.max_staleness``
    versions old), or exactly this step's prompts (sync, the ablation baseline);
-2. score them in the reward pool (off the event loop);
+2. score them in the reward pool (off the event loop); a batch with too many failed
+   trajectories stops here (see below);
 3. check sampler-vs-trainer logprob parity on the tokens this version sampled;
 4. compute group advantages (DAPO options) and run the jitted train step in a worker
    thread (rollout goes on meanwhile);
@@ -351,10 +352,10 @@ class RLLoop:
                     groups = await producer.next_groups(rc.trainer.batch_groups)
                 t_wait = time.perf_counter() - t0
                 producer.consumed(groups)
-                await self.score(groups)
+                t_reward = await self.score(groups)
                 if not await self.health.admit([t for g in groups for t in g], self.step):
                     continue                  # not trained on, not checkpointed
-                metrics = await self.rl_step(groups, t_wait, t_last)
+                metrics = await self.rl_step(groups, t_wait, t_reward, t_last)
                 metrics[names.TIME_STEP] = time.perf_counter() - t_last
                 t_last = time.perf_counter()
                 if queue is not None:
@@ -380,13 +381,13 @@ class RLLoop:
                 self.ckpt.maybe_save(self.state, self.data_state(producer), force=True)
             self.ckpt.wait()
 
-    async def score(self, groups: list[list[Trajectory]]) -> None:
-        """Rewards of the batch, from the reward pool (off the event loop)."""
+    async def score(self, groups: list[list[Trajectory]]) -> float:
+        """Rewards of the batch from the reward pool (off the event loop); the seconds."""
         run = self.run_
         trajs = [t for g in groups for t in g]
         t0 = time.perf_counter()
         assign_rewards(trajs, await run.reward_pool.score_async(trajs, run.tokenizer))
-        self.t_reward = time.perf_counter() - t0
+        return time.perf_counter() - t0
 
     def data_state(self, producer: RolloutProducer) -> dict:
         """The data position to checkpoint: the pipeline plus prompts started but not yet
@@ -394,7 +395,7 @@ class RLLoop:
         return {"prompts": self.prompts.get_state(),
                 "replay": sorted(set(producer.in_flight_keys())), "sft_done": True}
 
-    async def rl_step(self, groups: list[list[Trajectory]], t_wait: float,
+    async def rl_step(self, groups: list[list[Trajectory]], t_wait: float, t_reward: float,
                       t_last: float) -> dict:
         rc, run = self.rc, self.run_
         trajs = [t for g in groups for t in g]
@@ -414,7 +415,7 @@ class RLLoop:
         metrics.update(rollout_metrics(trajs, version))
         metrics.update(parity)
         metrics.update({names.TIME_ROLLOUT_WAIT: t_wait, names.TIME_TRAIN: t_train,
-                        names.TIME_SYNC: t_sync, "time/reward_s": self.t_reward,
+                        names.TIME_SYNC: t_sync, "time/reward_s": t_reward,
                         "policy/version": self.publisher.version,
                         names.TOKENS_PER_S: sampled / max(1e-9, time.perf_counter() - t_last)})
         return metrics
