@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -123,17 +124,23 @@ def make_sampler(rc: RunConfig, model_dir: Path):
 
 
 @contextlib.contextmanager
-def tool_server(rc: RunConfig) -> Iterator[tuple[str, Optional[Any]]]:
+def tool_server(rc: RunConfig, out: Optional[Path] = None
+                ) -> Iterator[tuple[str, Optional[Any]]]:
     """``(url, process)``: ``tool_server.url`` with no process if set, else a server we
     launch (a real subprocess, a :class:`~tool_server.launcher.ToolServerProcess` that
     can be restarted) with ``tool_server.tools`` and the ``tool_server.tool_opt`` options
-    (empty values left out), stopped and its scratch directory removed on exit."""
+    (empty values left out), stopped and its scratch directory removed on exit. The
+    scratch directory is temporary, so a web search cache not configured otherwise lives
+    in the run directory ``out`` (paid results survive restarts and resumes)."""
     ts = rc.tool_server
     if ts.url:
         yield ts.url, None
         return
     from tool_server.launcher import ToolServerProcess
     tool_opt = {k: v for k, v in ts.tool_opt.items() if v not in (None, "")}
+    if out is not None and "web_search" in ts.tools and "web_search_cache" not in tool_opt \
+            and not os.environ.get("VERLTOOL_WEB_SEARCH_CACHE"):
+        tool_opt["web_search_cache"] = str(Path(out).resolve() / "web_search_cache.sqlite")
     with ToolServerProcess(list(ts.tools), timeout=ts.timeout_s,
                            max_concurrency=ts.max_concurrency, tool_opt=tool_opt) as proc:
         log.info("tool server with %s at %s", ",".join(ts.tools), proc.url)
@@ -227,7 +234,7 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
         stack.callback(writer.close)
         reward_pool = RewardPool.from_config(rc.reward)
         stack.callback(reward_pool.close)
-        url, tool_process = stack.enter_context(tool_server(rc))
+        url, tool_process = stack.enter_context(tool_server(rc, out))
         run = Run(config=rc, out=out, model_dir=model_dir, tokenizer=tokenizer, pad_id=pad_id,
                   files=files, model=model, writer=writer, reward_pool=reward_pool,
                   tool_url=url, tool_process=tool_process, eval_items=eval_items, mesh=mesh)
