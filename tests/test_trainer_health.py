@@ -244,3 +244,39 @@ def test_external_server_back_within_grace_is_waited_for():
         assert any("is back" in s for s in said)
     finally:
         server.stop()
+
+
+def test_batches_over_the_error_rate_are_skipped_then_the_run_stops():
+    from verltool_jax.train.health import HealthMonitor
+
+    def batch(n_failed: int, n: int = 4) -> list[Trajectory]:
+        return [Trajectory(trajectory_id=f"t{i}", group_id="g", prompt_ids=[1],
+                           termination="error" if i < n_failed else "eos",
+                           error="ToolServerError: boom" if i < n_failed else None)
+                for i in range(n)]
+
+    said: list[str] = []
+
+    class Alive:
+        alive = True
+
+    async def go(url):
+        guard = ToolServerGuard(url, None, down_grace_s=0, say=said.append)
+        mon = HealthMonitor(guard, lambda: Alive(), None, max_error_rate=0.25,
+                            max_skipped_steps=2, say=said.append)
+        assert await mon.admit(batch(1), 0)              # 1/4 = the threshold: trained on
+        assert not await mon.admit(batch(2), 1)          # 2/4: skipped
+        assert not await mon.admit(batch(4), 1)
+        assert await mon.admit(batch(0), 1) and mon.skipped_in_a_row == 0
+        for _ in range(2):
+            assert not await mon.admit(batch(3), 2)
+        with pytest.raises(DependencyDown, match=r"3 batches in a row failed .*3/4 "
+                                                 r"trajectories failed \(3x ToolServerError"):
+            await mon.admit(batch(3), 2)
+        return mon
+
+    with run_server(["python_code"], timeout=5) as url:
+        mon = asyncio.run(go(url))
+    assert mon.metrics()["health/skipped_steps"] == 5
+    assert said[0].startswith("[health] step 2: 2/4 trajectories failed (2x ToolServerError: "
+                              "boom), more than trainer.max_error_rate=0.25: not training")
