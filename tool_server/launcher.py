@@ -1,7 +1,10 @@
-"""Test helper: a real tool server in a subprocess on a free loopback port.
+"""A real tool server in a subprocess on a loopback port: for tests and for the trainer
+(which starts one when ``tool_server.url`` is empty, and restarts it if it dies).
 
     with run_server(tools=["python_code", "sql"], timeout=5) as url:
         requests.post(url + "/get_observation", json={...})
+
+:class:`ToolServerProcess` is the same server as an object that can be restarted.
 
 Keyword arguments become command-line flags (``max_obs_length=100`` ->
 ``--max-obs-length 100``; ``True`` -> a bare flag; lists repeat the flag; a dict
@@ -12,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -59,43 +64,115 @@ def post_json(url: str, body: object, timeout: float = 60.0) -> tuple[int, dict]
         return e.code, json.loads(e.read() or b"{}")
 
 
-@contextlib.contextmanager
-def run_server(tools: Sequence[str] = ("python_code",), *, startup_timeout: float = 60.0,
-               env: Optional[dict] = None, **flags) -> Iterator[str]:
-    """Start ``python -m tool_server`` on a free port, wait for ``/health``, yield the
-    base URL (``http://127.0.0.1:PORT``), then stop it (SIGTERM, then SIGKILL)."""
-    argv = server_argv(tools, **flags)
-    proc_env = dict(os.environ)
-    proc_env["PYTHONPATH"] = _REPO_ROOT + os.pathsep + proc_env.get("PYTHONPATH", "")
-    if env:
-        proc_env.update(env)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=_REPO_ROOT, env=proc_env)
-    stderr_lines: list[str] = []
-    threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
-    url_box: list[str] = []
+class ToolServerProcess:
+    """A tool server subprocess that we own: :meth:`start`, :meth:`restart` (after it
+    died: on the same port when it is free, so clients keep their URL), :meth:`stop`.
 
-    def read_stdout() -> None:
-        for line in proc.stdout:
-            if line.startswith("TOOL_SERVER_READY ") and not url_box:
-                url_box.append(line.split()[1])
-    threading.Thread(target=read_stdout, daemon=True).start()
-    try:
-        deadline = time.monotonic() + startup_timeout
-        while not url_box:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                time.sleep(0.2)
-                raise RuntimeError(f"tool server did not start ({' '.join(argv)}), exit "
-                                   f"{proc.poll()}:\n{''.join(stderr_lines)[-4000:]}")
-            time.sleep(0.02)
-        url = url_box[0]
-        get_json(url + "/health")
-        yield url
-    finally:
-        if proc.poll() is None:
+    Unless ``workdir`` is among the flags, the server's scratch root is a fresh temporary
+    directory that this object removes when the server stops or is restarted, so a
+    server killed with SIGKILL leaves no files behind.
+    """
+
+    def __init__(self, tools: Sequence[str] = ("python_code",), *,
+                 startup_timeout: float = 60.0, env: Optional[dict] = None, **flags) -> None:
+        self.tools = list(tools)
+        self.startup_timeout = startup_timeout
+        self.env = env
+        self.flags = dict(flags)
+        self.url: Optional[str] = None
+        self.restarts = 0
+        self.proc: Optional[subprocess.Popen] = None
+        self.scratch: Optional[str] = None
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, port: Optional[int] = None) -> str:
+        """Start the server (on ``port``, else the ``port`` flag, else a free one);
+        return its base URL once ``/health`` answers."""
+        flags = dict(self.flags)
+        if port is not None:
+            flags["port"] = port
+        if "workdir" not in flags:
+            self.scratch = tempfile.mkdtemp(prefix="verltool_tools_")
+            flags["workdir"] = self.scratch
+        argv = server_argv(self.tools, **flags)
+        proc_env = dict(os.environ)
+        proc_env["PYTHONPATH"] = _REPO_ROOT + os.pathsep + proc_env.get("PYTHONPATH", "")
+        if self.env:
+            proc_env.update(self.env)
+        self.proc = proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True,
+                                            cwd=_REPO_ROOT, env=proc_env)
+        stderr_lines: list[str] = []
+        threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
+        url_box: list[str] = []
+
+        def read_stdout() -> None:
+            for line in proc.stdout:
+                if line.startswith("TOOL_SERVER_READY ") and not url_box:
+                    url_box.append(line.split()[1])
+        threading.Thread(target=read_stdout, daemon=True).start()
+        try:
+            deadline = time.monotonic() + self.startup_timeout
+            while not url_box:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    time.sleep(0.2)
+                    raise RuntimeError(f"tool server did not start ({' '.join(argv)}), exit "
+                                       f"{proc.poll()}:\n{''.join(stderr_lines)[-4000:]}")
+                time.sleep(0.02)
+            get_json(url_box[0] + "/health")
+        except BaseException:
+            self.stop()
+            raise
+        self.url = url_box[0]
+        return self.url
+
+    def restart(self) -> str:
+        """Stop what is left of the server and start a new one, on the same port if it
+        can be bound again (else on a free one); return the (possibly new) URL."""
+        port = int(self.url.rsplit(":", 1)[1]) if self.url else None
+        self.stop()
+        self.restarts += 1
+        try:
+            return self.start(port=port)
+        except RuntimeError:
+            if port is None:
+                raise
+            return self.start(port=0)      # the old port was taken meanwhile
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s; remove the scratch directory."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def __enter__(self) -> "ToolServerProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def run_server(tools: Sequence[str] = ("python_code",), *, startup_timeout: float = 60.0,
+               env: Optional[dict] = None, **flags) -> Iterator[str]:
+    """Start ``python -m tool_server`` on a free port, wait for ``/health``, yield the
+    base URL (``http://127.0.0.1:PORT``), then stop it (SIGTERM, then SIGKILL) and remove
+    its scratch directory (see :class:`ToolServerProcess`)."""
+    with ToolServerProcess(tools, startup_timeout=startup_timeout, env=env, **flags) as server:
+        yield server.url

@@ -192,6 +192,10 @@ class ToolServerSection(Checked):
     tools: tuple[str, ...] = ("python_code",)
     timeout_s: float = spec(10.0, check=above(0))
     max_concurrency: int = spec(16, check=at_least(1))
+    # A started server that dies is restarted (and its calls in flight retried) this often;
+    # a server that stays unreachable this long stops the run (see train/health.py).
+    max_restarts: int = spec(3, check=at_least(0))
+    down_grace_s: float = spec(30.0, check=at_least(0))
     # ``--tool-opt key=value`` options of a started server (e.g. retrieval_index, topk);
     # a free-form map whose keys the experiment config defines.
     tool_opt: dict = spec(default_factory=dict)
@@ -227,6 +231,11 @@ class TrainerSection(Checked):
     keep_ckpts: int = spec(2, check=at_least(1))
     eval_every: int = spec(0, check=at_least(0, "0: only at the end"))
     parity_every: int = spec(1, check=at_least(0, "0: off"))  # sampler-vs-trainer logprobs
+    # A batch with a larger fraction of failed trajectories (rollout error, killed reward)
+    # is not trained on and not checkpointed; more than max_skipped_steps such batches in
+    # a row stop the run (see train/health.py).
+    max_error_rate: float = spec(0.25, check=((lambda v: 0 <= v < 1), "in [0, 1)"))
+    max_skipped_steps: int = spec(3, check=at_least(0))
     out_dir: str = "runs/default"
     seed: int = 0
 

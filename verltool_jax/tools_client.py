@@ -10,7 +10,9 @@ Failure policy:
 
 * connection errors and HTTP 5xx are retried with exponential backoff
   (``retries`` times); if they persist, :class:`ToolServerError` is raised and the
-  caller ends *that* trajectory;
+  caller ends *that* trajectory; with an ``on_unreachable`` hook (the trainer's health
+  guard), a server that stays unreachable is first handed to the hook, which restarts
+  or waits for it, and the call is retried if it says the server is back;
 * a call that exceeds ``timeout_s`` is *not* retried (the action may have had side
   effects): it returns a :class:`ToolResult` whose observation says the tool timed out,
   ``valid=False``, ``timed_out=True``, so the trajectory goes on with that observation.
@@ -20,13 +22,17 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Optional, Sequence, Union
 
 import aiohttp
 
 
 class ToolServerError(RuntimeError):
     """The tool server could not be reached or answered with an error after retries."""
+
+
+class _Unreachable(ToolServerError):
+    """Every attempt failed to connect (the server is down, not just erring)."""
 
 
 @dataclass
@@ -68,10 +74,13 @@ class ToolClient:
       retries: how many times a connection error / HTTP 5xx is retried.
       backoff_s: first retry delay; doubled each retry.
       max_connections: size of the connection pool.
+      on_unreachable: ``async () -> bool`` awaited when the server stays unreachable
+        after the retries; True means it is back (the call is retried once more).
     """
 
     def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 3,
-                 backoff_s: float = 0.1, max_connections: int = 256) -> None:
+                 backoff_s: float = 0.1, max_connections: int = 256,
+                 on_unreachable: Optional[Callable[[], Awaitable[bool]]] = None) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"ToolClient url must start with http:// or https://, got {url!r}")
         if timeout_s <= 0:
@@ -85,6 +94,7 @@ class ToolClient:
         self.retries = int(retries)
         self.backoff_s = float(backoff_s)
         self.max_connections = int(max_connections)
+        self.on_unreachable = on_unreachable
         self._session: Optional[aiohttp.ClientSession] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
@@ -113,7 +123,19 @@ class ToolClient:
 
     # --- protocol --------------------------------------------------------------------
     async def _post(self, path: str, payload: dict) -> dict:
-        """POST json with retries on connection errors / 5xx; raise asyncio.TimeoutError."""
+        """POST json with retries on connection errors / 5xx (and one more round after
+        ``on_unreachable`` brought the server back); raise asyncio.TimeoutError."""
+        try:
+            return await self._post_retrying(path, payload)
+        except _Unreachable as e:
+            if self.on_unreachable is None or not await self.on_unreachable():
+                raise ToolServerError(str(e)) from None
+        try:
+            return await self._post_retrying(path, payload)
+        except _Unreachable as e:
+            raise ToolServerError(str(e)) from None
+
+    async def _post_retrying(self, path: str, payload: dict) -> dict:
         session = self._get_session()
         delay = self.backoff_s
         last: Optional[BaseException] = None
@@ -136,8 +158,9 @@ class ToolClient:
             if attempt < self.retries:
                 await asyncio.sleep(delay)
                 delay *= 2
-        raise ToolServerError(f"tool server {self.url}{path} unreachable after "
-                              f"{self.retries + 1} attempts: {last!r}. Is it running?")
+        err = _Unreachable if isinstance(last, aiohttp.ClientConnectionError) else ToolServerError
+        raise err(f"tool server {self.url}{path} unreachable after {self.retries + 1} "
+                  f"attempts: {last!r}. Is it running?")
 
     async def get_observations(self, trajectory_ids: Sequence[str], actions: Sequence[str],
                                extra_fields: Optional[Sequence[dict]] = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -119,19 +120,33 @@ def make_sampler(rc: RunConfig, model_dir: Path):
 
 
 @contextlib.contextmanager
-def tool_server_url(rc: RunConfig) -> Iterator[str]:
-    """``tool_server.url`` if set, else a server we launch (a real subprocess) with
-    ``tool_server.tools`` and the ``tool_server.tool_opt`` options (empty values left
-    out), stopped on exit."""
+def tool_server(rc: RunConfig, out: Optional[Path] = None
+                ) -> Iterator[tuple[str, Optional[Any]]]:
+    """``(url, process)``: ``tool_server.url`` with no process if set, else a server we
+    launch (a real subprocess, a :class:`~tool_server.launcher.ToolServerProcess` that
+    can be restarted) with ``tool_server.tools`` and the ``tool_server.tool_opt`` options
+    (empty values left out), stopped and its scratch directory removed on exit. The
+    scratch directory is temporary, so a web search cache not configured otherwise lives
+    in the run directory ``out`` (paid results survive restarts and resumes)."""
     ts = rc.tool_server
     if ts.url:
-        yield ts.url
+        yield ts.url, None
         return
-    from tool_server.launcher import run_server
+    from tool_server.launcher import ToolServerProcess
     tool_opt = {k: v for k, v in ts.tool_opt.items() if v not in (None, "")}
-    with run_server(tools=list(ts.tools), timeout=ts.timeout_s,
-                    max_concurrency=ts.max_concurrency, tool_opt=tool_opt) as url:
-        log.info("tool server with %s at %s", ",".join(ts.tools), url)
+    if out is not None and "web_search" in ts.tools and "web_search_cache" not in tool_opt \
+            and not os.environ.get("VERLTOOL_WEB_SEARCH_CACHE"):
+        tool_opt["web_search_cache"] = str(Path(out).resolve() / "web_search_cache.sqlite")
+    with ToolServerProcess(list(ts.tools), timeout=ts.timeout_s,
+                           max_concurrency=ts.max_concurrency, tool_opt=tool_opt) as proc:
+        log.info("tool server with %s at %s", ",".join(ts.tools), proc.url)
+        yield proc.url, proc
+
+
+@contextlib.contextmanager
+def tool_server_url(rc: RunConfig) -> Iterator[str]:
+    """The URL of :func:`tool_server` (for one-off use that needs no restarts)."""
+    with tool_server(rc) as (url, _):
         yield url
 
 
@@ -155,6 +170,7 @@ class Run:
     writer: Any
     reward_pool: Any
     tool_url: str
+    tool_process: Optional[Any] = None      # the server we started (restartable), if any
     eval_items: list = field(default_factory=list)
     mesh: Optional[Any] = None
     sampler: Optional[Any] = None
@@ -214,10 +230,10 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
         stack.callback(writer.close)
         reward_pool = RewardPool.from_config(rc.reward)
         stack.callback(reward_pool.close)
-        url = stack.enter_context(tool_server_url(rc))
+        url, tool_process = stack.enter_context(tool_server(rc, out))
         run = Run(config=rc, out=out, model_dir=model_dir, tokenizer=tokenizer, pad_id=pad_id,
                   files=files, model=model, writer=writer, reward_pool=reward_pool,
-                  tool_url=url, eval_items=eval_items, mesh=mesh)
+                  tool_url=url, tool_process=tool_process, eval_items=eval_items, mesh=mesh)
 
         def close_sampler():
             if run.sampler is not None:

@@ -10,16 +10,24 @@ policy, evaluates, and then loops. One RL step:
 1. take ``trainer.batch_groups`` complete groups: from the :class:`TrajectoryQueue` that the
    :class:`RolloutProducer` fills continuously (async; at most ``rollout.max_staleness``
    versions old), or exactly this step's prompts (sync, the ablation baseline);
-2. score them in the reward pool (off the event loop);
+2. score them in the reward pool (off the event loop); a batch with too many failed
+   trajectories stops here (see below);
 3. check sampler-vs-trainer logprob parity on the tokens this version sampled;
 4. compute group advantages (DAPO options) and run the jitted train step in a worker
    thread (rollout goes on meanwhile);
 5. publish the new weights to every sampler and the queue (``PolicyPublisher``);
 6. log, evaluate every ``trainer.eval_every`` steps, checkpoint every ``ckpt_every``.
 
-Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves, and stops; a later run with
-the same ``trainer.out_dir`` resumes exactly (params, optimizer, step, rng, the data
-position including prompts in flight).
+Before each step the :class:`~verltool_jax.train.health.HealthMonitor` probes the tool
+server (a server the run started is restarted if it died, and tool calls that found it
+dead are retried); a batch with more than ``trainer.max_error_rate`` failed trajectories
+is not trained on and not checkpointed, and a dependency that is down for good (an
+external tool server, a dead sampler) stops the run with :class:`DependencyDown` before
+any checkpoint of a degraded policy is written (``python -m verltool_jax.train`` exits 3).
+
+Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves, and stops without the final
+evaluation (exit 130); a later run with the same ``trainer.out_dir`` resumes exactly
+(params, optimizer, step, rng, the data position including prompts in flight).
 """
 from __future__ import annotations
 
@@ -52,6 +60,8 @@ from verltool_jax.train.batch import batch_from_trajectories, shift_targets
 from verltool_jax.train.checkpoint import Checkpointer
 from verltool_jax.train.console import console
 from verltool_jax.train.evaluate import evaluate, prompt_item, summarize
+from verltool_jax.train.health import (HealthMonitor, ToolServerGuard, batch_health,
+                                       trajectory_failed)
 from verltool_jax.train.optimizer import make_optimizer
 from verltool_jax.train.policy_version import PolicyPublisher
 from verltool_jax.train.sft import run_sft
@@ -79,6 +89,7 @@ class StopFlag:
     def __init__(self, say) -> None:
         self.set = False
         self._say = say
+        self._saved: dict = {}
 
     def install(self) -> None:
         def handler(signum, frame):
@@ -88,10 +99,16 @@ class StopFlag:
             self._say(f"[trainer] signal {signum}: finishing the current step, saving, "
                       "stopping (Ctrl-C again to abort)")
         try:
-            signal.signal(signal.SIGINT, handler)
-            signal.signal(signal.SIGTERM, handler)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, handler)
         except ValueError:       # not in the main thread (e.g. under a test runner thread)
             pass
+
+    def uninstall(self) -> None:
+        """Give the signals back to the handlers that were there before."""
+        for sig, old in self._saved.items():
+            signal.signal(sig, old)
+        self._saved = {}
 
 
 def sampler_parity(model, trajs: list[Trajectory], version: int, temperature: float,
@@ -140,7 +157,9 @@ def advantages_for(rc: RunConfig, trajs: list[Trajectory]) -> tuple[np.ndarray, 
 
 def train_on(rc: RunConfig, state: TrainState, train_step, trajs: list[Trajectory],
              pad_id: int) -> tuple[TrainState, dict]:
-    """Advantages, the padded batch and one jitted train step (runs in a worker thread)."""
+    """Advantages, the padded batch and one jitted train step (runs in a worker thread).
+    Failed trajectories (rollout error, killed reward) are left out."""
+    trajs = [t for t in trajs if not trajectory_failed(t)]
     adv, keep, m = advantages_for(rc, trajs)
     if not keep.any():
         return state, dict(m, **{"batch/skipped": 1.0})
@@ -183,6 +202,13 @@ def train(config: Any, echo: bool = True) -> TrainResult:
 
     stop = StopFlag(say)
     stop.install()
+    try:
+        return _train(config, stop, say)
+    finally:
+        stop.uninstall()
+
+
+def _train(config: Any, stop: StopFlag, say) -> TrainResult:
     t_start = time.perf_counter()
     with build.build_run(config) as run:
         rc = run.config
@@ -247,6 +273,14 @@ class RLLoop:
         self.stop, self.say = stop, say
         self.last_trajs: list[Trajectory] = []
         self.eval_trajs: list[Trajectory] = []
+        ts = self.rc.tool_server
+        self.tool_guard = ToolServerGuard(run.tool_url, run.tool_process,
+                                          max_restarts=ts.max_restarts,
+                                          down_grace_s=ts.down_grace_s, say=say)
+        self.health = HealthMonitor(self.tool_guard, lambda: run.sampler, run.reward_pool,
+                                    max_error_rate=self.rc.trainer.max_error_rate,
+                                    max_skipped_steps=self.rc.trainer.max_skipped_steps,
+                                    say=say)
 
     @property
     def step(self) -> int:
@@ -260,16 +294,22 @@ class RLLoop:
         m, trajs = await evaluate(run.sampler, run.eval_items, client, run.tokenizer,
                                   self.rc.rollout.rollout_config(), run.reward_pool)
         m["time/eval_s"] = time.perf_counter() - t0
+        h = batch_health(trajs)
+        if h.rate > self.rc.trainer.max_error_rate:
+            await self.health.check_dependencies(f"evaluation {tag}: {h.describe()}")
+        m["eval/failed"] = h.failed
         run.writer.write(self.step, m)
         self.say(f"[eval:{tag}] step {self.step}: held-out accuracy {m['eval/acc']:.3f} "
                  f"(reward {m['eval/reward']:.3f}, tool calls {m['eval/tool_calls']:.2f}, "
-                 f"n={m['eval/num']}, {m['time/eval_s']:.1f}s)")
+                 f"n={m['eval/num']}, {m['time/eval_s']:.1f}s"
+                 + (f", {h.failed} FAILED: {h.describe()})" if h.failed else ")"))
         self.eval_trajs = trajs
         return m
 
     async def run(self) -> dict:
         rc = self.rc
-        async with ToolClient(self.run_.tool_url, timeout_s=rc.tool_server.timeout_s + 30) \
+        async with self.tool_guard.watch(
+                ToolClient(self.run_.tool_url, timeout_s=rc.tool_server.timeout_s + 30)) \
                 as client:
             start = self.step
             before = await self.evaluate(client, "start" if start else "after-sft")
@@ -304,6 +344,7 @@ class RLLoop:
         t_last = time.perf_counter()
         try:
             while self.step < rc.trainer.steps and not self.stop.set:
+                await self.health.before_step()
                 t0 = time.perf_counter()
                 if queue is not None:
                     groups = await queue.get_batch(rc.trainer.batch_groups)
@@ -311,11 +352,15 @@ class RLLoop:
                     groups = await producer.next_groups(rc.trainer.batch_groups)
                 t_wait = time.perf_counter() - t0
                 producer.consumed(groups)
-                metrics = await self.rl_step(groups, t_wait, t_last)
+                t_reward = await self.score(groups)
+                if not await self.health.admit([t for g in groups for t in g], self.step):
+                    continue                  # not trained on, not checkpointed
+                metrics = await self.rl_step(groups, t_wait, t_reward, t_last)
                 metrics[names.TIME_STEP] = time.perf_counter() - t_last
                 t_last = time.perf_counter()
                 if queue is not None:
                     metrics.update(queue.summary())
+                metrics.update(self.health.metrics())
                 if self.step % rc.trainer.log_every == 0:
                     run.writer.write(self.step, metrics)
                 line = bar.update(self.step, metrics)
@@ -336,20 +381,25 @@ class RLLoop:
                 self.ckpt.maybe_save(self.state, self.data_state(producer), force=True)
             self.ckpt.wait()
 
+    async def score(self, groups: list[list[Trajectory]]) -> float:
+        """Rewards of the batch from the reward pool (off the event loop); the seconds."""
+        run = self.run_
+        trajs = [t for g in groups for t in g]
+        t0 = time.perf_counter()
+        assign_rewards(trajs, await run.reward_pool.score_async(trajs, run.tokenizer))
+        return time.perf_counter() - t0
+
     def data_state(self, producer: RolloutProducer) -> dict:
         """The data position to checkpoint: the pipeline plus prompts started but not yet
         trained on (they are rolled out again first on resume)."""
         return {"prompts": self.prompts.get_state(),
                 "replay": sorted(set(producer.in_flight_keys())), "sft_done": True}
 
-    async def rl_step(self, groups: list[list[Trajectory]], t_wait: float,
+    async def rl_step(self, groups: list[list[Trajectory]], t_wait: float, t_reward: float,
                       t_last: float) -> dict:
         rc, run = self.rc, self.run_
         trajs = [t for g in groups for t in g]
         version = self.step
-        t0 = time.perf_counter()
-        assign_rewards(trajs, await run.reward_pool.score_async(trajs, run.tokenizer))
-        t_reward = time.perf_counter() - t0
         parity: dict = {}
         if rc.trainer.parity_every and version % rc.trainer.parity_every == 0:
             parity = await asyncio.to_thread(sampler_parity, self.state.model(), trajs,

@@ -1,0 +1,282 @@
+"""Killing the trainer's dependencies mid-run: the tool server it started (restarted, the
+turns in flight retried), an external tool server (a clear error, exit 3, the last good
+checkpoint kept), the sampler engine (the failed batch is not trained on, the run stops),
+a reward worker (the pool replaces it; the lost item is a failure, not a 0 reward), and
+SIGTERM (exit 130, no final evaluation). Real tool server, real JAX sampler, real
+trainer on the tiny_math smoke config."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest_rollout import tok  # noqa: F401 (fixture)
+from scripted_sampler import ScriptedSampler
+from tool_server.launcher import ToolServerProcess, run_server
+from verltool_jax.cli import parse_command_line
+from verltool_jax.rewards import RewardItem, RewardPool
+from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
+from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.tools_client import ToolClient
+from verltool_jax.train import trainer as trainer_mod
+from verltool_jax.train.health import DependencyDown, ToolServerGuard, batch_health
+
+import rewards_testlib  # noqa: F401  (registers test_sleep)
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _argv(out_dir: Path, *overrides: str) -> list[str]:
+    return (["--config", str(REPO / "configs/tiny_math.py") + ":smoke",
+             "--config.sampler.backend=jax", "--config.sft.steps=0",
+             f"--config.trainer.out_dir={out_dir}", "--config.logging.progress_bar=false",
+             "--config.logging.plot=false", "--config.logging.tensorboard=false",
+             "--config.data.max_eval_examples=2"]
+            + [f"--config.{o}" for o in overrides])
+
+
+def _ckpt_steps(out: Path) -> list[int]:
+    d = out / "checkpoints"
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    r = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True)
+    return [line for line in r.stdout.splitlines() if text in line and "ps -eo" not in line]
+
+
+def _after_step(monkeypatch, step: int, action) -> None:
+    """Run ``action(loop)`` once, right after RL step ``step`` has been trained."""
+    orig = trainer_mod.RLLoop.rl_step
+
+    async def rl_step(self, *a, **kw):
+        metrics = await orig(self, *a, **kw)
+        if self.step == step:
+            action(self)
+        return metrics
+    monkeypatch.setattr(trainer_mod.RLLoop, "rl_step", rl_step)
+
+
+def _kill(proc) -> int:
+    pid = proc.pid
+    os.kill(pid, signal.SIGKILL)
+    proc.proc.wait()
+    return pid
+
+
+def test_started_tool_server_killed_is_restarted_and_turns_retried(tok):  # noqa: F811
+    said: list[str] = []
+    server = ToolServerProcess(["python_code"], timeout=10)
+    url = server.start()
+    first_pid, first_scratch = server.pid, server.scratch
+    guard = ToolServerGuard(url, server, max_restarts=2, say=said.append)
+    killed: list[int] = []
+
+    def script(rid: str, turn: int) -> str:
+        if turn == 0 and not killed:       # the server dies while the turns are in flight
+            killed.append(_kill(server))
+        return "<python>print(6*7)</python>" if turn == 0 else "<answer>42</answer>"
+
+    async def go():
+        async with guard.watch(ToolClient(url, retries=1, backoff_s=0.05)) as client:
+            items = [PromptItem(tok.encode(PROMPT, add_special_tokens=False), group_id=f"p{i}")
+                     for i in range(3)]
+            return await run_rollout(items, 4, ScriptedSampler(tok, script, delay_s=0.01),
+                                     client, tok, RolloutConfig(max_turns=3,
+                                                                max_response_tokens=128))
+    try:
+        groups = asyncio.run(go())
+        trajs = [t for g in groups for t in g]
+        assert killed == [first_pid]
+        assert [t.termination for t in trajs] == ["eos"] * 12, [t.error for t in trajs]
+        assert all(t.tool_calls == 1 and t.observations[0].strip() == "42" for t in trajs)
+        assert guard.restarts == 1 and server.restarts == 1 and guard.down is None
+        assert server.alive and server.pid != first_pid and server.url == url   # same port
+        assert any("restarted" in s for s in said), said
+        # the dead server left nothing behind: its scratch dir and sandboxed workers are gone
+        assert not os.path.exists(first_scratch)
+        time.sleep(0.5)
+        assert not _processes_mentioning(first_scratch)
+    finally:
+        server.stop()
+    assert not os.path.exists(first_scratch) and server.scratch is None
+
+
+def test_external_tool_server_down_stops_the_run_and_keeps_the_checkpoint(
+        tmp_path, monkeypatch, capfd):
+    from verltool_jax.train.__main__ import EXIT_DEPENDENCY_DOWN, main
+    out = tmp_path / "run"
+    handler_before = signal.getsignal(signal.SIGTERM)
+    with ToolServerProcess(["python_code"], timeout=10) as server:
+        _after_step(monkeypatch, 1, lambda loop: _kill(server))
+        t0 = time.monotonic()
+        rc = main(_argv(out, f"tool_server.url={server.url}", "tool_server.down_grace_s=1.0",
+                        "trainer.steps=3", "trainer.keep_ckpts=1"))
+        elapsed = time.monotonic() - t0
+    console = capfd.readouterr().out
+    assert rc == EXIT_DEPENDENCY_DOWN == 3
+    assert f"the tool server at {server.url} (tool_server.url) has been unreachable" in console
+    assert "rerun the same command to resume" in console
+    assert "[eval:final]" not in console and "[trainer] done" not in console
+    # the good policy of step 1 is the checkpoint kept; nothing after it was saved
+    assert _ckpt_steps(out) == [1]
+    assert not (out / "summary.json").exists()
+    assert elapsed < 120
+    # signal handlers are given back after the run
+    assert signal.getsignal(signal.SIGTERM) is handler_before
+
+
+@pytest.mark.slow
+def test_dead_sampler_batch_is_not_trained_and_the_run_stops(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+
+    def crash_the_engine(loop):
+        def dead(*a, **kw):
+            raise RuntimeError("engine killed by the test")
+        loop.run_.sampler._prefill = loop.run_.sampler._decode = dead
+
+    _after_step(monkeypatch, 1, crash_the_engine)
+    cfg = parse_command_line(_argv(out, "trainer.steps=3", "rollout.mode=sync")).config
+    with pytest.raises(DependencyDown, match=r"the sampler died \(step 2: 4/4 trajectories "
+                                             r"failed .*SamplerDeadError"):
+        trainer_mod.train(cfg, echo=False)
+    assert _ckpt_steps(out) == [1]                # step 2's failed batch never trained
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in records if "policy/version" in r]
+    assert [r["policy/version"] for r in trained] == [1]
+    assert all(r["rollout/errors"] == 0 for r in trained)
+
+
+def test_started_server_killed_then_sigterm_restarts_and_exits_130(tmp_path, monkeypatch,
+                                                                    capfd):
+    from verltool_jax.train.__main__ import EXIT_INTERRUPTED, main
+    out = tmp_path / "run"
+    handler_before = signal.getsignal(signal.SIGTERM)
+    servers: list = []
+    scratch: list[str] = []
+    orig_start = ToolServerProcess.start
+
+    def start(self, port=None):
+        url = orig_start(self, port)
+        servers.append(self)
+        scratch.append(self.scratch)
+        return url
+    monkeypatch.setattr(ToolServerProcess, "start", start)
+    killed: list[int] = []
+
+    def act(loop):
+        if not killed:
+            killed.append(_kill(servers[0]))
+
+    orig = trainer_mod.RLLoop.rl_step
+
+    async def rl_step(self, *a, **kw):
+        metrics = await orig(self, *a, **kw)
+        if self.step == 1:
+            act(self)                                  # kill -9 the server we started
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)       # then interrupt the run
+        return metrics
+    monkeypatch.setattr(trainer_mod.RLLoop, "rl_step", rl_step)
+    rc = main(_argv(out, "trainer.steps=4"))
+    console = capfd.readouterr().out
+    assert rc == EXIT_INTERRUPTED == 130
+    assert "[health] the tool server (pid" in console and "restarted it" in console
+    assert "interrupted at step 2" in console
+    assert "[eval:final]" not in console and "[trainer] done" not in console
+    assert _ckpt_steps(out) == [1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["steps"] == 2
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["health/tool_server_restarts"] for r in records if "policy/version" in r] == [0, 1]
+    # both servers (the killed one and its replacement) left no scratch dir behind
+    assert len(scratch) == 2 and not any(os.path.exists(s) for s in scratch)
+    assert signal.getsignal(signal.SIGTERM) is handler_before
+
+
+def test_killed_reward_worker_is_replaced_and_its_item_is_a_failure():
+    items = [RewardItem("x", "1", "test_sleep", {"sleep_s": 1.5}),
+             ("<answer>6</answer>", {"data_source": "tiny_math",
+                                     "reward_model": {"ground_truth": "6"}})]
+    with RewardPool(num_workers=1, timeout_s=2.0, grace_s=1.0, warm_up=False,
+                    reward_modules=("rewards_testlib",)) as pool:
+        pool.score([items[1]])                                # workers up
+        (worker,) = pool._pool._pool
+        threading.Timer(0.5, lambda: os.kill(worker.pid, signal.SIGKILL)).start()
+        res = pool.score(items)
+        assert res[0].info.get("killed") is True and res[0].score == 0.0
+        assert pool.restarts == 1             # (test_rewards.py: the fresh pool scores)
+    trajs = [Trajectory(trajectory_id=f"t{i}", group_id="g", prompt_ids=[1], termination="eos",
+                        reward_info=dict(r.info)) for i, r in enumerate(res)]
+    h = batch_health(trajs)
+    # (the queued item is killed too when the replacement worker starts too late)
+    killed = sum(bool(r.info.get("killed")) for r in res)
+    assert h.total == 2 and h.failed == killed >= 1
+    assert h.reasons == [("reward scoring killed (reward worker died or wedged)", killed)]
+
+
+def test_external_server_back_within_grace_is_waited_for():
+    said: list[str] = []
+
+    async def go(url, restart):
+        guard = ToolServerGuard(url, None, down_grace_s=30, probe_every_s=0.2, say=said.append)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.5, restart)
+        return await guard.recover(), guard
+
+    with run_server(["python_code"], timeout=5) as url:
+        port = int(url.rsplit(":", 1)[1])
+    box: list = []
+    server = ToolServerProcess(["python_code"], timeout=5)
+    try:
+        ok, guard = asyncio.run(go(url, lambda: threading.Thread(
+            target=lambda: box.append(server.start(port=port))).start()))
+        assert ok and guard.down is None and box == [url]
+        assert any("is back" in s for s in said)
+    finally:
+        server.stop()
+
+
+def test_batches_over_the_error_rate_are_skipped_then_the_run_stops():
+    from verltool_jax.train.health import HealthMonitor
+
+    def batch(n_failed: int, n: int = 4) -> list[Trajectory]:
+        return [Trajectory(trajectory_id=f"t{i}", group_id="g", prompt_ids=[1],
+                           termination="error" if i < n_failed else "eos",
+                           error="ToolServerError: boom" if i < n_failed else None)
+                for i in range(n)]
+
+    said: list[str] = []
+
+    class Alive:
+        alive = True
+
+    async def go(url):
+        guard = ToolServerGuard(url, None, down_grace_s=0, say=said.append)
+        mon = HealthMonitor(guard, lambda: Alive(), None, max_error_rate=0.25,
+                            max_skipped_steps=2, say=said.append)
+        assert await mon.admit(batch(1), 0)              # 1/4 = the threshold: trained on
+        assert not await mon.admit(batch(2), 1)          # 2/4: skipped
+        assert not await mon.admit(batch(4), 1)
+        assert await mon.admit(batch(0), 1) and mon.skipped_in_a_row == 0
+        for _ in range(2):
+            assert not await mon.admit(batch(3), 2)
+        with pytest.raises(DependencyDown, match=r"3 batches in a row failed .*3/4 "
+                                                 r"trajectories failed \(3x ToolServerError"):
+            await mon.admit(batch(3), 2)
+        return mon
+
+    with run_server(["python_code"], timeout=5) as url:
+        mon = asyncio.run(go(url))
+    assert mon.metrics()["health/skipped_steps"] == 5
+    assert said[0].startswith("[health] step 2: 2/4 trajectories failed (2x ToolServerError: "
+                              "boom), more than trainer.max_error_rate=0.25: not training")
