@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest_rollout import tok  # noqa: F401 (fixture)
-from scripted_sampler import ScriptedSampler
+from support.scripted_sampler import ScriptedSampler
 from tool_server.launcher import ToolServerProcess, run_server
 from verltool_jax.cli import parse_command_line
 from verltool_jax.rewards import RewardItem, RewardPool
@@ -29,9 +28,9 @@ from verltool_jax.tools_client import ToolClient
 from verltool_jax.train import trainer as trainer_mod
 from verltool_jax.train.health import DependencyDown, ToolServerGuard, batch_health
 
-import rewards_testlib  # noqa: F401  (registers test_sleep)
+import support.rewards_testlib as rewards_testlib  # noqa: F401  (registers the test rewards)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROMPT = "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -208,7 +207,7 @@ def test_killed_reward_worker_is_replaced_and_its_item_is_a_failure():
              ("<answer>6</answer>", {"data_source": "tiny_math",
                                      "reward_model": {"ground_truth": "6"}})]
     with RewardPool(num_workers=1, timeout_s=2.0, grace_s=1.0, warm_up=False,
-                    reward_modules=("rewards_testlib",)) as pool:
+                    reward_modules=("support.rewards_testlib",)) as pool:
         pool.score([items[1]])                                # workers up
         (worker,) = pool._pool._pool
         threading.Timer(0.5, lambda: os.kill(worker.pid, signal.SIGKILL)).start()
