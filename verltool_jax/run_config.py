@@ -183,10 +183,23 @@ class SamplerSection(Checked):
     seed: int = 0
 
 
+def _tool_urls_ok(v: Any) -> bool:
+    from verltool_jax.tools_client import parse_tool_urls
+    if v == "":
+        return True
+    try:
+        parse_tool_urls(v)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class ToolServerSection(Checked):
-    """``url``: a running server; empty: start one with ``tools`` (tool file names)."""
-    url: str = ""
+    """``url``: a running server, or several replicas comma-separated (trajectories are
+    routed by a stable hash of their id); empty: start one with ``tools`` (tool file names)."""
+    url: str = spec("", check=(_tool_urls_ok, "http(s)://host:port, several comma-separated, "
+                                              "no duplicates (or empty: start a server)"))
     tools: tuple[str, ...] = ("python_code",)
     timeout_s: float = spec(10.0, check=above(0))
     max_concurrency: int = spec(16, check=at_least(1))
