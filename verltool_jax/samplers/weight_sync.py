@@ -140,8 +140,7 @@ class SharedWeightBuffer:
         path = os.path.join(SHM_DIR, f"{self.prefix}-{k}")
         if k < len(self._maps) and self._maps[k][1].size >= size:
             return self._maps[k]
-        if k < len(self._maps):
-            del self._maps[k:]
+        self._drop(k)
         m = np.memmap(path, dtype=np.uint8, mode="w+", shape=(max(size, 1),))
         self._maps.append((path, m))
         return self._maps[k]
@@ -178,17 +177,21 @@ class SharedWeightBuffer:
                 entries.append([name, str(out_dt[i]), list(shape), off])
                 off += _aligned(sizes[i])
             manifest.append({"path": path, "tensors": entries})
-        del self._maps[len(manifest):]
+        self._drop(len(manifest))
         self.nbytes = sum(sizes)
         return json.dumps(manifest)
 
-    def close(self) -> None:
-        for path, _ in self._maps:
+    def _drop(self, start: int) -> None:
+        """Unmap and remove segments ``start ...``."""
+        for path, _ in self._maps[start:]:
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        self._maps.clear()
+        del self._maps[start:]
+
+    def close(self) -> None:
+        self._drop(0)
 
     def __del__(self):
         try:
