@@ -194,6 +194,59 @@ def _tool_urls_ok(v: Any) -> bool:
     return True
 
 
+def _device_ids_ok(v: Any) -> bool:
+    return (isinstance(v, tuple) and all(isinstance(x, int) and x >= 0 for x in v)
+            and len(set(v)) == len(v))
+
+
+def _urls_ok(v: Any) -> bool:
+    return (isinstance(v, tuple) and len(set(v)) == len(v)
+            and all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in v))
+
+
+PLACEMENTS = ("colocated", "disjoint", "remote")
+
+
+@dataclass(frozen=True)
+class PlacementSection(Checked):
+    """Which devices train and which sample.
+
+    ``mode``: ``colocated`` -- the trainer's mesh and the in-process sampler engines
+    share the devices (each engine takes ``sampler.gpu_memory_utilization`` of a GPU);
+    ``disjoint`` -- the trainer uses ``trainer_devices`` and the in-process engines
+    ``sampler_devices`` (disjoint sets on this node; one engine per entry);
+    ``remote`` -- no in-process engine: the samplers are the vLLM servers at
+    ``sampler_urls`` (started with ``launch/vllm_servers.sh``). In the other modes,
+    ``sampler_urls`` adds remote servers to the in-process engines in one pool.
+    ``trainer_devices``: indices into ``jax.devices()`` for the mesh (empty: all).
+    """
+    mode: str = spec("colocated", choices=PLACEMENTS)
+    trainer_devices: tuple[int, ...] = spec((), check=(_device_ids_ok, "distinct device "
+                                                        "indices >= 0 (empty: all)"))
+    sampler_devices: tuple[int, ...] = spec((), check=(_device_ids_ok, "distinct device "
+                                                        "indices >= 0"))
+    sampler_urls: tuple[str, ...] = spec((), check=(_urls_ok, "distinct http(s)://host:port "
+                                                              "URLs of vLLM servers"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode == "disjoint":
+            if not self.trainer_devices or not self.sampler_devices:
+                raise ValueError("placement.mode='disjoint' needs placement.trainer_devices "
+                                 "and placement.sampler_devices (device indices)")
+            both = set(self.trainer_devices) & set(self.sampler_devices)
+            if both:
+                raise ValueError(f"placement.mode='disjoint': devices {sorted(both)} are in "
+                                 "both trainer_devices and sampler_devices; use "
+                                 "mode='colocated' to share them")
+        elif self.sampler_devices:
+            raise ValueError(f"placement.sampler_devices is only read with mode='disjoint' "
+                             f"(mode={self.mode!r}); clear it or change the mode")
+        if self.mode == "remote" and not self.sampler_urls:
+            raise ValueError("placement.mode='remote' needs placement.sampler_urls (the vLLM "
+                             "servers, e.g. from launch/vllm_servers.sh)")
+
+
 @dataclass(frozen=True)
 class ToolServerSection(Checked):
     """``url``: a running server, or several replicas comma-separated (trajectories are
@@ -287,6 +340,7 @@ class RunConfig(Checked):
     algo: AlgoConfig = spec(default_factory=AlgoConfig)
     optimizer: OptimizerSection = spec(default_factory=OptimizerSection)
     sampler: SamplerSection = spec(default_factory=SamplerSection)
+    placement: PlacementSection = spec(default_factory=PlacementSection)
     tool_server: ToolServerSection = spec(default_factory=ToolServerSection)
     reward: RewardSection = spec(default_factory=RewardSection)
     data: DataSection = spec(default_factory=DataSection)

@@ -365,3 +365,35 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m verltool_jax.samplers.remote_vllm MODEL --port P [...]``: exec a sampler
+    server (the command of :func:`vllm_serve_argv` in the env of :func:`vllm_serve_env`);
+    ``--print`` prints the command instead."""
+    import argparse
+    import shlex
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("model_path")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None)
+    ap.add_argument("--print", action="store_true", help="print the command, run nothing")
+    a, extra = ap.parse_known_args(argv)
+    cmd = vllm_serve_argv(a.model_path, a.port, host=a.host, dtype=a.dtype,
+                          max_model_len=a.max_model_len, seed=a.seed,
+                          max_num_seqs=a.max_num_seqs,
+                          gpu_memory_utilization=a.gpu_memory_utilization, extra=extra)
+    env = vllm_serve_env()
+    if a.print:
+        print(f"VLLM_SERVER_DEV_MODE=1 PYTHONPATH={env['PYTHONPATH']} {shlex.join(cmd)}")
+        return
+    os.execvpe(cmd[0], cmd, env)
+
+
+if __name__ == "__main__":
+    main()
