@@ -152,6 +152,8 @@ def test_local_cluster_runs_for_real_with_two_tool_replicas(tmp_path):
     assert f"--config.tool_server.url={urls}" in r.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 1
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("weight_sync/seconds" in r for r in rows)          # every sync is logged
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["tool_server"]["url"] == urls
     for i in range(2):                                  # both replicas stopped afterwards

@@ -168,3 +168,26 @@ def test_two_vllm_servers_in_a_pool_with_an_in_process_engine(two_servers, vllm_
         restore_checkpoint_weights(vllm_sampler)
         for r in remotes:
             r.close()
+
+
+def test_publisher_logs_bytes_and_seconds_of_every_sync(vllm_sampler, sampler_flax_model):
+    """The trainer's push (PolicyPublisher -> pool -> in-process engine through shared
+    memory) reports the payload bytes and seconds of every sync."""
+    import jax
+    from conftest_samplers import restore_checkpoint_weights
+    from verltool_jax.reporting import names
+    from verltool_jax.samplers.pool import SamplerPool
+    from verltool_jax.train.policy_version import PolicyPublisher
+    new = _perturbed(sampler_flax_model)
+    pub = PolicyPublisher(SamplerPool([vllm_sampler]))
+    try:
+        pub.publish_now(new, 11)
+        m = pub.sync_metrics()
+        # fp32 payload = every parameter once (tied head: no separate lm_head)
+        assert m[names.SYNC_BYTES] == sum(x.nbytes for x in jax.tree.leaves(new))
+        assert m[names.SYNC_SECONDS] > 0 and m[names.SYNC_GBPS] > 0
+        assert vllm_sampler.version == 11 and pub.syncs == 1
+        last = dict(vllm_sampler.last_sync)
+        assert last["pack_seconds"] + last["load_seconds"] <= last["sync_seconds"] + 1e-6
+    finally:
+        restore_checkpoint_weights(vllm_sampler)
