@@ -85,10 +85,11 @@ def named_tensors_from_params(params: Any, config: Any) -> Iterator[tuple[str, n
     """Flax params (an ``nnx.State`` or the ``Transformer``) -> HF-named numpy arrays.
 
     Uses the models' single name/shape table, so the sampler never keeps its own copy
-    of the parameter naming.
+    of the parameter naming. Transposed kernels come as views: ``SharedWeightBuffer``
+    transposes while it copies (one pass); ``pack_named_tensors`` makes them contiguous.
     """
     from verltool_jax.models.hf_io import hf_named_tensors
-    for name, arr in hf_named_tensors(params, config):
+    for name, arr in hf_named_tensors(params, config, contiguous=False):
         yield name, np.asarray(arr)
 
 
