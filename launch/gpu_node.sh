@@ -36,7 +36,7 @@ extra=(--config.sampler.backend=vllm "--config.sampler.num_engines=$NUM_ENGINES"
 
 echo "== $ngpu GPU(s), $NUM_ENGINES vLLM engine(s) at $VLLM_MEM of memory each"
 cmd=(python -m verltool_jax.train --config "$spec" "${extra[@]}" "$@")
-echo "== env XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=$XLA_PYTHON_CLIENT_MEM_FRACTION VLLM_ENABLE_V1_MULTIPROCESSING=1 TOKENIZERS_PARALLELISM=false NCCL_DEBUG=$NCCL_DEBUG"
+echo "## env XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=$XLA_PYTHON_CLIENT_MEM_FRACTION VLLM_ENABLE_V1_MULTIPROCESSING=1 TOKENIZERS_PARALLELISM=false NCCL_DEBUG=$NCCL_DEBUG"
 echo "== ${cmd[*]}"
 [ $dry = 1 ] && exit 0
 exec "${cmd[@]}"

@@ -47,7 +47,7 @@ wait_health() {
   echo "$1 did not become healthy; see $OUT" >&2; exit 1
 }
 
-echo "== env VLLM_CPU_KVCACHE_SPACE=$VLLM_CPU_KVCACHE_SPACE TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=$HF_HUB_OFFLINE PYTHONPATH=$PYTHONPATH"
+echo "## env VLLM_CPU_KVCACHE_SPACE=$VLLM_CPU_KVCACHE_SPACE TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=$HF_HUB_OFFLINE PYTHONPATH=$PYTHONPATH"
 [ $dry = 1 ] || mkdir -p "$OUT"
 tool_urls=(); vllm_urls=()
 for ((i = 0; i < TOOL_REPLICAS; i++)); do

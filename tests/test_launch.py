@@ -21,7 +21,7 @@ def _script(name, *args, env=None):
     r = subprocess.run(["bash", str(ROOT / "launch" / name), *args], capture_output=True,
                        text=True, env=e, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    return [ln[3:] for ln in r.stdout.splitlines() if ln.startswith("== ")]
+    return [ln[3:] for ln in r.stdout.splitlines() if ln.startswith(("== ", "## "))]
 
 
 def test_local_dry_run_prints_one_command_per_arg():
