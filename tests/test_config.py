@@ -169,17 +169,19 @@ def _leaves(cls, prefix=""):
 def _other_value(key, ft, current):
     """A valid value different from ``current`` for field ``f``, as command-line text."""
     f, typ = ft
-    choices = f.metadata.get("choices")
-    if choices:
-        alt = [c for c in choices if c != current]
-        return alt[0], alt[0]
     special = {"mesh_shape": ((1, 2, 4), "(1, 2, 4)"),
                "rollout.obs_template": ("[{obs}]", "[{obs}]"),
                "rollout.top_p": (0.5, "0.5"), "sampler.gpu_memory_utilization": (0.5, "0.5"),
                "algo.clip_ratio_low": (0.1, "0.1"), "algo.dual_clip_c": (4.0, "4.0"),
                "rollout.n_samples": (4, "4"), "rollout.top_k": (5, "5"),
                "optimizer.name": (None, None), "optimizer.schedule": ("cosine", "cosine"),
-               "tool_server.tool_opt": (None, None),   # free-form map: keys come from configs "algo.old_logprobs": ("recompute", "recompute"),
+               "tool_server.tool_opt": (None, None),   # free-form map: keys come from configs
+               "algo.old_logprobs": ("recompute", "recompute"),
+               "tool_server.url": ("http://a:1,http://b:2", "http://a:1,http://b:2"),
+               # placement modes need their device sets / URLs: tests/test_launch.py
+               "placement.mode": (None, None), "placement.sampler_devices": (None, None),
+               "placement.trainer_devices": ((0,), "(0,)"),
+               "placement.sampler_urls": (("http://h:1",), "http://h:1"),
                "algo.adv_estimator": ("rloo", "rloo"), "algo.policy_loss": ("gspo", "gspo"),
                "algo.kl_estimator": ("k1", "k1"),
                "algo.loss_agg_mode": ("seq-mean-token-mean", "seq-mean-token-mean"),
@@ -189,6 +191,10 @@ def _other_value(key, ft, current):
                "data.eval_files": (("b.jsonl",), "b.jsonl"), "sft.files": (("c.parquet",), "c.parquet")}
     if key in special:
         return special[key]
+    choices = f.metadata.get("choices")
+    if choices:
+        alt = [c for c in choices if c != current]
+        return alt[0], alt[0]
     if typ is bool:
         return (not current), str(not current).lower()
     if typ is int:
