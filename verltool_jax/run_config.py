@@ -185,10 +185,76 @@ class SamplerSection(Checked):
     seed: int = 0
 
 
+def _tool_urls_ok(v: Any) -> bool:
+    from verltool_jax.tools_client import parse_tool_urls
+    if v == "":
+        return True
+    try:
+        parse_tool_urls(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _device_ids_ok(v: Any) -> bool:
+    return (isinstance(v, tuple) and all(isinstance(x, int) and x >= 0 for x in v)
+            and len(set(v)) == len(v))
+
+
+def _urls_ok(v: Any) -> bool:
+    return (isinstance(v, tuple) and len(set(v)) == len(v)
+            and all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in v))
+
+
+PLACEMENTS = ("colocated", "disjoint", "remote")
+
+
+@dataclass(frozen=True)
+class PlacementSection(Checked):
+    """Which devices train and which sample.
+
+    ``mode``: ``colocated`` -- the trainer's mesh and the in-process sampler engines
+    share the devices (each engine takes ``sampler.gpu_memory_utilization`` of a GPU);
+    ``disjoint`` -- the trainer uses ``trainer_devices`` and the in-process engines
+    ``sampler_devices`` (disjoint sets on this node; one engine per entry);
+    ``remote`` -- no in-process engine: the samplers are the vLLM servers at
+    ``sampler_urls`` (started with ``launch/vllm_servers.sh``). In the other modes,
+    ``sampler_urls`` adds remote servers to the in-process engines in one pool.
+    ``trainer_devices``: indices into ``jax.devices()`` for the mesh (empty: all).
+    """
+    mode: str = spec("colocated", choices=PLACEMENTS)
+    trainer_devices: tuple[int, ...] = spec((), check=(_device_ids_ok, "distinct device "
+                                                        "indices >= 0 (empty: all)"))
+    sampler_devices: tuple[int, ...] = spec((), check=(_device_ids_ok, "distinct device "
+                                                        "indices >= 0"))
+    sampler_urls: tuple[str, ...] = spec((), check=(_urls_ok, "distinct http(s)://host:port "
+                                                              "URLs of vLLM servers"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode == "disjoint":
+            if not self.trainer_devices or not self.sampler_devices:
+                raise ValueError("placement.mode='disjoint' needs placement.trainer_devices "
+                                 "and placement.sampler_devices (device indices)")
+            both = set(self.trainer_devices) & set(self.sampler_devices)
+            if both:
+                raise ValueError(f"placement.mode='disjoint': devices {sorted(both)} are in "
+                                 "both trainer_devices and sampler_devices; use "
+                                 "mode='colocated' to share them")
+        elif self.sampler_devices:
+            raise ValueError(f"placement.sampler_devices is only read with mode='disjoint' "
+                             f"(mode={self.mode!r}); clear it or change the mode")
+        if self.mode == "remote" and not self.sampler_urls:
+            raise ValueError("placement.mode='remote' needs placement.sampler_urls (the vLLM "
+                             "servers, e.g. from launch/vllm_servers.sh)")
+
+
 @dataclass(frozen=True)
 class ToolServerSection(Checked):
-    """``url``: a running server; empty: start one with ``tools`` (tool file names)."""
-    url: str = ""
+    """``url``: a running server, or several replicas comma-separated (trajectories are
+    routed by a stable hash of their id); empty: start one with ``tools`` (tool file names)."""
+    url: str = spec("", check=(_tool_urls_ok, "http(s)://host:port, several comma-separated, "
+                                              "no duplicates (or empty: start a server)"))
     tools: tuple[str, ...] = ("python_code",)
     timeout_s: float = spec(10.0, check=above(0))
     max_concurrency: int = spec(16, check=at_least(1))
@@ -285,6 +351,7 @@ class RunConfig(Checked):
     algo: AlgoConfig = spec(default_factory=AlgoConfig)
     optimizer: OptimizerSection = spec(default_factory=OptimizerSection)
     sampler: SamplerSection = spec(default_factory=SamplerSection)
+    placement: PlacementSection = spec(default_factory=PlacementSection)
     tool_server: ToolServerSection = spec(default_factory=ToolServerSection)
     reward: RewardSection = spec(default_factory=RewardSection)
     data: DataSection = spec(default_factory=DataSection)

@@ -169,10 +169,6 @@ def _leaves(cls, prefix=""):
 def _other_value(key, ft, current):
     """A valid value different from ``current`` for field ``f``, as command-line text."""
     f, typ = ft
-    choices = f.metadata.get("choices")
-    if choices:
-        alt = [c for c in choices if c != current]
-        return alt[0], alt[0]
     special = {"mesh_shape": ((1, 2, 4), "(1, 2, 4)"),
                "rollout.obs_template": ("[{obs}]", "[{obs}]"),
                "rollout.top_p": (0.5, "0.5"), "sampler.gpu_memory_utilization": (0.5, "0.5"),
@@ -183,6 +179,11 @@ def _other_value(key, ft, current):
                # a free-form map whose keys the experiment config defines: overriding one of
                # them is tested with the retrieval-QA configs (tests/tasks)
                "tool_server.tool_opt": (None, None),
+               "tool_server.url": ("http://a:1,http://b:2", "http://a:1,http://b:2"),
+               # placement modes need their device sets / URLs: tests/launch/test_launch.py
+               "placement.mode": (None, None), "placement.sampler_devices": (None, None),
+               "placement.trainer_devices": ((0,), "(0,)"),
+               "placement.sampler_urls": (("http://h:1",), "http://h:1"),
                "algo.adv_estimator": ("rloo", "rloo"), "algo.policy_loss": ("gspo", "gspo"),
                "algo.kl_estimator": ("k1", "k1"),
                "algo.loss_agg_mode": ("seq-mean-token-mean", "seq-mean-token-mean"),
@@ -192,6 +193,10 @@ def _other_value(key, ft, current):
                "data.eval_files": (("b.jsonl",), "b.jsonl"), "sft.files": (("c.parquet",), "c.parquet")}
     if key in special:
         return special[key]
+    choices = f.metadata.get("choices")
+    if choices:
+        alt = [c for c in choices if c != current]
+        return alt[0], alt[0]
     if typ is bool:
         return (not current), str(not current).lower()
     if typ is int:

@@ -63,13 +63,15 @@ def _to_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def hf_named_tensors(model_or_state, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+def hf_named_tensors(model_or_state, config: ModelConfig,
+                     contiguous: bool = True) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hf_name, numpy array)`` in HF layout for every parameter, one at a time.
 
     ``model_or_state``: a ``Transformer`` or its ``nnx.State`` of params (``nnx.split(model,
     nnx.Param)[1]``). Arrays keep the parameter dtype (bf16 as ``ml_dtypes.bfloat16``);
     Linear kernels are transposed to HF ``[out, in]``. With tied embeddings there is no
-    ``lm_head.weight`` (HF and vLLM tie it themselves).
+    ``lm_head.weight`` (HF and vLLM tie it themselves). ``contiguous=False`` yields
+    transposed kernels as views (the consumer copies once, e.g. into shared memory).
     """
     flat = _flat_params(model_or_state)
     for m in param_table(config):
@@ -77,7 +79,8 @@ def hf_named_tensors(model_or_state, config: ModelConfig) -> Iterator[tuple[str,
             raise KeyError(f"parameter {m.path} ({m.hf_name}) missing from the state; is the "
                            f"config ({config.model_type}) the model's?")
         arr = _to_host(_value(flat[m.path]))
-        yield m.hf_name, np.ascontiguousarray(m.to_hf(arr))
+        out = m.to_hf(arr)
+        yield m.hf_name, np.ascontiguousarray(out) if contiguous else out
 
 
 def _np_dtype(name: str) -> np.dtype:

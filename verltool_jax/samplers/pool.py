@@ -8,6 +8,7 @@ weights to every sampler, concurrently, and records the version.
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
 
@@ -56,6 +57,7 @@ class SamplerPool:
 
     def update_weights(self, params: Any, version: int) -> None:
         """Push ``params`` to every live sampler (concurrently) as ``version``."""
+        t0 = time.perf_counter()
         live = [s for s, ok in zip(self.samplers, self.healthy) if ok]
         if len(live) == 1:
             live[0].update_weights(params, version)
@@ -64,7 +66,11 @@ class SamplerPool:
                 for f in [ex.submit(s.update_weights, params, version) for s in live]:
                     f.result()
         self.version = int(version)
-        self.last_sync = {"version": self.version, "samplers": len(live)}
+        per = [getattr(s, "last_sync", {}) or {} for s in live]
+        self.last_sync = {"version": self.version, "samplers": len(live),
+                          "sync_seconds": time.perf_counter() - t0,
+                          "sync_bytes": max((int(p.get("sync_bytes", 0)) for p in per), default=0),
+                          "sync_bytes_total": sum(int(p.get("sync_bytes", 0)) for p in per)}
 
     @property
     def load(self) -> int:

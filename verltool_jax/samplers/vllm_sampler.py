@@ -9,10 +9,11 @@ Logprobs: the engine runs with ``logprobs_mode="processed_logprobs"`` and each r
 asks for ``logprobs=0`` (only the sampled token), which gives
 ``log_softmax(logits / T)[token]`` -- the trainer's own quantity (see ``base.py``).
 
-Weight sync: params -> HF names (the models' name map) -> raw-byte payload ->
-``collective_rpc("verltool_load_weights")`` (a worker extension calling vLLM's
-in-place ``reload_weights``) -> prefix cache reset (running requests are preempted and
-recomputed with the new weights) -> ``version`` recorded.
+Weight sync: params -> HF names (the models' name map) -> bucketed shared memory
+(``SharedWeightBuffer``, one cast-and-copy per tensor) -> ``collective_rpc(
+"verltool_load_shared", manifest)`` (a worker extension mapping the buckets and calling
+vLLM's in-place ``reload_weights``) -> prefix cache reset (running requests are
+preempted and recomputed with the new weights) -> ``version`` recorded.
 
 A dead engine (``EngineDeadError``, killed engine-core process) is restarted up to
 ``max_restarts`` times, the last synced weights are re-applied, and the request retried
@@ -33,7 +34,7 @@ from typing import Any, Iterable, Optional, Sequence
 from .base import (Completion, SamplerDeadError, SamplerError, SamplerRequestError,
                    SamplerTimeoutError, SamplingParams)
 from .validation import effective_max_tokens
-from .weight_sync import WeightPayload, named_tensors_from_params, pack_named_tensors
+from .weight_sync import SharedWeightBuffer, WeightPayload, named_tensors_from_params
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
@@ -100,7 +101,8 @@ class VLLMSampler:
         )
         self._engine_args.update(engine_kwargs or {})
         self._model_config = None          # models.ModelConfig, loaded on first update
-        self._last_payload: Optional[WeightPayload] = None
+        self._last_load: Optional[tuple[str, tuple]] = None   # (rpc method, args)
+        self._shm: Optional[SharedWeightBuffer] = None
         self._ids = itertools.count()
         self._inflight = 0
         self._closed = False
@@ -171,8 +173,8 @@ class VLLMSampler:
             except Exception:
                 pass
             await self._start_engine()
-            if self._last_payload is not None:
-                await self._load_payload(self._last_payload)
+            if self._last_load is not None:
+                await self._reload(*self._last_load)
 
     # ---------------------------------------------------------------- generation
     def _vllm_params(self, params: SamplingParams, max_new: int):
@@ -263,14 +265,11 @@ class VLLMSampler:
             self._inflight -= 1
 
     # ---------------------------------------------------------------- weight sync
-    async def _load_payload(self, payload: WeightPayload, version: Optional[int] = None) -> None:
+    async def _reload(self, method: str, args: tuple, version: Optional[int] = None) -> None:
         engine = self._engine
         await engine.pause_generation(mode="keep", clear_cache=False)
         try:
-            await engine.collective_rpc(
-                "verltool_load_weights",
-                args=(list(payload.names), list(payload.dtypes),
-                      [list(s) for s in payload.shapes], list(payload.buffers)))
+            await engine.collective_rpc(method, args=args)
             # KV computed with the old weights must not be reused: drop the prefix cache
             # and recompute the running requests with the new weights.
             await engine.reset_prefix_cache(reset_running_requests=True)
@@ -281,16 +280,17 @@ class VLLMSampler:
 
     def load_payload(self, payload: WeightPayload, version: int) -> dict:
         """Install an already packed payload as ``version``; returns timing metrics."""
+        args = (list(payload.names), list(payload.dtypes), [list(s) for s in payload.shapes],
+                list(payload.buffers))
+        return self._load_rpc("verltool_load_weights", args, payload.nbytes, version)
+
+    def _load_rpc(self, method: str, args: tuple, nbytes: int, version: int) -> dict:
         t0 = time.perf_counter()
-        self._call(self._load_payload(payload, version), self.request_timeout_s)
-        self._last_payload = payload if self.max_restarts > 0 else None
-        self.last_sync = {"sync_seconds": time.perf_counter() - t0, "sync_bytes": payload.nbytes,
+        self._call(self._reload(method, args, version), self.request_timeout_s)
+        self._last_load = (method, args) if self.max_restarts > 0 else None
+        self.last_sync = {"sync_seconds": time.perf_counter() - t0, "sync_bytes": nbytes,
                           "version": self.version}
         return self.last_sync
-
-    def load_named_tensors(self, named: Iterable[tuple[str, Any]], version: int) -> dict:
-        """Install HF-named tensors ``(name, array)`` as ``version``."""
-        return self.load_payload(pack_named_tensors(named, dtype=self.dtype), version)
 
     def model_config(self):
         if self._model_config is None:
@@ -300,12 +300,20 @@ class VLLMSampler:
 
     def update_weights(self, params: Any, version: int) -> None:
         """Install the trainer's Flax params (``nnx.State`` / ``Transformer``) as ``version``."""
+        self.load_named_tensors(named_tensors_from_params(params, self.model_config()), version)
+
+    def load_named_tensors(self, named: Iterable[tuple[str, Any]], version: int) -> dict:
+        """Install HF-named tensors ``(name, array)`` as ``version`` through shared memory;
+        returns ``{sync_seconds, sync_bytes, pack_seconds, load_seconds, version}``
+        (``sync_seconds`` = pack + load)."""
         t0 = time.perf_counter()
-        payload = pack_named_tensors(named_tensors_from_params(params, self.model_config()),
-                                     dtype=self.dtype)
+        self._shm = self._shm or SharedWeightBuffer()
+        manifest = self._shm.write(named, dtype=self.dtype)
         pack_s = time.perf_counter() - t0
-        self.load_payload(payload, version)
-        self.last_sync["pack_seconds"] = pack_s
+        self._load_rpc("verltool_load_shared", (manifest,), self._shm.nbytes, version)
+        self.last_sync.update(pack_seconds=pack_s, load_seconds=self.last_sync["sync_seconds"],
+                              sync_seconds=time.perf_counter() - t0)
+        return self.last_sync
 
     # ---------------------------------------------------------------- lifecycle
     def _cancel_on_loop(self, tasks: Optional[list] = None) -> None:
@@ -332,6 +340,8 @@ class VLLMSampler:
             except Exception:
                 pass
         self._closed = True
+        if self._shm is not None:
+            self._shm.close()
         # Let what vLLM cancelled on shutdown (its output-queue task) finish cancelling
         # before the loop stops, else: "Task was destroyed but it is pending!" at exit.
         self._cancel_on_loop()

@@ -71,6 +71,48 @@ def prepare_task_files(rc: RunConfig, out_dir: Path) -> dict:
     return files
 
 
+def trainer_devices(rc: RunConfig, devices: list) -> list:
+    """The devices of the trainer's mesh: ``placement.trainer_devices`` (indices into
+    ``devices``) or all of them."""
+    idx = rc.placement.trainer_devices
+    if not idx:
+        return list(devices)
+    bad = [i for i in idx if i >= len(devices)]
+    if bad:
+        raise ValueError(f"placement.trainer_devices={idx} names devices {bad}, this process "
+                         f"sees {len(devices)}; fix the indices")
+    return [devices[i] for i in idx]
+
+
+def engine_device_env(rc: RunConfig, engine: int) -> dict:
+    """Environment of in-process engine ``engine`` while it starts: with
+    ``placement.mode='disjoint'`` its GPU, ``CUDA_VISIBLE_DEVICES=sampler_devices[engine]``
+    (vLLM's engine-core process inherits it); otherwise nothing."""
+    p = rc.placement
+    if p.mode != "disjoint":
+        return {}
+    if rc.sampler.num_engines != len(p.sampler_devices):
+        raise ValueError(f"placement.mode='disjoint' runs one engine per sampler device: "
+                         f"sampler.num_engines={rc.sampler.num_engines} but "
+                         f"placement.sampler_devices={p.sampler_devices}; make them agree")
+    return {"CUDA_VISIBLE_DEVICES": str(p.sampler_devices[engine])}
+
+
+@contextlib.contextmanager
+def _env(values: dict) -> Iterator[None]:
+    import os
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def trainer_mesh(rc: RunConfig):
     """The trainer's device mesh of ``mesh_shape`` (axes data, fsdp, tp), or None for
     one device. Batches are split over (data, fsdp), so ``algo.mini_batch_size`` and
@@ -80,7 +122,7 @@ def trainer_mesh(rc: RunConfig):
 
     from verltool_jax.sharding import make_mesh
     shape = list(rc.mesh_shape)
-    devices = jax.devices()
+    devices = trainer_devices(rc, jax.devices())
     if -1 not in shape:
         if int(np.prod(shape)) > len(devices):
             raise ValueError(f"mesh_shape={tuple(shape)} needs {int(np.prod(shape))} devices, "
@@ -99,20 +141,28 @@ def trainer_mesh(rc: RunConfig):
 
 
 def make_sampler(rc: RunConfig, model_dir: Path):
-    """The sampler of ``rc.sampler``: ``num_engines`` vLLM engines or JAX samplers on the
-    checkpoint ``model_dir`` (one engine: returned as is; several: a SamplerPool with
-    sticky least-loaded routing)."""
+    """The sampler of ``rc.sampler`` placed per ``rc.placement``: ``num_engines`` in-process
+    vLLM engines or JAX samplers on the checkpoint ``model_dir`` (none with
+    ``placement.mode='remote'``), plus one remote sampler per ``placement.sampler_urls``
+    (stock vLLM servers); one engine is returned as is, several make a SamplerPool with
+    sticky least-loaded routing."""
     from verltool_jax.samplers.factory import make_sampler as make_backend
     s = rc.sampler
     engines = []
-    for i in range(s.num_engines):
+    if rc.placement.sampler_urls:
+        from verltool_jax.samplers.remote_vllm import RemoteVLLMSampler
+        engines += [RemoteVLLMSampler(u, model_path=str(model_dir), dtype=s.dtype)
+                    for u in rc.placement.sampler_urls]
+    for i in range(0 if rc.placement.mode == "remote" else s.num_engines):
         if s.backend == "vllm":
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype, seed=s.seed + i,
                       gpu_memory_utilization=s.gpu_memory_utilization,
                       enforce_eager=s.enforce_eager)
         else:
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
-        engines.append(make_backend(model_dir, backend=s.backend, name=f"{s.backend}{i}", **kw))
+        with _env(engine_device_env(rc, i)):
+            engines.append(make_backend(model_dir, backend=s.backend, name=f"{s.backend}{i}",
+                                        **kw))
     if len(engines) == 1:
         return engines[0]
     from verltool_jax.samplers.pool import SamplerPool

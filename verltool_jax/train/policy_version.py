@@ -4,14 +4,19 @@ Version ``v`` is the policy after ``v`` optimizer steps of RL (``TrainState.step
 :class:`PolicyPublisher` is the only code that moves it: :meth:`publish` pushes the
 trainer's parameters to the sampler(s) (every engine of a pool) and then tells the
 trajectory queue, so a group is never labelled with a version its sampler did not serve.
+Every push is measured: :meth:`sync_metrics` gives the bytes (the payload per engine, as
+the sampler reports it in ``last_sync["sync_bytes"]``) and wall seconds of the last one.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Optional
 
 from verltool_jax.rollout.queue import TrajectoryQueue
+
+log = logging.getLogger("verltool_jax.train")
 
 
 class PolicyPublisher:
@@ -22,6 +27,8 @@ class PolicyPublisher:
         self.queue = queue
         self.version: Optional[int] = None
         self.last_sync_s = 0.0
+        self.last_sync_bytes = 0
+        self.syncs = 0
 
     def publish_now(self, params: Any, version: int) -> None:
         """Synchronous push (before the event loop runs; no queue yet)."""
@@ -43,4 +50,16 @@ class PolicyPublisher:
         t0 = time.perf_counter()
         self.sampler.update_weights(params, version)
         self.last_sync_s = time.perf_counter() - t0
+        self.last_sync_bytes = int(getattr(self.sampler, "last_sync", {}).get("sync_bytes", 0))
+        self.syncs += 1
         self.version = version
+        log.info("weight sync %d -> version %d: %.1f MB in %.3f s (%.2f GB/s)", self.syncs,
+                 version, self.last_sync_bytes / 1e6, self.last_sync_s,
+                 self.last_sync_bytes / max(self.last_sync_s, 1e-9) / 1e9)
+
+    def sync_metrics(self) -> dict:
+        """Bytes, seconds and GB/s of the last push (``reporting.names.SYNC_*``)."""
+        from verltool_jax.reporting import names
+        return {names.SYNC_BYTES: float(self.last_sync_bytes),
+                names.SYNC_SECONDS: self.last_sync_s,
+                names.SYNC_GBPS: self.last_sync_bytes / max(self.last_sync_s, 1e-9) / 1e9}

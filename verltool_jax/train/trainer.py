@@ -414,6 +414,7 @@ class RLLoop:
         sampled = sum(int(sum(t.loss_mask)) for t in trajs)
         metrics.update(rollout_metrics(trajs, version))
         metrics.update(parity)
+        metrics.update(self.publisher.sync_metrics())
         metrics.update({names.TIME_ROLLOUT_WAIT: t_wait, names.TIME_TRAIN: t_train,
                         names.TIME_SYNC: t_sync, "time/reward_s": t_reward,
                         "policy/version": self.publisher.version,

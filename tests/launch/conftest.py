@@ -1,0 +1,1 @@
+"""Tests of launch/ (dry runs of every script, the local multi-process launcher)."""
