@@ -100,18 +100,26 @@ def trainer_mesh(rc: RunConfig):
 def make_sampler(rc: RunConfig, model_dir: Path):
     """The sampler of ``rc.sampler``: ``num_engines`` vLLM engines or JAX samplers on the
     checkpoint ``model_dir`` (one engine: returned as is; several: a SamplerPool with
-    sticky least-loaded routing)."""
-    from verltool_jax.samplers.factory import make_sampler as make_backend
+    sticky least-loaded routing). ``backend="auto"`` is resolved by
+    ``samplers.factory.choose_backend``; the choice and its reason are logged."""
+    from verltool_jax.samplers.factory import (accelerator, choose_backend, vllm_available,
+                                               make_sampler as make_backend)
     s = rc.sampler
+    backend, why = choose_backend(s.backend, vllm_installed=vllm_available(),
+                                  platform=accelerator())
+    log.info("sampler backend: %s (%s)", backend, why)
     engines = []
     for i in range(s.num_engines):
-        if s.backend == "vllm":
+        if backend == "vllm":
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype, seed=s.seed + i,
                       gpu_memory_utilization=s.gpu_memory_utilization,
-                      enforce_eager=s.enforce_eager)
+                      enforce_eager=s.enforce_eager,
+                      trainer_overlaps=rc.rollout.mode == "async")
         else:
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
-        engines.append(make_backend(model_dir, backend=s.backend, name=f"{s.backend}{i}", **kw))
+        engines.append(make_backend(model_dir, backend=backend, name=f"{backend}{i}", **kw))
+        if getattr(engines[-1], "placement", None) is not None:
+            log.info("vLLM CPU placement: %s", engines[-1].placement.reason)
     if len(engines) == 1:
         return engines[0]
     from verltool_jax.samplers.pool import SamplerPool
