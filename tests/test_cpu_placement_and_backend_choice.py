@@ -93,3 +93,12 @@ def test_auto_is_the_config_default_and_a_typo_is_rejected():
     d.sampler.backend = "vlm"
     with pytest.raises(Exception, match="backend"):
         run_config_from_dict(d)
+
+
+def test_the_run_resolves_auto_once_for_sampler_and_train_step():
+    from verltool_jax.train.build import sampler_backend
+    d = default_config_dict()
+    backend, why = sampler_backend(run_config_from_dict(d))
+    assert backend in ("jax", "vllm") and why.startswith("auto")
+    d.sampler.backend = "jax"
+    assert sampler_backend(run_config_from_dict(d))[0] == "jax"

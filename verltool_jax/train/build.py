@@ -97,17 +97,24 @@ def trainer_mesh(rc: RunConfig):
     return mesh
 
 
+def sampler_backend(rc: RunConfig) -> tuple[str, str]:
+    """``(backend, why)``: ``rc.sampler.backend`` with "auto" resolved for this machine
+    (``samplers.factory.choose_backend``)."""
+    from verltool_jax.samplers.factory import accelerator, choose_backend, vllm_available
+    return choose_backend(rc.sampler.backend, vllm_installed=vllm_available(),
+                          platform=accelerator())
+
+
 def make_sampler(rc: RunConfig, model_dir: Path):
     """The sampler of ``rc.sampler``: ``num_engines`` vLLM engines or JAX samplers on the
     checkpoint ``model_dir`` (one engine: returned as is; several: a SamplerPool with
     sticky least-loaded routing). ``backend="auto"`` is resolved by
     ``samplers.factory.choose_backend``; the choice and its reason are logged."""
-    from verltool_jax.samplers.factory import (accelerator, choose_backend, vllm_available,
-                                               make_sampler as make_backend)
+    from verltool_jax.samplers.factory import make_sampler as make_backend
+    from verltool_jax.train.console import console
     s = rc.sampler
-    backend, why = choose_backend(s.backend, vllm_installed=vllm_available(),
-                                  platform=accelerator())
-    log.info("sampler backend: %s (%s)", backend, why)
+    backend, why = sampler_backend(rc)
+    print(f"[trainer] sampler backend: {backend} ({why})", file=console(), flush=True)
     engines = []
     for i in range(s.num_engines):
         if backend == "vllm":
@@ -119,7 +126,8 @@ def make_sampler(rc: RunConfig, model_dir: Path):
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
         engines.append(make_backend(model_dir, backend=backend, name=f"{backend}{i}", **kw))
         if getattr(engines[-1], "placement", None) is not None:
-            log.info("vLLM CPU placement: %s", engines[-1].placement.reason)
+            print(f"[trainer] vLLM CPU placement: {engines[-1].placement.reason}",
+                  file=console(), flush=True)
     if len(engines) == 1:
         return engines[0]
     from verltool_jax.samplers.pool import SamplerPool
