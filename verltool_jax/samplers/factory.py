@@ -37,8 +37,8 @@ def choose_backend(requested: str, *, vllm_installed: bool, platform: str) -> tu
         return "jax", "auto: vLLM is not installed"
     if platform != "cpu":
         return "vllm", f"auto: on {platform}, vLLM (paged attention, fused kernels) is faster"
-    return CPU_FASTER, (f"auto: on CPU the {CPU_FASTER} sampler measured faster at SmolLM2-135M "
-                        "size (README, Performance)")
+    return CPU_FASTER, (f"auto: on CPU the {CPU_FASTER} sampler measured faster "
+                        "(benchmarks/sampler_throughput.py, README Performance)")
 
 
 def make_sampler(model_path: str | os.PathLike, backend: str = "auto", **kwargs: Any):
