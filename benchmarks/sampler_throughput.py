@@ -105,7 +105,11 @@ def real_model_generation(args) -> None:
     if not args.skip_vllm:
         from verltool_jax.samplers.vllm_sampler import VLLMSampler
         vs = VLLMSampler(model_dir, max_model_len=max_len, name="bench-vllm")
-        print(f"vLLM CPU placement: {vs.placement.reason if vs.placement else 'not on CPU'}")
+        print(f"vLLM CPU placement: {vs.placement.reason if vs.placement else 'not on CPU'}; "
+              f"in effect (the user's environment wins): VLLM_CPU_OMP_THREADS_BIND="
+              f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND')}, VLLM_CPU_NUM_OF_RESERVED_CPU="
+              f"{os.environ.get('VLLM_CPU_NUM_OF_RESERVED_CPU')}, VLLM_CPU_KVCACHE_SPACE="
+              f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')}")
         samplers["vLLM engine"] = vs
     results = {k: [] for k in samplers}
     for r in range(args.rounds):
