@@ -104,6 +104,7 @@ class PartClock:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", required=True, help="the math data root (task.data_dir)")
+    ap.add_argument("--variant", default="smol", help="configs/vt_math.py variant (tiny: a smoke run)")
     ap.add_argument("--backend", default="auto", choices=("auto", "jax", "vllm"))
     ap.add_argument("--before", action="store_true", help="vLLM's own CPU placement")
     ap.add_argument("--set", nargs="*", default=[], help="extra config overrides key=value")
@@ -120,7 +121,7 @@ def main():
     from verltool_jax.train import trainer
     from verltool_jax.train.policy_version import PolicyPublisher
 
-    cfg = vt_math.get_config("smol")
+    cfg = vt_math.get_config(a.variant)
     out = tempfile.mkdtemp(prefix="rl_step_")
     for kv in [f"task.data_dir={os.path.abspath(a.data_dir)}", f"sampler.backend={a.backend}",
                f"trainer.out_dir={out}", *SMALL, *a.set]:
@@ -144,7 +145,7 @@ def main():
     wall = time.perf_counter() - t0
     clock._stop.set()
     cores = len(os.sched_getaffinity(0))
-    print(f"\n== one RL step, smol config, backend {a.backend}{' (before: vLLM auto placement)' if a.before else ''}: "
+    print(f"\n== one RL step, {a.variant} config, backend {a.backend}{' (before: vLLM auto placement)' if a.before else ''}: "
           f"{wall:.1f} s wall, {cores} cores, load average {load0:.1f} -> "
           f"{os.getloadavg()[0]:.1f}, {psutil.cpu_count()} CPUs ==")
     print(f"{'part':<30}{'wall s':>9}{'% wall':>8}{'CPU s':>8}{'core share':>11}")
