@@ -110,7 +110,8 @@ def main():
     ap.add_argument("--set", nargs="*", default=[], help="extra config overrides key=value")
     a = ap.parse_args()
     if a.before:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"          # vLLM x86 default:
+        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "1"         # one core per rank kept
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     import psutil
     from ml_collections import config_flags  # noqa: F401  (configs import it)
