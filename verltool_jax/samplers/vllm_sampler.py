@@ -51,6 +51,12 @@ async def _cancel_tasks(tasks: Optional[list] = None, timeout_s: float = 2.0) ->
         await asyncio.wait(tasks, timeout=timeout_s)
 
 
+def _on_cpu() -> bool:
+    """vLLM's platform here is its CPU backend."""
+    from vllm.platforms import current_platform
+    return current_platform.is_cpu()
+
+
 class VLLMSampler:
     """One vLLM engine (one device group). See the module docstring.
 
@@ -61,6 +67,9 @@ class VLLMSampler:
         request_timeout_s: a generate that takes longer raises SamplerTimeoutError.
         max_restarts: automatic restarts of a dead engine before SamplerDeadError.
         engine_kwargs: extra ``AsyncEngineArgs`` fields (e.g. tensor_parallel_size).
+        trainer_overlaps: on CPU, the trainer computes in this process while the engine
+            generates (the engine's cores, KV cache and ``max_num_seqs`` are chosen by
+            ``cpu_placement`` from the machine and this; ``self.placement`` says what).
     """
 
     def __init__(self, model_path: str | os.PathLike, *, max_model_len: int = 2048,
@@ -68,7 +77,7 @@ class VLLMSampler:
                  enforce_eager: bool = True, enable_prefix_caching: bool = True,
                  request_timeout_s: float = 600.0, max_restarts: int = 1,
                  startup_timeout_s: float = 600.0, name: str = "vllm",
-                 engine_kwargs: Optional[dict] = None) -> None:
+                 engine_kwargs: Optional[dict] = None, trainer_overlaps: bool = False) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"VLLMSampler dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         self.model_path = str(model_path)
@@ -99,6 +108,14 @@ class VLLMSampler:
             max_num_seqs=256,
             worker_extension_cls="verltool_jax.samplers.vllm_worker_ext.WeightSyncWorkerExtension",
         )
+        self.placement = None
+        if _on_cpu():
+            from .cpu_placement import machine_placement
+            self.placement = machine_placement(
+                self.hf_config, 2 if self.dtype != "float32" else 4,
+                trainer_overlaps=trainer_overlaps, max_model_len=self.max_model_len,
+                max_num_seqs_cap=self._engine_args["max_num_seqs"])
+            self._engine_args["max_num_seqs"] = self.placement.max_num_seqs
         self._engine_args.update(engine_kwargs or {})
         self._model_config = None          # models.ModelConfig, loaded on first update
         self._last_load: Optional[tuple[str, tuple]] = None   # (rpc method, args)
@@ -135,7 +152,9 @@ class VLLMSampler:
     async def _start_engine(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if self.placement is not None:
+            from .cpu_placement import apply_env
+            apply_env(self.placement)
         self._restart_lock = self._restart_lock or asyncio.Lock()
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
         self._generation += 1

@@ -140,29 +140,45 @@ def trainer_mesh(rc: RunConfig):
     return mesh
 
 
+def sampler_backend(rc: RunConfig) -> tuple[str, str]:
+    """``(backend, why)``: ``rc.sampler.backend`` with "auto" resolved for this machine
+    (``samplers.factory.choose_backend``)."""
+    from verltool_jax.samplers.factory import accelerator, choose_backend, vllm_available
+    return choose_backend(rc.sampler.backend, vllm_installed=vllm_available(),
+                          platform=accelerator())
+
+
 def make_sampler(rc: RunConfig, model_dir: Path):
     """The sampler of ``rc.sampler`` placed per ``rc.placement``: ``num_engines`` in-process
     vLLM engines or JAX samplers on the checkpoint ``model_dir`` (none with
     ``placement.mode='remote'``), plus one remote sampler per ``placement.sampler_urls``
     (stock vLLM servers); one engine is returned as is, several make a SamplerPool with
-    sticky least-loaded routing."""
+    sticky least-loaded routing. ``backend="auto"`` is resolved by
+    ``samplers.factory.choose_backend``; the choice and its reason are printed."""
     from verltool_jax.samplers.factory import make_sampler as make_backend
+    from verltool_jax.train.console import console
     s = rc.sampler
+    backend, why = sampler_backend(rc)
+    print(f"[trainer] sampler backend: {backend} ({why})", file=console(), flush=True)
     engines = []
     if rc.placement.sampler_urls:
         from verltool_jax.samplers.remote_vllm import RemoteVLLMSampler
         engines += [RemoteVLLMSampler(u, model_path=str(model_dir), dtype=s.dtype)
                     for u in rc.placement.sampler_urls]
     for i in range(0 if rc.placement.mode == "remote" else s.num_engines):
-        if s.backend == "vllm":
+        if backend == "vllm":
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype, seed=s.seed + i,
                       gpu_memory_utilization=s.gpu_memory_utilization,
-                      enforce_eager=s.enforce_eager)
+                      enforce_eager=s.enforce_eager,
+                      trainer_overlaps=rc.rollout.mode == "async")
         else:
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
         with _env(engine_device_env(rc, i)):
-            engines.append(make_backend(model_dir, backend=s.backend, name=f"{s.backend}{i}",
+            engines.append(make_backend(model_dir, backend=backend, name=f"{backend}{i}",
                                         **kw))
+        if getattr(engines[-1], "placement", None) is not None:
+            print(f"[trainer] vLLM CPU placement: {engines[-1].placement.reason}",
+                  file=console(), flush=True)
     if len(engines) == 1:
         return engines[0]
     from verltool_jax.samplers.pool import SamplerPool

@@ -238,8 +238,7 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
         # The JAX sampler serves the trainer's own param buffers (no copy), so they must
         # not be donated to the next step while rollouts still read them.
         train_step = make_train_step(algo, state.graphdef, optimizer, mesh=run.mesh,
-                                     donate=rc.sampler.backend != "jax")
-        say(f"[trainer] starting the {rc.sampler.backend} sampler")
+                                     donate=build.sampler_backend(rc)[0] != "jax")
         publisher = PolicyPublisher(run.open_sampler())
         publisher.publish_now(state.params, int(jax.device_get(state.step)))
         loop = RLLoop(run, algo, state, train_step, publisher, ckpt, prompts, resume_data,
