@@ -108,7 +108,8 @@ def compute_logprobs(graphdef, params, batch: dict, cfg: AlgoConfig,
 
     if chunk >= B:
         return one((ids, attn, imgs))
-    split = lambda x: x.reshape((B // chunk, chunk) + x.shape[1:])
+    def split(x):
+        return x.reshape((B // chunk, chunk) + x.shape[1:])
     out = jax.lax.map(one, (split(ids), split(attn), jax.tree.map(split, imgs)))
     return jax.tree.map(lambda y: y.reshape((B,) + y.shape[2:]), out)
 
