@@ -263,3 +263,14 @@ def test_jax_sampler_refuses_misplaced_images(vl, picture):
         assert s.alive
     finally:
         s.close()
+
+
+def test_a_sampled_placeholder_token_ends_the_trajectory_before_it(vl):
+    model, tok, proc = vl
+    b = _builder(vl)
+    n0 = len(b.traj.response_ids)
+    comp = Completion([5, 6, model.config.image_token_id, 7], [-1.0, -2.0, -3.0, -4.0], "length")
+    assert b.apply_completion(comp) is None
+    assert b.traj.termination == "error" and "sampled the image placeholder" in b.traj.error
+    assert b.traj.response_ids[n0:] == [5, 6] and b.traj.logprobs[n0:] == [-1.0, -2.0]
+    b.traj.check()

@@ -126,7 +126,7 @@ class ModelSection(Checked):
     ``family`` with the sizes of ``tiny`` and a tokenizer trained on our own text."""
     path: str = ""
     tokenizer_path: str = ""                # empty: the model's own tokenizer
-    family: str = spec("qwen2", choices=("qwen2", "qwen3", "llama"))
+    family: str = spec("qwen2", choices=("qwen2", "qwen3", "llama", "qwen2_5_vl"))
     dtype: str = spec("float32", choices=DTYPES)          # compute dtype
     param_dtype: str = spec("float32", choices=DTYPES)
     remat_policy: str = spec("none", choices=("none", "full", "dots", "dots_no_batch"))

@@ -104,6 +104,14 @@ class TrajectoryBuilder:
         t.logprobs.extend(logprobs)
         t.versions.extend([version] * len(ids))
 
+    def _placeholder_cut(self, token_ids) -> Optional[int]:
+        """Index of the first image / video placeholder in sampled ``token_ids`` (VL policies)."""
+        if self.image_processor is None:
+            return None
+        c = self.image_processor.config
+        bad = {c.image_token_id} | ({c.video_token_id} if c.video_token_id is not None else set())
+        return next((i for i, tok in enumerate(token_ids) if int(tok) in bad), None)
+
     def sampler_images(self) -> list:
         """The ``ImageInput`` of every image so far, in placeholder order (what the sampler
         needs with ``prompt_ids + response_ids``)."""
@@ -156,6 +164,15 @@ class TrajectoryBuilder:
         t.num_turns += 1
         t.gen_latencies.append(float(latency_s))
         t.gen_tokens.append(len(comp.token_ids))
+        cut = self._placeholder_cut(comp.token_ids)
+        if cut is not None:
+            # A sampled image / video placeholder has no image behind it: keep the tokens
+            # before it and end the trajectory (its record stays what the sampler saw).
+            self._append(list(comp.token_ids[:cut]), 1, [float(x) for x in comp.logprobs[:cut]],
+                         int(comp.policy_version))
+            self.fail(f"the policy sampled the image placeholder token "
+                      f"{comp.token_ids[cut]} (turn {t.num_turns}); the turn was cut there")
+            return None
         self._append(list(comp.token_ids), 1, [float(x) for x in comp.logprobs],
                      int(comp.policy_version))
         is_action = (comp.finish_reason == "stop" and comp.stop_string is not None
