@@ -23,6 +23,9 @@ from pathlib import Path
 import numpy as np
 
 
+MAX_LEN = 384          # prompt + response tokens (images included)
+
+
 class Teacher:
     """Writes the task's demonstration turns (``tasks.easy_vqa.demonstration_actions``) for
     the prompt it is asked about; logprobs 0 (never used: SFT trains on the ids)."""
@@ -78,7 +81,7 @@ def main() -> None:
     ap.add_argument("--num-train", type=int, default=1500)
     ap.add_argument("--num-eval", type=int, default=100)
     ap.add_argument("--num-demos", type=int, default=600)
-    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--sft-steps", type=int, default=200)
     ap.add_argument("--sft-batch", type=int, default=16)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--rl-steps", type=int, default=10)
@@ -117,14 +120,14 @@ def main() -> None:
     train, evals, demos = generate(args.num_train, args.num_eval, args.num_demos, args.seed)
     corpus = ([r["prompt"][1]["content"].replace("<image>", "") for r in train] * 3
               + [SYSTEM_PROMPT, zoom_action()] * 200 + [answer_action(a) for a in all_answers()] * 50)
-    model_dir = build_tiny_vl_hf(out / "init_model", vocab_size=384, corpus=corpus, seed=args.seed,
+    model_dir = build_tiny_vl_hf(out / "init_model", vocab_size=512, corpus=corpus, seed=args.seed,
                                  hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                  intermediate_size=128, vision_depth=2, vision_hidden=32,
                                  patch_size=8, window_size=32)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = load_hf(model_dir)
     proc = ImageProcessor(model.config, max_pixels=128 * 128, min_pixels=16 * 16)
-    cfg = RolloutConfig(max_turns=3, max_response_tokens=160, max_action_tokens=40,
+    cfg = RolloutConfig(max_turns=3, max_response_tokens=240, max_action_tokens=96,
                         seed=args.seed, max_concurrency=64)
     eval_items = prompt_items(evals, tok, proc, "eval")
     log = {"args": vars(args)}
@@ -139,7 +142,7 @@ def main() -> None:
                     return await run_rollout(items, n, policy, c, tok, cfg, image_processor=proc)
             return asyncio.run(go())
 
-        sampler = JAXSampler(model, tok, max_model_len=256, max_batch_size=64)
+        sampler = JAXSampler(model, tok, max_model_len=MAX_LEN, max_batch_size=64)
         log["before"], _ = evaluate(eval_items, sampler, url, tok, cfg, proc)
         say(f"before: {log['before']}")
 
@@ -160,7 +163,7 @@ def main() -> None:
         sft_step = make_sft_step(state.graphdef, opt)
         rng = random.Random(args.seed)
         for i in range(args.sft_steps):
-            b = sft_trajectory_batch(rng.sample(demo_trajs, args.sft_batch), tok.pad_token_id, 256, 64)
+            b = sft_trajectory_batch(rng.sample(demo_trajs, args.sft_batch), tok.pad_token_id, MAX_LEN, 64)
             state, m = sft_step(state, b)
             if (i + 1) % max(1, args.sft_steps // 10) == 0:
                 say(f"sft {i + 1}/{args.sft_steps} loss {float(m['sft_loss']):.3f}")
@@ -189,7 +192,7 @@ def main() -> None:
                                                              for t in g]), correct):
                     t.reward, t.reward_info = r, {"correct": c}
             adv = compute_advantages("grpo", [t.reward for t in trajs], [t.group_id for t in trajs])
-            b = batch_from_trajectories(trajs, adv, tok.pad_token_id, 256, 64)
+            b = batch_from_trajectories(trajs, adv, tok.pad_token_id, MAX_LEN, 64)
             state, m = step(state, b)
             sampler.update_weights(state.params, s + 2)
             acc = float(np.mean([t.reward_info["correct"] for t in trajs]))
