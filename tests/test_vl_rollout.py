@@ -154,6 +154,7 @@ def test_multi_turn_multi_image_trajectory_matches_trainer(vl, picture, tool_url
     assert np.abs(lp2[start:start + n_final] - ours).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_jax_sampler_batches_image_requests_like_single_ones(vl, picture):
     """Two image prompts of different sizes decoded together give each the tokens and
     logprobs it gets alone (greedy), and a text-only request beside them is unaffected."""
