@@ -67,7 +67,8 @@ def main(argv=None) -> int:
         async def go():
             async with ToolClient(run.tool_url) as client:
                 return await evaluate(sampler, run.eval_items, client, run.tokenizer,
-                                      run.config.rollout.rollout_config(), run.reward_pool)
+                                      run.config.rollout.rollout_config(), run.reward_pool,
+                                      image_processor=run.image_processor)
         metrics, trajs = asyncio.run(go())
         print(f"[eval] {what}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                                  for k, v in metrics.items()}))

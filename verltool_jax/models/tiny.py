@@ -29,6 +29,23 @@ CHATML_TEMPLATE = (
 
 FAMILIES = ("qwen2", "qwen3", "llama")
 
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+# ChatML where a message's content may also be a list of parts: {"type": "image"} becomes
+# <|vision_start|><|image_pad|><|vision_end|> (as the Qwen2-VL template writes it), a text
+# part its text.
+CHATML_VL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 
 def default_corpus(n: int = 4000, seed: int = 0) -> list[str]:
     """English-ish text, arithmetic, code and agent markup for tokenizer training."""
@@ -50,7 +67,8 @@ def default_corpus(n: int = 4000, seed: int = 0) -> list[str]:
 
 
 def build_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512,
-                    corpus: Optional[Iterable[str]] = None, model_max_length: int = 2048):
+                    corpus: Optional[Iterable[str]] = None, model_max_length: int = 2048,
+                    extra_special_tokens: tuple[str, ...] = (), chat_template: str = CHATML_TEMPLATE):
     """Train a byte-level BPE tokenizer and save it as a HF ``PreTrainedTokenizerFast``.
 
     Digits are split into single tokens; ``SPECIAL_TOKENS`` and ``MARKUP_TOKENS`` are
@@ -66,15 +84,15 @@ def build_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512,
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + MARKUP_TOKENS,
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + MARKUP_TOKENS + list(extra_special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(list(corpus) if corpus is not None else default_corpus(),
                             trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         bos_token=None, unk_token=None, model_max_length=model_max_length,
-        additional_special_tokens=["<|im_start|>"])
-    fast.chat_template = CHATML_TEMPLATE
+        additional_special_tokens=["<|im_start|>"] + list(extra_special_tokens))
+    fast.chat_template = chat_template
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out_dir)
@@ -144,6 +162,53 @@ def build_tiny_hf(out_dir: str | os.PathLike, family: str = "qwen2", vocab_size:
     config = AutoConfig.from_pretrained(out)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    with open(out / "generation_config.json", "w") as f:
+        json.dump({"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}, f)
+    return out
+
+
+def build_tiny_vl_hf(out_dir: str | os.PathLike, vocab_size: int = 512, seed: int = 0,
+                     corpus: Optional[Iterable[str]] = None, hidden_size: int = 64,
+                     num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+                     intermediate_size: int = 128, mrope_section: tuple[int, int, int] = (2, 3, 3),
+                     vision_depth: int = 2, vision_hidden: int = 32, patch_size: int = 8,
+                     spatial_merge_size: int = 2, window_size: int = 32,
+                     max_position_embeddings: int = 2048) -> Path:
+    """A random-initialised tiny Qwen2.5-VL checkpoint (``Qwen2_5_VLForConditionalGeneration``)
+    with its own BPE tokenizer, whose special tokens include ``VISION_TOKENS`` and whose chat
+    template (``CHATML_VL_TEMPLATE``) writes image parts as the Qwen2-VL template does.
+    ``mrope_section`` must sum to ``hidden_size / num_heads / 2``. The last vision block
+    attends over the whole image, the others over ``window_size``-pixel windows."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    head_dim = hidden_size // num_heads
+    if sum(mrope_section) * 2 != head_dim:
+        raise ValueError(f"mrope_section {mrope_section} must sum to head_dim / 2 = {head_dim // 2}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out, vocab_size=vocab_size, corpus=corpus,
+                          extra_special_tokens=VISION_TOKENS, chat_template=CHATML_VL_TEMPLATE)
+    ids = {name: tok.convert_tokens_to_ids(t) for name, t in zip(
+        ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
+        VISION_TOKENS)}
+    vocab = max(vocab_size, len(tok))
+    text = dict(vocab_size=vocab, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                num_key_value_heads=num_kv_heads, max_position_embeddings=max_position_embeddings,
+                rms_norm_eps=1e-6, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                bos_token_id=None, tie_word_embeddings=True,
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                     mrope_section=list(mrope_section)))
+    vision = dict(depth=vision_depth, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                  num_heads=2, out_hidden_size=hidden_size, patch_size=patch_size,
+                  window_size=window_size, fullatt_block_indexes=[vision_depth - 1],
+                  spatial_merge_size=spatial_merge_size, temporal_patch_size=2)
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True,
+                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **ids)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     with open(out / "generation_config.json", "w") as f:
         json.dump({"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}, f)

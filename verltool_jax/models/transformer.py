@@ -91,10 +91,11 @@ class Transformer(nnx.Module):
         return self.final_norm(x), (new_caches if kv_caches is not None else None)
 
     def hidden_states(self, input_ids, attention_mask=None, positions=None,
-                      inputs_embeds=None, images=None) -> jnp.ndarray:
-        """Final-norm hidden states ``[B,T,H]`` (in ``config.dtype``). ``images`` is for the
-        vision-language subclass; a text-only model raises if given any."""
-        if images is not None:
+                      inputs_embeds=None, images=None, row_images=None) -> jnp.ndarray:
+        """Final-norm hidden states ``[B,T,H]`` (in ``config.dtype``). ``images`` /
+        ``row_images`` are for the vision-language subclass; a text-only model raises if
+        given any."""
+        if images is not None or row_images is not None:
             raise ValueError(text_only_error(self.config))
         input_ids = jnp.asarray(input_ids)
         if input_ids.ndim != 2:

@@ -143,6 +143,29 @@ def scatter_image_features(embeds, input_ids, attention_mask, features, image_to
     return jnp.where(is_img[..., None], features[idx].astype(embeds.dtype), embeds)
 
 
+def flatten_row_images(rows: ImageBatch) -> ImageBatch:
+    """One ``ImageBatch`` from per-row ones stacked on a leading batch axis (``rows.pixel_values
+    [B, N, patch_dim]``, groups ``[B, G, L]`` indexing the row's own patches): row ``b``'s
+    patches become ``b*N .. b*N+N-1`` and its groups are shifted by ``b*N``."""
+    B, N = rows.pixel_values.shape[:2]
+    off = (jnp.arange(B, dtype=jnp.int32) * N)[:, None, None]
+
+    def shift(g):
+        return jnp.where(g >= 0, g + off, -1).reshape(-1, g.shape[-1])
+    return ImageBatch(pixel_values=rows.pixel_values.reshape(B * N, -1),
+                      patch_positions=rows.patch_positions.reshape(B * N, 2),
+                      full_groups=shift(rows.full_groups), window_groups=shift(rows.window_groups))
+
+
+def scatter_row_image_features(embeds, input_ids, attention_mask, features, image_token_id: int):
+    """``embeds [B,T,H]`` with the k-th real placeholder of row b replaced by
+    ``features[b, k]`` (``features [B, M, H]``: each row's image features in order)."""
+    is_img = (input_ids == image_token_id) & attention_mask.astype(bool)
+    idx = jnp.clip(jnp.cumsum(is_img, axis=1) - 1, 0, features.shape[1] - 1)
+    picked = jnp.take_along_axis(features, idx[..., None], axis=1)
+    return jnp.where(is_img[..., None], picked.astype(embeds.dtype), embeds)
+
+
 class VisionLanguageModel(Transformer):
     """Qwen2.5-VL / Qwen2-VL: ``Transformer`` (M-RoPE) + ``visual`` (``VisionTower``)."""
 
@@ -158,12 +181,25 @@ class VisionLanguageModel(Transformer):
         return self.visual(images)
 
     def hidden_states(self, input_ids, attention_mask=None, positions=None, inputs_embeds=None,
-                      images: Optional[ImageBatch] = None) -> jnp.ndarray:
+                      images: Optional[ImageBatch] = None,
+                      row_images: Optional[ImageBatch] = None) -> jnp.ndarray:
         """Final-norm hidden states ``[B,T,H]``. ``positions [B,T,3]`` from ``vl_inputs``
-        (``[B,T]`` is accepted for text-only prompts); ``images`` from ``vl_inputs``."""
+        (``[B,T]`` is accepted for text-only prompts); ``images`` from ``vl_inputs``; or
+        ``row_images``, each row's images on a leading batch axis (the train batch's layout,
+        ``train.batch.image_rows``), which keeps working when the batch is split by rows."""
         input_ids = jnp.asarray(input_ids)
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+        if row_images is not None:
+            if images is not None or positions is None:
+                raise ValueError("row_images needs positions= and excludes images=")
+            B, N = row_images.pixel_values.shape[:2]
+            feats = self.image_features(flatten_row_images(row_images))
+            feats = feats.reshape(B, N // self.config.vision.spatial_merge_size ** 2, -1)
+            if inputs_embeds is None:
+                inputs_embeds = self.embed(input_ids)
+            inputs_embeds = scatter_row_image_features(inputs_embeds, input_ids, attention_mask,
+                                                       feats, self.config.image_token_id)
         if images is not None:
             if positions is None:
                 raise ValueError("images need their 3-axis positions: pass positions= from "

@@ -96,12 +96,30 @@ def image_urls(extras: Iterable[Mapping]) -> list[tuple[Any, str]]:
     return out
 
 
+def prompt_image_urls(t: Any) -> list[str]:
+    """PNG data URLs of the images a trajectory's prompt showed the policy
+    (``Trajectory.images`` with source ``"prompt"``; their ``image.image`` is a PIL image)."""
+    import base64
+    import io
+    out = []
+    for im in _get(t, "images") or []:
+        pil = getattr(getattr(im, "image", None), "image", None)
+        if getattr(im, "source", "") != "prompt" or pil is None:
+            continue
+        buf = io.BytesIO()
+        pil.save(buf, format="PNG")
+        out.append("data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii"))
+    return out
+
+
 def _prompt_html(t: Any, tokenizer) -> str:
     data = _get(t, "data") or {}
     messages = data.get("prompt") if isinstance(data, Mapping) else None
+    imgs = "".join(f'<div class="label">prompt image {k}</div><img alt="prompt image" '
+                   f'src="{_e(u)}">' for k, u in enumerate(prompt_image_urls(t)))
     if messages:
-        return "".join(_block("msg", m.get("role", "?"), m.get("content", ""))
-                       for m in messages)
+        return imgs + "".join(_block("msg", m.get("role", "?"), m.get("content", ""))
+                              for m in messages)
     ids = _get(t, "prompt_ids") or []
     if tokenizer is not None:
         return _block("msg", "prompt", tokenizer.decode(list(ids), skip_special_tokens=False))

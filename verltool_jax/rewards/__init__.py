@@ -5,7 +5,7 @@ Built in: ``math`` (``<answer>``/``\\boxed{}``, numeric and symbolic equivalence
 shaping (format penalty, tool-use term). ``RewardPool`` / ``compute_rewards`` score
 batches in worker processes with a per-item timeout.
 """
-from verltool_jax.rewards import math_reward, qa_reward, sql_reward, swe_reward  # noqa: F401  (register)
+from verltool_jax.rewards import math_reward, qa_reward, sql_reward, swe_reward, visual_reward  # noqa: F401  (register)
 from verltool_jax.rewards.answer_extraction import extract_answer, last_boxed
 from verltool_jax.rewards.base import (DATA_SOURCES, REWARDS, RewardResult, get_reward_fn,
                                        register_data_source, register_reward,

@@ -24,11 +24,13 @@ from verltool_jax.tools_client import ToolClient
 
 @dataclass
 class PromptItem:
-    """One prompt: its token ids, the data row (ground truth, extra_fields, ...), a group id."""
+    """One prompt: its token ids, the data row (ground truth, extra_fields, ...), a group id,
+    and its images (``ImageInput``, in the order of their placeholder runs in ``prompt_ids``)."""
 
     prompt_ids: list[int]
     data: dict = field(default_factory=dict)
     group_id: Optional[str] = None
+    images: list = field(default_factory=list)
 
 
 PromptLike = Union[PromptItem, Sequence[int], dict]
@@ -42,7 +44,8 @@ def as_prompt_item(p: PromptLike, index: int) -> PromptItem:
         if "prompt_ids" not in p:
             raise ValueError(f"prompt {index}: a dict prompt needs 'prompt_ids' (token ids); "
                              f"got keys {sorted(p)}")
-        item = PromptItem(list(p["prompt_ids"]), dict(p.get("data", {})), p.get("group_id"))
+        item = PromptItem(list(p["prompt_ids"]), dict(p.get("data", {})), p.get("group_id"),
+                          list(p.get("images") or []))
     else:
         item = PromptItem(list(p))
     if not item.prompt_ids or not all(isinstance(t, int) for t in item.prompt_ids):
@@ -52,9 +55,11 @@ def as_prompt_item(p: PromptLike, index: int) -> PromptItem:
     return item
 
 
-def make_formatter(tokenizer: Any, cfg: RolloutConfig) -> ObservationFormatter:
+def make_formatter(tokenizer: Any, cfg: RolloutConfig,
+                   image_processor: Any = None) -> ObservationFormatter:
+    """The observation formatter of ``cfg``; ``image_processor`` for vision-language policies."""
     return ObservationFormatter(tokenizer, cfg.obs_template, cfg.max_obs_tokens,
-                                cfg.obs_truncate_side, cfg.obs_truncate_marker)
+                                cfg.obs_truncate_side, cfg.obs_truncate_marker, image_processor)
 
 
 async def rollout_trajectory(builder: TrajectoryBuilder, sampler: Sampler,
@@ -69,7 +74,7 @@ async def rollout_trajectory(builder: TrajectoryBuilder, sampler: Sampler,
                 break
             ids, params = req
             g0 = time.perf_counter()
-            comp = await sampler.generate(ids, params, request_id=tid)
+            comp = await builder.generate(sampler, ids, params)
             action = builder.apply_completion(comp, time.perf_counter() - g0)
             if action is None:
                 break
@@ -101,7 +106,7 @@ async def rollout_group(item: PromptItem, n_samples: int, sampler: Sampler,
 
     async def one(k: int) -> Trajectory:
         b = TrajectoryBuilder(f"{item.group_id}-{k}", item.group_id, item.prompt_ids, cfg,
-                              tokenizer, formatter, item.data)
+                              tokenizer, formatter, item.data, item.images)
         if semaphore is None:
             return await rollout_trajectory(b, sampler, tool_client)
         async with semaphore:
@@ -112,7 +117,7 @@ async def rollout_group(item: PromptItem, n_samples: int, sampler: Sampler,
 
 async def run_rollout(prompts: Sequence[PromptLike], n_samples: int, sampler: Sampler,
                       tool_client: ToolClient, tokenizer: Any,
-                      cfg: RolloutConfig) -> list[list[Trajectory]]:
+                      cfg: RolloutConfig, image_processor: Any = None) -> list[list[Trajectory]]:
     """Roll out a fixed list of prompts ``n_samples`` times each, every trajectory its own
     task (at most ``cfg.max_concurrency`` at once); returns the groups in prompt order.
     (Evaluation and one-off rollouts; training goes through ``rollout.producer``.)"""
@@ -122,7 +127,7 @@ async def run_rollout(prompts: Sequence[PromptLike], n_samples: int, sampler: Sa
     gids = [it.group_id for it in items]
     if len(set(gids)) != len(gids):
         raise ValueError("prompts have duplicate group_id values; each prompt needs its own")
-    formatter = make_formatter(tokenizer, cfg)
+    formatter = make_formatter(tokenizer, cfg, image_processor)
     sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
     return list(await asyncio.gather(*(
         rollout_group(it, n_samples, sampler, tool_client, tokenizer, cfg, formatter, sem)

@@ -6,7 +6,7 @@ appended after the sampled ids, so the training sequence is exactly what the sam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 
 def truncate_tokens(ids: Sequence[int], max_tokens: int, side: str,
@@ -45,7 +45,9 @@ class ObservationFormatter:
 
     ``ids = encode(prefix) + truncate(encode(obs)) + encode(suffix)`` where
     ``template = prefix + "{obs}" + suffix``. Prefix, suffix and marker are tokenized
-    once.
+    once. ``image_processor`` (``models.image_inputs.ImageProcessor``, vision-language
+    policies only) turns an observation's images into patches; their placeholder ids go
+    right after the prefix (see ``rollout.turns.TrajectoryBuilder``).
     """
 
     tokenizer: Any
@@ -53,6 +55,7 @@ class ObservationFormatter:
     max_obs_tokens: int
     side: str = "tail"
     marker: str = "...[truncated]..."
+    image_processor: Optional[Any] = None
 
     def __post_init__(self) -> None:
         if self.template.count("{obs}") != 1:

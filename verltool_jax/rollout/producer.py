@@ -38,7 +38,8 @@ class RolloutProducer:
 
     def __init__(self, prompts: Iterator[Keyed], *, n_samples: int, sampler: Any,
                  tool_client: Any, tokenizer: Any, cfg: RolloutConfig,
-                 queue: Optional[TrajectoryQueue] = None, replay: Sequence[Keyed] = ()):
+                 queue: Optional[TrajectoryQueue] = None, replay: Sequence[Keyed] = (),
+                 image_processor: Any = None):
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         self.prompts = prompts
@@ -49,7 +50,7 @@ class RolloutProducer:
         self.cfg = cfg
         self.queue = queue
         self._replay = list(replay)
-        self._formatter = make_formatter(tokenizer, cfg)
+        self._formatter = make_formatter(tokenizer, cfg, image_processor)
         self._sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
         self._pending: dict[str, Hashable] = {}     # group id -> key, started not consumed
         self._exhausted = False
@@ -129,4 +130,4 @@ class RolloutProducer:
         if not items:
             return []
         return await run_rollout_sync(items, self.n_samples, self.sampler, self.tool_client,
-                                      self.tokenizer, self.cfg)
+                                      self.tokenizer, self.cfg, formatter=self._formatter)

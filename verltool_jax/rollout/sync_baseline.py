@@ -28,7 +28,7 @@ async def _generate(b: TrajectoryBuilder, sampler: Sampler) -> Optional[str]:
     ids, params = req
     g0 = time.perf_counter()
     try:
-        comp = await sampler.generate(ids, params, request_id=b.traj.trajectory_id)
+        comp = await b.generate(sampler, ids, params)
         return b.apply_completion(comp, time.perf_counter() - g0)
     except asyncio.CancelledError:
         raise
@@ -39,15 +39,17 @@ async def _generate(b: TrajectoryBuilder, sampler: Sampler) -> Optional[str]:
 
 async def run_rollout_sync(prompts: Sequence[PromptLike], n_samples: int, sampler: Sampler,
                            tool_client: ToolClient, tokenizer: Any, cfg: RolloutConfig,
-                           queue: Optional[TrajectoryQueue] = None) -> list[list[Trajectory]]:
+                           queue: Optional[TrajectoryQueue] = None,
+                           formatter: Optional[Any] = None) -> list[list[Trajectory]]:
     """Batch-synchronous rollout of every prompt ``n_samples`` times; groups in prompt order."""
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     items = [as_prompt_item(p, i) for i, p in enumerate(prompts)]
-    formatter = make_formatter(tokenizer, cfg)
+    formatter = formatter or make_formatter(tokenizer, cfg)
     t0 = time.perf_counter()
     builders = [[TrajectoryBuilder(f"{it.group_id}-{k}", it.group_id, it.prompt_ids, cfg,
-                                   tokenizer, formatter, it.data) for k in range(n_samples)]
+                                   tokenizer, formatter, it.data, it.images)
+                 for k in range(n_samples)]
                 for it in items]
     flat = [b for g in builders for b in g]
     live = list(flat)

@@ -6,6 +6,19 @@ from typing import Any, Optional
 
 
 @dataclass
+class TrajectoryImage:
+    """One image of a trajectory: its patches (``models.image_inputs.ImageInput``) and where its
+    placeholder run starts in ``prompt_ids + response_ids`` (``offset``; ``image.num_tokens``
+    placeholders from there). ``source`` is ``"prompt"`` or ``"observation"``; ``turn`` the
+    model turn after which an observation image arrived (0 for prompt images)."""
+
+    image: Any
+    offset: int
+    source: str = "prompt"
+    turn: int = 0
+
+
+@dataclass
 class Trajectory:
     """One agent trajectory: the prompt, then the response (model turns + observations).
 
@@ -36,16 +49,28 @@ class Trajectory:
     reward: Optional[float] = None
     reward_info: dict = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)  # the data row (ground truth, data_source, ...)
+    images: list[TrajectoryImage] = field(default_factory=list)   # every image the policy saw
+    image_token_id: Optional[int] = None   # the placeholder id of ``images`` (VL policies)
     wall_time_s: float = 0.0
     error: Optional[str] = None
 
     def check(self) -> None:
-        """Raise ValueError if the per-token lists disagree in length."""
+        """Raise ValueError if the per-token lists disagree in length or an image's placeholder
+        run is not where the record says."""
         n = len(self.response_ids)
         for name in ("loss_mask", "logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Trajectory.{name} has length {len(getattr(self, name))}, "
                                  f"response_ids has {n}")
+        if self.images:
+            from verltool_jax.models.image_inputs import placeholder_runs
+            ids = self.prompt_ids + self.response_ids
+            tok = self.image_token_id
+            want = [(im.offset, im.image.num_tokens) for im in self.images]
+            if placeholder_runs(ids, tok) != want:
+                raise ValueError(f"trajectory {self.trajectory_id}: image placeholder runs "
+                                 f"{placeholder_runs(ids, tok)} differ from the images' "
+                                 f"(offset, tokens) {want}")
 
     @property
     def min_version(self) -> int:

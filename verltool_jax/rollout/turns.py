@@ -9,11 +9,12 @@ each step runs, so both produce the same records.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
+from verltool_jax.models.image_inputs import ImageInputError, check_placeholders
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.observation import ObservationFormatter, encode
-from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.rollout.trajectory import Trajectory, TrajectoryImage
 from verltool_jax.samplers.base import Completion, SamplingParams
 from verltool_jax.tools_client import ToolResult
 
@@ -30,19 +31,40 @@ class TrajectoryBuilder:
     Sampled ids are appended as sampled (loss mask 1, the sampler's logprobs, the
     completion's policy version); observation ids are tokenized on their own and
     appended with loss mask 0, logprob 0.0 and version -1.
+
+    Images (vision-language policies: the formatter has an ``image_processor``): ``prompt_images`` are the
+    prompt's, whose placeholder runs ``prompt_ids`` already hold; an observation's images
+    (``extra["image"]`` / ``extra["images"]``) are processed and their placeholder ids put
+    before the observation text, all with loss mask 0. Every image is recorded in
+    ``Trajectory.images`` with the offset of its run, and sent to the sampler with the ids.
+    An image the policy cannot take (undecodable, over the pixel budget, or the policy is
+    text-only) is replaced by a note in the observation saying why.
     """
 
     def __init__(self, trajectory_id: str, group_id: str, prompt_ids: list[int],
                  cfg: RolloutConfig, tokenizer: Any, formatter: ObservationFormatter,
-                 data: Optional[dict] = None) -> None:
+                 data: Optional[dict] = None, prompt_images: Sequence[Any] = ()) -> None:
         if not prompt_ids:
             raise ValueError(f"trajectory {trajectory_id}: prompt_ids is empty; give the "
                              f"tokenized prompt")
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.formatter = formatter
+        self.image_processor = image_processor = formatter.image_processor
         self.traj = Trajectory(trajectory_id=trajectory_id, group_id=group_id,
                                prompt_ids=list(prompt_ids), data=dict(data or {}))
+        if image_processor is not None:
+            self.traj.image_token_id = image_processor.config.image_token_id
+        if prompt_images:
+            if image_processor is None:
+                raise ImageInputError(f"trajectory {trajectory_id}: the prompt has "
+                                      f"{len(prompt_images)} image(s) but the policy is a "
+                                      "text-only model; use a vision-language model "
+                                      "(Qwen2.5-VL) or drop the images")
+            starts = check_placeholders(prompt_ids, prompt_images, self.traj.image_token_id,
+                                        f"trajectory {trajectory_id} prompt")
+            self.traj.images = [TrajectoryImage(im, s, "prompt", 0)
+                                for im, s in zip(prompt_images, starts)]
         self._close_ids = (encode(tokenizer, cfg.close_action_on_length)
                            if cfg.close_action_on_length else [])
         self.pending_action: Optional[str] = None
@@ -82,6 +104,37 @@ class TrajectoryBuilder:
         t.logprobs.extend(logprobs)
         t.versions.extend([version] * len(ids))
 
+    def _placeholder_cut(self, token_ids) -> Optional[int]:
+        """Index of the first image / video placeholder in sampled ``token_ids`` (VL policies)."""
+        if self.image_processor is None:
+            return None
+        c = self.image_processor.config
+        bad = {c.image_token_id} | ({c.video_token_id} if c.video_token_id is not None else set())
+        return next((i for i, tok in enumerate(token_ids) if int(tok) in bad), None)
+
+    def sampler_images(self) -> list:
+        """The ``ImageInput`` of every image so far, in placeholder order (what the sampler
+        needs with ``prompt_ids + response_ids``)."""
+        return [im.image for im in self.traj.images]
+
+    def _observation_images(self, res: ToolResult) -> tuple[list, list[str]]:
+        """``(ImageInput list, notes)`` for the images an observation carries; an image the
+        policy cannot take becomes a note instead."""
+        ex = res.extra or {}
+        refs = ([ex["image"]] if ex.get("image") is not None else []) + list(ex.get("images") or [])
+        if not refs:
+            return [], []
+        if self.image_processor is None:
+            return [], [f"[the tool returned {len(refs)} image(s), but this policy is a "
+                        "text-only model and cannot see them]"]
+        out, notes = [], []
+        for ref in refs:
+            try:
+                out.append(self.image_processor(ref))
+            except ImageInputError as e:
+                notes.append(f"[the returned image cannot be shown: {e}]")
+        return out, notes
+
     # --- one turn ---------------------------------------------------------------------
     def request(self) -> Optional[tuple[list[int], SamplingParams]]:
         """The next sampler request ``(token ids so far, params)``, or None if finished."""
@@ -111,6 +164,15 @@ class TrajectoryBuilder:
         t.num_turns += 1
         t.gen_latencies.append(float(latency_s))
         t.gen_tokens.append(len(comp.token_ids))
+        cut = self._placeholder_cut(comp.token_ids)
+        if cut is not None:
+            # A sampled image / video placeholder has no image behind it: keep the tokens
+            # before it and end the trajectory (its record stays what the sampler saw).
+            self._append(list(comp.token_ids[:cut]), 1, [float(x) for x in comp.logprobs[:cut]],
+                         int(comp.policy_version))
+            self.fail(f"the policy sampled the image placeholder token "
+                      f"{comp.token_ids[cut]} (turn {t.num_turns}); the turn was cut there")
+            return None
         self._append(list(comp.token_ids), 1, [float(x) for x in comp.logprobs],
                      int(comp.policy_version))
         is_action = (comp.finish_reason == "stop" and comp.stop_string is not None
@@ -145,14 +207,33 @@ class TrajectoryBuilder:
         t.observations.append(res.observation)
         if res.extra:
             t.extras.append({"turn": t.num_turns, **res.extra})
-        ids, truncated = self.formatter(res.observation)
+        images, notes = self._observation_images(res)
+        text = "\n".join([res.observation] + notes) if notes else res.observation
+        if notes:
+            t.observations[-1] = text
+        blocks = [self.image_processor.placeholder_ids(im) for im in images]
+        ids, truncated = self.formatter(text)
         t.obs_truncated += int(truncated)
+        n_prefix = len(self.formatter.prefix_ids)
+        ids = ids[:n_prefix] + [i for b in blocks for i in b] + ids[n_prefix:]
         if len(ids) > self.remaining:
             self._end("budget")        # the observation does not fit: stop before it
             return
+        start = len(t.prompt_ids) + len(t.response_ids) + n_prefix
+        for im, b in zip(images, blocks):
+            t.images.append(TrajectoryImage(im, start + 1, "observation", t.num_turns))
+            start += len(b)
         self._append(ids, 0, [0.0] * len(ids), -1)
         if res.done:
             self._end("done")
+
+    async def generate(self, sampler: Any, ids: list[int], params: SamplingParams) -> Any:
+        """``sampler.generate`` for this trajectory's request, with its images if it has any."""
+        imgs = self.sampler_images()
+        if imgs:
+            return await sampler.generate(ids, params, request_id=self.traj.trajectory_id,
+                                          images=imgs)
+        return await sampler.generate(ids, params, request_id=self.traj.trajectory_id)
 
     def fail(self, message: str) -> None:
         """End this trajectory with ``termination="error"`` (the batch goes on)."""

@@ -48,6 +48,7 @@ class _Request:
     stop: StopState
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    images: list = field(default_factory=list)      # ImageInput, in placeholder order
 
 
 @functools.lru_cache(maxsize=8)
@@ -57,7 +58,7 @@ def _kernels(graphdef):
     import jax
     import jax.numpy as jnp
     from flax import nnx
-    from verltool_jax.models.decode import decode_step, prefill
+    from verltool_jax.models.decode import decode_step, prefill, prefill_images
     from .sampling_ops import row_keys, sample_tokens
 
     def _prefill(state, cache, ids, mask, new_rows, temp, top_k, top_p, seeds, counts):
@@ -73,7 +74,17 @@ def _kernels(graphdef):
         tok, lp = sample_tokens(logits, temp, top_k, top_p, row_keys(seeds, counts))
         return cache, tok, lp
 
-    return jax.jit(_prefill, donate_argnums=(1,)), jax.jit(_decode, donate_argnums=(1,))
+    def _prefill_img(state, cache, ids, mask, positions, deltas, images, new_rows, temp, top_k,
+                     top_p, seeds, counts):
+        cache = cache.replace(kv_mask=cache.kv_mask & ~new_rows[:, None],
+                              positions=jnp.where(new_rows, 0, cache.positions))
+        cache, logits = prefill_images(nnx.merge(graphdef, state), cache, ids, mask, positions,
+                                       deltas, images)
+        tok, lp = sample_tokens(logits, temp, top_k, top_p, row_keys(seeds, counts))
+        return cache, tok, lp
+
+    return (jax.jit(_prefill, donate_argnums=(1,)), jax.jit(_decode, donate_argnums=(1,)),
+            jax.jit(_prefill_img, donate_argnums=(1,)))
 
 
 def _bucket(n: int, lo: int = 16) -> int:
@@ -148,7 +159,7 @@ class JAXSampler:
     def _build_fns(self, jax, nnx) -> None:
         from verltool_jax.models.decode import init_cache
         self._init_cache = lambda: init_cache(self.config, self.max_batch_size, self.cache_len)
-        self._prefill, self._decode = _kernels(self._graphdef)
+        self._prefill, self._decode, self._prefill_img = _kernels(self._graphdef)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -164,11 +175,13 @@ class JAXSampler:
                        images: Optional[Sequence[Any]] = None) -> Completion:
         """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`).
 
-        ``images`` are refused: a text-only model cannot see them, and this sampler does
-        not yet feed a vision-language model's tower.
+        ``images`` (``models.image_inputs.ImageInput``, one per placeholder run of the prompt,
+        in order) need a vision-language model: the prefill runs the vision tower and the
+        prompt with its M-RoPE positions, decoding goes on at ``text index + delta``.
         """
+        images = list(images or [])
         if images:
-            raise SamplerRequestError(self._images_error())
+            self._check_images(prompt_token_ids, images)
         if not self.alive:
             raise SamplerDeadError(f"{self.name}: the JAX sampler is "
                                    f"{'closed' if self._closed else f'dead ({self._dead!r})'}; "
@@ -181,7 +194,7 @@ class JAXSampler:
         seed = params.seed if params.seed is not None else random.getrandbits(31)
         req = _Request(prompt, params, max_new, cf.Future(), self.version, int(seed) & 0x7FFFFFFF,
                        StopState(params.stop, frozenset(params.stop_token_ids),
-                                 self.eos_token_ids, max_new, self.tokenizer))
+                                 self.eos_token_ids, max_new, self.tokenizer), images=images)
         self._inflight += 1
         self._queue.put(req)
         try:
@@ -193,12 +206,22 @@ class JAXSampler:
         finally:
             self._inflight -= 1
 
-    def _images_error(self) -> str:
+    def _check_images(self, prompt_token_ids, images) -> None:
+        """Raise ``SamplerRequestError`` unless the model sees images and the prompt holds one
+        placeholder run of the right length per image."""
         if not getattr(self.config, "is_vision_language", False):
             from verltool_jax.models.transformer import text_only_error
-            return f"{self.name}: {text_only_error(self.config)}"
-        return (f"{self.name}: the JAX sampler does not feed images to a {self.config.model_type} "
-                "model; sample image prompts with the vLLM sampler")
+            raise SamplerRequestError(f"{self.name}: {text_only_error(self.config)}")
+        from verltool_jax.models.image_inputs import ImageInputError, check_placeholders
+        bad = [type(im).__name__ for im in images if not hasattr(im, "pixel_values")]
+        if bad:
+            raise SamplerRequestError(f"{self.name}: images must be ImageInput (from "
+                                      f"models.image_inputs.ImageProcessor), got {bad[:3]}")
+        try:
+            check_placeholders(prompt_token_ids, images, self.config.image_token_id,
+                               f"{self.name} request")
+        except ImageInputError as e:
+            raise SamplerRequestError(str(e)) from None
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap in the trainer's params (``nnx.State`` of the ``Transformer``, or the model)."""
@@ -343,9 +366,28 @@ class JAXSampler:
             self._rows[i] = r
         rows = [i for i, _ in admitted]
         arrays = self._sampling_arrays(rows, [r for _, r in admitted])
-        cache, tok, lp = self._prefill(self._params(), cache, jnp.asarray(ids), jnp.asarray(mask),
-                                       jnp.asarray(new_rows), *arrays)
+        if any(r.images for _, r in admitted):
+            extra = self._image_arrays(ids, mask, admitted)
+            cache, tok, lp = self._prefill_img(self._params(), cache, jnp.asarray(ids),
+                                               jnp.asarray(mask), *extra, jnp.asarray(new_rows),
+                                               *arrays)
+        else:
+            cache, tok, lp = self._prefill(self._params(), cache, jnp.asarray(ids),
+                                           jnp.asarray(mask), jnp.asarray(new_rows), *arrays)
         return cache, index + L, np.asarray(tok), np.asarray(lp)
+
+    def _image_arrays(self, ids, mask, admitted):
+        """``(positions [B,L,3], deltas [B], ImageBatch)`` of a prefill block with images: the
+        images of the admitted rows in row order (the placeholder order of the block)."""
+        import jax.numpy as jnp
+        from verltool_jax.models.image_inputs import stack_images
+        from verltool_jax.models.vision import image_batch
+        from verltool_jax.models.vision_language import mrope_positions
+        imgs = [im for _, r in sorted(admitted, key=lambda x: x[0]) for im in r.images]
+        pv, grid = stack_images(imgs)
+        positions, deltas = mrope_positions(ids, mask, grid, self.config)
+        images = image_batch(pv, grid, self.config.vision, bucket=True)
+        return jnp.asarray(positions), jnp.asarray(deltas), images
 
     def _run_decode(self, cache, last_tok, active):
         import jax.numpy as jnp

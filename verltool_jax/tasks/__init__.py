@@ -31,7 +31,7 @@ class TaskFiles:
 # A module is imported on first use, so ``python -m verltool_jax.tasks.<module>`` runs it
 # cleanly and a run imports only its own task.
 BUILTIN = {"tiny_math": "tiny_math", "vt_math": "math_data", "search_qa": "search_qa",
-           "spider": "spider", "quixbugs": "swe"}
+           "spider": "spider", "quixbugs": "swe", "easy_vqa": "easy_vqa"}
 
 
 @dataclass(frozen=True)

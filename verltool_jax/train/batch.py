@@ -17,6 +17,20 @@ sampler_logprobs    [B,T] f32 target-aligned logprob the sampler reported
 ref_logprobs        [B,T] f32 optional, target-aligned reference-policy logprob
 =================== ========= ===========================================================
 
+With images (vision-language policies; trajectories that carry ``images``), also:
+
+===================== =========== =========================================================
+positions             [B,T,3] i32 M-RoPE positions (``vision_language.mrope_positions``)
+image_pixels          [B,N,D] f32 each row's patches (its images in placeholder order),
+                                  zero-padded to N (a multiple of ``spatial_merge_size**2``)
+image_patch_positions [B,N,2] i32 (row, column) of each patch in its image
+image_full_groups     [B,G,L] i32 each row's per-frame attention groups (``attention_groups``)
+image_window_groups   [B,G,L] i32 each row's window groups; -1 pads
+===================== =========== =========================================================
+
+Every image is stored with the row that sees it, so splitting the batch by rows (mini /
+micro-batches, data sharding) keeps each row's images with it.
+
 Target alignment means position t of every per-token array refers to the token the
 model predicts *at* position t, i.e. ``targets = input_ids[:, 1:]`` (see
 :func:`shift_targets`), which is exactly what ``token_logprobs(model, input_ids,
@@ -31,7 +45,9 @@ import numpy as np
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "advantages", "old_logprobs",
                  "sampler_logprobs")
-OPTIONAL_KEYS = ("ref_logprobs",)
+IMAGE_KEYS = ("positions", "image_pixels", "image_patch_positions", "image_full_groups",
+              "image_window_groups")
+OPTIONAL_KEYS = ("ref_logprobs",) + IMAGE_KEYS
 
 
 def shift_targets(input_ids, pad_id: int = 0):
@@ -45,9 +61,65 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def image_rows(ids: np.ndarray, attn: np.ndarray, row_images: Sequence[Sequence], config
+               ) -> dict[str, np.ndarray]:
+    """The image keys of the train batch (module docstring) for right-padded ``ids``/``attn``
+    and each row's ``ImageInput`` list (``models.image_inputs``). Shapes are bucketed to
+    powers of two so few compilations serve every batch."""
+    from verltool_jax.models.image_inputs import stack_images
+    from verltool_jax.models.vision import _pad_groups, _pow2, image_batch
+    from verltool_jax.models.vision_language import mrope_positions
+    v = config.vision
+    m2 = v.spatial_merge_size ** 2
+    B = ids.shape[0]
+    per_row, pos = [], np.zeros(ids.shape + (3,), np.int32)
+    for b in range(B):
+        pv, grid = stack_images(row_images[b])
+        pos[b] = mrope_positions(ids[b:b + 1], attn[b:b + 1], grid, config)[0][0]
+        per_row.append(None if pv is None else image_batch(pv, grid, v))
+    real = [r for r in per_row if r is not None]
+    if not real:
+        raise ValueError("image_rows: no row has images")
+    N = m2 * _pow2(max(r.pixel_values.shape[0] for r in real) // m2)
+    dims = {k: (_pow2(max(getattr(r, k).shape[0] for r in real)),
+                _pow2(max(getattr(r, k).shape[1] for r in real)))
+            for k in ("full_groups", "window_groups")}
+    out = {"positions": pos,
+           "image_pixels": np.zeros((B, N, v.patch_dim), np.float32),
+           "image_patch_positions": np.zeros((B, N, 2), np.int32),
+           "image_full_groups": np.full((B,) + dims["full_groups"], -1, np.int32),
+           "image_window_groups": np.full((B,) + dims["window_groups"], -1, np.int32)}
+    for b, r in enumerate(per_row):
+        if r is None:
+            continue
+        n = r.pixel_values.shape[0]
+        out["image_pixels"][b, :n] = np.asarray(r.pixel_values)
+        out["image_patch_positions"][b, :n] = np.asarray(r.patch_positions)
+        out["image_full_groups"][b] = _pad_groups(np.asarray(r.full_groups), *dims["full_groups"])
+        out["image_window_groups"][b] = _pad_groups(np.asarray(r.window_groups),
+                                                    *dims["window_groups"])
+    return out
+
+
+def row_images_of(batch: dict):
+    """``(positions, row_images)`` of a train (micro-)batch with images, else ``(None, None)``;
+    ``row_images`` is the per-row ``ImageBatch`` that ``token_logprobs(row_images=)`` takes."""
+    if "image_pixels" not in batch:
+        return None, None
+    from verltool_jax.models.vision import ImageBatch
+    return batch["positions"], ImageBatch(
+        pixel_values=batch["image_pixels"], patch_positions=batch["image_patch_positions"],
+        full_groups=batch["image_full_groups"], window_groups=batch["image_window_groups"])
+
+
 def batch_from_trajectories(trajs: Sequence, advantages, pad_id: int, max_len: int,
-                            pad_to_multiple: int = 1) -> dict[str, np.ndarray]:
+                            pad_to_multiple: int = 1, model_config=None) -> dict[str, np.ndarray]:
     """Build the train batch (module docstring) from ``Trajectory`` records.
+
+    Trajectories with ``images`` add the image keys (``model_config``, the vision-language
+    model's ``ModelConfig``, defaults to the one the images were processed for): every image at the placeholder run the sampler
+    saw (checked by ``Trajectory.check``), observation image tokens with loss mask 0 as all
+    observation tokens.
 
     T is the longest ``len(prompt_ids) + len(response_ids)`` rounded up to
     ``pad_to_multiple`` (so batches reuse few compiled shapes), capped at ``max_len``.
@@ -87,8 +159,19 @@ def batch_from_trajectories(trajs: Sequence, advantages, pad_id: int, max_len: i
         # response token j sits at position p + j; it is the target of position p + j - 1
         lmask[b, p - 1:p - 1 + r] = np.asarray(tr.loss_mask, np.float32)
         slp[b, p - 1:p - 1 + r] = np.asarray(tr.logprobs, np.float32) * lmask[b, p - 1:p - 1 + r]
-    return {"input_ids": ids, "attention_mask": attn, "loss_mask": lmask, "advantages": adv,
-            "old_logprobs": slp.copy(), "sampler_logprobs": slp}
+    out = {"input_ids": ids, "attention_mask": attn, "loss_mask": lmask, "advantages": adv,
+           "old_logprobs": slp.copy(), "sampler_logprobs": slp}
+    with_images = [tr for tr in trajs if getattr(tr, "images", None)]
+    if with_images:
+        model_config = model_config or with_images[0].images[0].image.config
+        if model_config is None or not getattr(model_config, "is_vision_language", False):
+            bad = next(tr.trajectory_id for tr in trajs if getattr(tr, "images", None))
+            raise ValueError(f"trajectory {bad!r} carries images but the policy is not a "
+                             "vision-language model (pass model_config= of a Qwen2.5-VL / "
+                             "Qwen2-VL policy)")
+        out.update(image_rows(ids, attn, [[im.image for im in getattr(tr, "images", [])]
+                                          for tr in trajs], model_config))
+    return out
 
 
 def check_batch(batch: dict) -> tuple[int, int]:
@@ -101,10 +184,17 @@ def check_batch(batch: dict) -> tuple[int, int]:
     if unknown:
         raise ValueError(f"train batch has unknown keys {unknown}")
     B, T = batch["input_ids"].shape
+    present = [k for k in IMAGE_KEYS if k in batch]
+    if present and len(present) != len(IMAGE_KEYS):
+        raise ValueError(f"train batch has image keys {present} but not all of "
+                         f"{list(IMAGE_KEYS)}; build it with batch_from_trajectories")
     for k in REQUIRED_KEYS + OPTIONAL_KEYS:
         if k not in batch:
             continue
-        want = (B,) if k == "advantages" and batch[k].ndim == 1 else (B, T)
+        if k in IMAGE_KEYS:
+            want = (B, T, 3) if k == "positions" else (B,) + tuple(batch[k].shape[1:])
+        else:
+            want = (B,) if k == "advantages" and batch[k].ndim == 1 else (B, T)
         if tuple(batch[k].shape) != want:
             raise ValueError(f"train batch[{k!r}] has shape {tuple(batch[k].shape)}, "
                              f"expected {want}")

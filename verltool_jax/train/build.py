@@ -35,9 +35,20 @@ def prepare_model_dir(rc: RunConfig, out_dir: Path) -> Path:
     path = out_dir / "init_model"
     if is_hf_checkpoint(path):
         return path
-    from verltool_jax.models.tiny import build_tiny_hf
+    from verltool_jax.models.tiny import build_tiny_hf, build_tiny_vl_hf
     t = rc.model.tiny
     log.info("building a tiny %s model in %s", rc.model.family, path)
+    if rc.model.family == "qwen2_5_vl":
+        # head_dim = hidden_size / num_heads; M-RoPE sections split its half 1:1.5:1.5
+        half = t.hidden_size // t.num_heads // 2
+        sec = (half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8)
+        build_tiny_vl_hf(path, vocab_size=t.vocab_size, seed=t.seed, hidden_size=t.hidden_size,
+                         num_layers=t.num_layers, num_heads=t.num_heads,
+                         num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
+                         mrope_section=sec,
+                         max_position_embeddings=max(rc.model.max_seq_len,
+                                                     rc.sampler.max_model_len))
+        return path
     build_tiny_hf(path, family=rc.model.family, vocab_size=t.vocab_size, seed=t.seed,
                   hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                   num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
@@ -239,6 +250,7 @@ class Run:
     tool_process: Optional[Any] = None      # the server we started (restartable), if any
     eval_items: list = field(default_factory=list)
     mesh: Optional[Any] = None
+    image_processor: Optional[Any] = None       # vision-language policies: ImageProcessor
     sampler: Optional[Any] = None
 
     def open_sampler(self):
@@ -255,7 +267,8 @@ class Run:
             return None
         return PromptPipeline.from_files(self.files["train"], self.tokenizer, fmt=c.data.format,
                                          seed=c.data.seed, shuffle=c.data.shuffle,
-                                         max_prompt_tokens=c.rollout.max_prompt_tokens)
+                                         max_prompt_tokens=c.rollout.max_prompt_tokens,
+                                         image_processor=self.image_processor)
 
 
 @contextlib.contextmanager
@@ -282,11 +295,16 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
     mesh = trainer_mesh(rc)
     model = load_hf(model_dir, mesh=mesh, dtype=rc.model.dtype,
                     param_dtype=rc.model.param_dtype, remat_policy=rc.model.remat_policy)
+    image_processor = None
+    if model.config.is_vision_language:
+        from verltool_jax.models.image_inputs import ImageProcessor
+        image_processor = ImageProcessor(model.config)
     eval_items = []
     if files["eval"]:
         pipe = PromptPipeline.from_files(files["eval"], tokenizer, fmt=rc.data.format,
                                          shuffle=False, num_epochs=1,
-                                         max_prompt_tokens=rc.rollout.max_prompt_tokens)
+                                         max_prompt_tokens=rc.rollout.max_prompt_tokens,
+                                         image_processor=image_processor)
         eval_items = prompt_items(pipe.next_batch(rc.data.max_eval_examples), "eval")
     lg = rc.logging
     writer = MetricsWriter(out, tensorboard=lg.tensorboard and write_metrics,
@@ -299,7 +317,8 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
         url, tool_process = stack.enter_context(tool_server(rc, out))
         run = Run(config=rc, out=out, model_dir=model_dir, tokenizer=tokenizer, pad_id=pad_id,
                   files=files, model=model, writer=writer, reward_pool=reward_pool,
-                  tool_url=url, tool_process=tool_process, eval_items=eval_items, mesh=mesh)
+                  tool_url=url, tool_process=tool_process, eval_items=eval_items, mesh=mesh,
+                  image_processor=image_processor)
 
         def close_sampler():
             if run.sampler is not None:

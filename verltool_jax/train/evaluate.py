@@ -42,10 +42,13 @@ def summarize(trajs: Sequence[Trajectory], prefix: str) -> dict:
 
 async def evaluate(sampler, items: Sequence[PromptItem], tool_client, tokenizer,
                    rollout_cfg: RolloutConfig, reward_pool: RewardPool,
-                   prefix: str = "eval") -> tuple[dict, list[Trajectory]]:
-    """Greedy (temperature 0) rollout of every item once; returns (metrics, trajectories)."""
+                   prefix: str = "eval", image_processor: Any = None
+                   ) -> tuple[dict, list[Trajectory]]:
+    """Greedy (temperature 0) rollout of every item once; returns (metrics, trajectories).
+    ``image_processor``: a vision-language policy's (prompts / observations with images)."""
     cfg = dataclasses.replace(rollout_cfg, temperature=0.0, top_p=1.0, top_k=-1)
-    groups = await run_rollout(list(items), 1, sampler, tool_client, tokenizer, cfg)
+    groups = await run_rollout(list(items), 1, sampler, tool_client, tokenizer, cfg,
+                               image_processor=image_processor)
     trajs = [g[0] for g in groups]
     assign_rewards(trajs, await reward_pool.score_async(trajs, tokenizer))
     return summarize(trajs, prefix), trajs

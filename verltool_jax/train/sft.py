@@ -19,7 +19,8 @@ from flax import nnx
 from verltool_jax.data.sft import SFTExample
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.rollout.trajectory import Trajectory
-from verltool_jax.train.batch import batch_from_trajectories, shift_targets
+from verltool_jax.train.batch import (IMAGE_KEYS, batch_from_trajectories, row_images_of,
+                                     shift_targets)
 from verltool_jax.train.state import TrainState
 
 SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
@@ -39,10 +40,21 @@ def sft_batch(examples: Sequence[SFTExample], pad_id: int, max_len: int,
     return {k: full[k] for k in SFT_KEYS}
 
 
+def sft_trajectory_batch(trajs: Sequence[Trajectory], pad_id: int, max_len: int,
+                         pad_to_multiple: int = 16) -> dict:
+    """The SFT batch of recorded trajectories (e.g. a teacher's rollouts): their loss mask
+    as recorded, and their images when they have any (``train.batch.IMAGE_KEYS``)."""
+    full = batch_from_trajectories(trajs, [0.0] * len(trajs), pad_id, max_len, pad_to_multiple)
+    return {k: v for k, v in full.items() if k in SFT_KEYS or k in IMAGE_KEYS}
+
+
 def sft_loss(model: nnx.Module, batch: dict) -> tuple[jax.Array, dict]:
-    """Token-mean NLL over ``loss_mask`` (module docstring) and its metrics."""
+    """Token-mean NLL over ``loss_mask`` (module docstring) and its metrics; a batch with
+    image keys feeds each row's images to a vision-language model."""
     ids, attn = batch["input_ids"], batch["attention_mask"]
-    logp = token_logprobs(model, ids, attn, shift_targets(ids))
+    positions, row_images = row_images_of(batch)
+    extra = {} if row_images is None else {"positions": positions, "row_images": row_images}
+    logp = token_logprobs(model, ids, attn, shift_targets(ids), **extra)
     mask = batch["loss_mask"].astype(jnp.float32)
     n = jnp.maximum(mask.sum(), 1.0)
     loss = -(logp * mask).sum() / n

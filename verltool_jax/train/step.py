@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from verltool_jax.algos.aggregation import aggregate, normaliser_for
 from verltool_jax.algos.kl import get_kl_fn
 from verltool_jax.algos.policy_loss import get_policy_loss, truncated_is_weights
-from verltool_jax.train.batch import check_batch, shift_targets
+from verltool_jax.train.batch import IMAGE_KEYS, check_batch, row_images_of, shift_targets
 from verltool_jax.train.config import AlgoConfig, algo_config
 from verltool_jax.train.state import TrainState
 
@@ -96,14 +96,21 @@ def compute_logprobs(graphdef, params, batch: dict, cfg: AlgoConfig,
     if return_entropy:
         kw["return_entropy"] = True
 
+    imgs = {k: batch[k] for k in IMAGE_KEYS if k in batch}
+
     def one(xs):
-        i, a = xs
+        i, a, im = xs
         model = nnx.merge(graphdef, params)
-        return logprob_fn(model, i, a, shift_targets(i), **kw)
+        extra = {}
+        if im:          # a vision-language batch: each row's images travel with the row
+            extra["positions"], extra["row_images"] = row_images_of(im)
+        return logprob_fn(model, i, a, shift_targets(i), **kw, **extra)
 
     if chunk >= B:
-        return one((ids, attn))
-    out = jax.lax.map(one, (ids.reshape(B // chunk, chunk, -1), attn.reshape(B // chunk, chunk, -1)))
+        return one((ids, attn, imgs))
+    def split(x):
+        return x.reshape((B // chunk, chunk) + x.shape[1:])
+    out = jax.lax.map(one, (split(ids), split(attn), jax.tree.map(split, imgs)))
     return jax.tree.map(lambda y: y.reshape((B,) + y.shape[2:]), out)
 
 

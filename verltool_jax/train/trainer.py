@@ -291,7 +291,8 @@ class RLLoop:
             return {}
         t0 = time.perf_counter()
         m, trajs = await evaluate(run.sampler, run.eval_items, client, run.tokenizer,
-                                  self.rc.rollout.rollout_config(), run.reward_pool)
+                                  self.rc.rollout.rollout_config(), run.reward_pool,
+                                  image_processor=run.image_processor)
         m["time/eval_s"] = time.perf_counter() - t0
         h = batch_health(trajs)
         if h.rate > self.rc.trainer.max_error_rate:
@@ -336,7 +337,8 @@ class RLLoop:
             self.publisher.queue = queue
         producer = RolloutProducer(fresh, n_samples=rc.rollout.n_samples, sampler=run.sampler,
                                    tool_client=client, tokenizer=run.tokenizer,
-                                   cfg=rc.rollout.rollout_config(), queue=queue, replay=replay)
+                                   cfg=rc.rollout.rollout_config(), queue=queue, replay=replay,
+                                   image_processor=run.image_processor)
         producing = asyncio.create_task(producer.run()) if queue is not None else None
         bar = ProgressBar(rc.trainer.steps, initial=self.step, enabled=rc.logging.progress_bar,
                           file=console())

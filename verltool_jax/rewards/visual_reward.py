@@ -1,0 +1,71 @@
+"""The visual-reasoning reward (Pixel-Reasoner, as VerlTool trains it).
+
+Per trajectory ``i`` of a group (the ``n`` samples of one prompt), with ``acc_i`` in {0, 1}
+the answer's correctness, ``v_i`` its number of valid tool calls and
+``r_g = mean_j [v_j > 0]`` the group's tool-call rate::
+
+    score_i = acc_i
+              + alpha * [v_i > 0] * max(0, H - r_g)        curiosity bonus
+              + beta * min(n_vo - v_i, 0)                  penalty per call beyond n_vo
+
+Defaults follow VerlTool's ``pixel_reasoner`` reward manager (the paper's values): ``H =
+0.3``, ``alpha = 0.5``, ``n_vo = 1``, ``beta = 0.05``. The bonus pays a trajectory for using
+a tool only while fewer than ``H`` of its group do, so exploration of the tool is rewarded
+until it is common, and each call past the first costs ``beta``. Correctness is ours: the
+``<answer>...</answer>`` text (or the last ``\\boxed{}``) equals the gold answer after
+lower-casing and trimming (easy-VQA answers are single words; VerlTool uses math-verify).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from verltool_jax.rewards.answer_extraction import extract_answer, last_boxed
+from verltool_jax.rewards.base import RewardResult, register_reward
+
+
+@dataclass(frozen=True)
+class CuriositySettings:
+    """The Pixel-Reasoner shaping constants (see the module doc)."""
+    rate_bound: float = 0.3        # H
+    alpha: float = 0.5
+    free_calls: int = 1            # n_vo
+    beta: float = 0.05
+
+
+def normalise_answer(text: Optional[str]) -> Optional[str]:
+    return None if text is None else " ".join(text.strip().strip(".").lower().split())
+
+
+def visual_answer(response_text: str) -> Optional[str]:
+    """The final answer: ``<answer>...</answer>``, else the last ``\\boxed{...}``."""
+    a = extract_answer(response_text)
+    return normalise_answer(a if a is not None else last_boxed(response_text))
+
+
+@register_reward("visual_answer", "easy_vqa")
+def visual_answer_reward(response_text: str, ground_truth: Any, extra_info: dict) -> RewardResult:
+    """1.0 iff the extracted answer equals one of the gold answers (normalised)."""
+    golds = ground_truth if isinstance(ground_truth, (list, tuple)) else [ground_truth]
+    pred = visual_answer(response_text)
+    ok = pred is not None and pred in {normalise_answer(str(g)) for g in golds}
+    return RewardResult(float(ok), ok, {"pred": pred, "has_answer": pred is not None})
+
+
+def curiosity_terms(valid_calls: Sequence[int], settings: CuriositySettings = CuriositySettings()
+                    ) -> list[tuple[float, float]]:
+    """``(curiosity bonus, redundancy penalty)`` of each trajectory of one group (module doc)."""
+    if not valid_calls:
+        return []
+    rate = sum(1 for v in valid_calls if v > 0) / len(valid_calls)
+    s = settings
+    return [(s.alpha * float(v > 0) * max(0.0, s.rate_bound - rate),
+             s.beta * min(s.free_calls - v, 0)) for v in valid_calls]
+
+
+def group_scores(correct: Sequence[bool], valid_calls: Sequence[int],
+                 settings: CuriositySettings = CuriositySettings()) -> list[float]:
+    """``score_i`` of every trajectory of one group (module doc)."""
+    if len(correct) != len(valid_calls):
+        raise ValueError(f"correct has {len(correct)} entries, valid_calls {len(valid_calls)}")
+    return [float(c) + b + p for c, (b, p) in zip(correct, curiosity_terms(valid_calls, settings))]
