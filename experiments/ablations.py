@@ -5,6 +5,7 @@
         --config.trainer.steps=8                                    # minutes on a CPU
     python experiments/ablations.py all --dry-run                   # every command
     python experiments/ablations.py loss --report-only              # table + plot again
+    python experiments/ablations.py staleness --arms staleness0,staleness4   # a subset
 
 Ablations (the first arm of each is its baseline; every arm runs every seed):
 
@@ -111,23 +112,32 @@ ABLATIONS: dict[str, tuple[str, Callable]] = {
 
 
 def build_sweep(name: str, config: str, seeds: Sequence[int], shared: Sequence[str],
-                root: str = "runs/sweeps") -> Sweep:
+                root: str = "runs/sweeps", only: Optional[Sequence[str]] = None) -> Sweep:
     """The :class:`Sweep` of ablation ``name`` over ``config`` (loaded with the shared
-    overrides, so arms derived from it, e.g. DAPO's overlong buffer, see the final sizes)."""
+    overrides, so arms derived from it, e.g. DAPO's overlong buffer, see the final sizes).
+    ``only``: run just these arms (in the ablation's order; the first kept is the baseline)."""
     from verltool_jax.cli.command_line import parse_command_line
 
     if name not in ABLATIONS:
         raise ValueError(f"unknown ablation {name!r}; choose from {sorted(ABLATIONS)} or 'all'")
     question, arms_for = ABLATIONS[name]
     cfg = parse_command_line(["--config", config, *shared]).config
-    return Sweep(name, config, tuple(arms_for(cfg)), tuple(seeds), tuple(shared), root,
-                 question)
+    arms = arms_for(cfg)
+    if only:
+        unknown = sorted(set(only) - {a.name for a in arms})
+        if unknown:
+            raise ValueError(f"ablation {name!r} has no arm(s) {unknown}; its arms: "
+                             f"{[a.name for a in arms]}")
+        arms = [a for a in arms if a.name in set(only)]
+    return Sweep(name, config, tuple(arms), tuple(seeds), tuple(shared), root, question)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ablation", choices=sorted(ABLATIONS) + ["all"])
     add_common_args(ap, DEFAULT_CONFIG)
+    ap.add_argument("--arms", default="",
+                    help="comma-separated arm names to run (default: all of the ablation's)")
     args, shared = ap.parse_known_args(argv)
     bad = [s for s in shared if not s.startswith("--config.")]
     if bad:
@@ -135,7 +145,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     names = sorted(ABLATIONS) if args.ablation == "all" else [args.ablation]
     rc = 0
     for name in names:
-        sweep = build_sweep(name, args.config, parse_seeds(args.seeds), shared, args.root)
+        only = [a for a in args.arms.split(",") if a.strip()] if args.arms else None
+        sweep = build_sweep(name, args.config, parse_seeds(args.seeds), shared, args.root, only)
         rc |= main_for(sweep, args.dry_run, args.report_only)
     return rc
 

@@ -198,6 +198,10 @@ def test_default_ablation_config_is_the_smollm2_math_family(ablations):
     assert ablations.DEFAULT_CONFIG == "configs/vt_math.py:smol"
     with pytest.raises(ValueError, match="unknown ablation"):
         ablations.build_sweep("nope", TINY, (0,), [])
+    sub = ablations.build_sweep("staleness", TINY, (0, 1), [], only=["staleness4", "staleness0"])
+    assert [a.name for a in sub.arms] == ["staleness0", "staleness4"]
+    with pytest.raises(ValueError, match="has no arm"):
+        ablations.build_sweep("staleness", TINY, (0,), [], only=["staleness3"])
 
 
 # --------------------------------------------------------------- the observation mask
