@@ -1,4 +1,5 @@
-"""``plot_metrics(jsonl, png)``: reward and accuracy over steps, from the metrics file."""
+"""Plots from metrics files: ``plot_metrics(jsonl, png)`` (one run: reward and accuracy per
+step) and ``plot_sweep(runs, png)`` (a sweep: held-out accuracy and reward per arm)."""
 from __future__ import annotations
 
 import os
