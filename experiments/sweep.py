@@ -81,6 +81,10 @@ class Sweep:
             raise ValueError(f"sweep {self.name!r}: arm names repeat: {names}")
         if not self.seeds:
             raise ValueError(f"sweep {self.name!r}: give at least one seed (--seeds 0,1)")
+        bad = [o for o in self.overrides if not (o.startswith("--config.") and "=" in o)]
+        if bad:
+            raise ValueError(f"sweep {self.name!r}: shared overrides must look like "
+                             f"--config.a.b=value, got {bad}")
 
     @property
     def directory(self) -> Path:

@@ -134,6 +134,22 @@ def test_resume_skips_finished_runs_and_commands_parse(sweep_mod, tmp_path):
         sweep, cwd=REPO, dry_run=True, say=lambda m: None)[1:])
 
 
+def test_sweep_rejects_bad_names_and_overrides(sweep_mod):
+    Arm, Sweep = sweep_mod.Arm, sweep_mod.Sweep
+    with pytest.raises(ValueError, match="--config.a.b=value"):
+        Arm("a", ("rollout.max_turns=2",))
+    with pytest.raises(ValueError, match="directory name"):
+        Arm("a/b")
+    with pytest.raises(ValueError, match="repeat"):
+        Sweep("s", TINY, (Arm("a"), Arm("a")))
+    with pytest.raises(ValueError, match="shared overrides"):
+        Sweep("s", TINY, (Arm("a"),), overrides=("--steps=3",))
+    shared, arms = sweep_mod.split_arms(["--config.trainer.steps=2", "--arm", "x",
+                                         "--config.algo.kl_coef=0.1", "--arm=y"])
+    assert shared == ["--config.trainer.steps=2"]
+    assert arms == [Arm("x", ("--config.algo.kl_coef=0.1",)), Arm("y")]
+
+
 def test_report_table_csv_and_plot(sweep_mod, tmp_path):
     Arm, Sweep = sweep_mod.Arm, sweep_mod.Sweep
     sweep = Sweep("rep", TINY, (Arm("base"), Arm("better"), Arm("same")), seeds=(0, 1),
