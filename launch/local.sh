@@ -34,6 +34,10 @@ for arg in "${args[@]}"; do
   spec="$config${arg:+:$arg}"
   out="runs/${name}${arg:+_${arg//,/_}}"
   cmd=(python -m verltool_jax.train --config "$spec" "--config.trainer.out_dir=$out" "${overrides[@]}")
+  # The last out_dir override wins (as in the trainer), and console.log goes there too.
+  for o in "${overrides[@]}"; do
+    case "$o" in --config.trainer.out_dir=*) out="${o#--config.trainer.out_dir=}" ;; esac
+  done
   echo "== ${cmd[*]}"
   if [ "${DRY_RUN:-0}" != 1 ]; then
     mkdir -p "$out"

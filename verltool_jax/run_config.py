@@ -139,7 +139,8 @@ class ModelSection(Checked):
 @dataclass(frozen=True)
 class RolloutSection(RolloutConfig):
     """One trajectory's rollout (the :class:`RolloutConfig` fields) plus the trainer's
-    rollout knobs: group size, staleness bound, async|sync mode, prompt length cap."""
+    rollout knobs: group size, staleness bound, async|sync mode, prompt length cap,
+    whether observation tokens stay out of the loss."""
     # Inherited fields re-declared only to attach their checks (defaults stay the component's).
     max_turns: int = spec(RolloutConfig.max_turns, check=at_least(0))
     max_response_tokens: int = spec(RolloutConfig.max_response_tokens, check=at_least(1))
@@ -156,6 +157,9 @@ class RolloutSection(RolloutConfig):
     n_samples: int = spec(8, check=at_least(1))             # trajectories per prompt (group)
     max_staleness: int = spec(1, check=at_least(0))         # versions a group may lag
     max_prompt_tokens: int = spec(512, check=at_least(1))
+    # False trains on tool-output tokens too (an ablation: the mistake the observation
+    # mask prevents); their behaviour logprobs are the trainer's own before the update.
+    mask_observations: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

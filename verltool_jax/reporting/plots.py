@@ -1,9 +1,10 @@
-"""``plot_metrics(jsonl, png)``: reward and accuracy over steps, from the metrics file."""
+"""Plots from metrics files: ``plot_metrics(jsonl, png)`` (one run: reward and accuracy per
+step) and ``plot_sweep(runs, png)`` (a sweep: held-out accuracy and reward per arm)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from verltool_jax.reporting import names
 from verltool_jax.reporting.metrics_writer import read_metrics
@@ -50,6 +51,54 @@ def plot_metrics(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
         if ylabel == "accuracy":
             ax.set_ylim(-0.02, 1.02)
     fig.suptitle(title or Path(jsonl_path).parent.name)
+    fig.tight_layout()
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return png_path
+
+
+def plot_sweep(runs: Mapping[str, Sequence], png_path: str | os.PathLike,
+               title: str = "") -> Path:
+    """One PNG for a sweep: held-out accuracy and train reward against step and against
+    wall time (seconds since each run's first logged record), one colour per arm (each
+    seed its own line in that colour; the arm is labelled once).
+
+    ``runs``: ``{arm: [RunRecord, ...]}`` (:mod:`verltool_jax.reporting.run_dirs`).
+    Raises ValueError if no run has a reward or held-out accuracy curve.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ((names.EVAL_ACC, "held-out accuracy"), (names.REWARD, "train reward"))
+    if not any(rec.curves.get(k, ([],))[0] for recs in runs.values() for rec in recs
+               for k, _ in keys):
+        raise ValueError(f"no run of the sweep has {names.REWARD!r} or {names.EVAL_ACC!r} "
+                         f"values to plot")
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, (key, ylabel) in enumerate(keys):
+        for col, xlabel in enumerate(("step", "wall time (s)")):
+            ax = axes[row][col]
+            for i, (arm, recs) in enumerate(runs.items()):
+                labelled = False
+                for rec in recs:
+                    steps, secs, ys = rec.curves.get(key, ([], [], []))
+                    if not ys:
+                        continue
+                    xs = steps if col == 0 else secs
+                    ax.plot(xs, ys, color=colours[i % len(colours)], alpha=0.8,
+                            marker="o" if len(xs) < 30 else None, markersize=3,
+                            label=None if labelled else arm)
+                    labelled = True
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+    fig.suptitle(title or "sweep")
     fig.tight_layout()
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)

@@ -174,6 +174,41 @@ def batch_from_trajectories(trajs: Sequence, advantages, pad_id: int, max_len: i
     return out
 
 
+def observation_targets(trajs: Sequence, T: int) -> np.ndarray:
+    """[B,T] f32 target-aligned mask of the response tokens the policy did *not* sample
+    (tool observations, and tags closed on the model's behalf): ``1`` at position
+    ``p - 1 + j`` iff response token j of row b has ``Trajectory.loss_mask`` 0. Rows are
+    in ``trajs`` order, positions as in :func:`batch_from_trajectories`."""
+    out = np.zeros((len(trajs), T), np.float32)
+    for b, tr in enumerate(trajs):
+        p, r = len(tr.prompt_ids), len(tr.response_ids)
+        n = max(0, min(r, T - p + 1))
+        out[b, p - 1:p - 1 + n] = 1.0 - np.asarray(tr.loss_mask[:n], np.float32)
+    return out
+
+
+def include_observations(batch: dict, obs_targets: np.ndarray,
+                         behaviour_logprobs: np.ndarray) -> dict:
+    """The batch with the observation tokens trained on as if sampled (the ablation of
+    the observation mask; by default the framework never does this).
+
+    ``loss_mask = max(loss_mask, obs)``; at the observation positions ``old_logprobs``
+    and ``sampler_logprobs`` become ``behaviour_logprobs`` (the trainer's own logprobs
+    before the update: no sampler ever scored those tokens, so their ratio starts at 1
+    and their truncated IS weight is 1). Other positions are unchanged. Returns a new dict.
+    """
+    obs = np.asarray(obs_targets, np.float32)
+    if obs.shape != batch["loss_mask"].shape:
+        raise ValueError(f"obs_targets has shape {obs.shape}, the batch's loss_mask "
+                         f"{batch['loss_mask'].shape}")
+    lp = np.asarray(behaviour_logprobs, np.float32)
+    out = dict(batch)
+    out["loss_mask"] = np.maximum(batch["loss_mask"], obs)
+    for k in ("old_logprobs", "sampler_logprobs"):
+        out[k] = np.where(obs > 0, lp, batch[k]).astype(np.float32)
+    return out
+
+
 def check_batch(batch: dict) -> tuple[int, int]:
     """Validate keys and shapes of a train batch; returns ``(B, T)``. ValueError names the key."""
     missing = [k for k in REQUIRED_KEYS if k not in batch]

