@@ -81,7 +81,7 @@ def rows_of(stage: str, seed: Any, res: dict) -> list[dict]:
     return out
 
 
-def write_tables(rows: list[dict], out: Path) -> None:
+def write_tables(rows: list[dict], out: Path, title: str) -> None:
     """``results.csv`` (every row), ``results.md`` (accuracy mean ± half-range over seeds
     per stage and set, greedy) and ``accuracy.png``."""
     import numpy as np
@@ -124,7 +124,9 @@ def write_tables(rows: list[dict], out: Path) -> None:
         ax.errorbar(x + 0.05 * j, means, yerr=[lo, hi], marker="o", capsize=3, label=name)
     ax.set_xticks(x, stages)
     ax.set_ylabel("greedy accuracy")
-    ax.set_title("SmolLM2-135M-Instruct + python tool")
+    ax.set_title(title)
+    top = max([r["acc"] for r in greedy] + [0.05])
+    ax.set_ylim(0.0, min(1.0, top * 1.15) + 0.01)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "accuracy.png", dpi=120)
@@ -204,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sft_model = out / f"sft_seed{seed}" / "hf_model"
         rows += rows_of("grpo", seed, training("grpo", seed, [
             ("stage", "rl"), ("sft.steps", "0"), ("model.path", str(sft_model))]))
-    write_tables(rows, out)
+    write_tables(rows, out, "vt_math:tiny smoke run (random tiny model)" if a.smoke
+                 else "SmolLM2-135M-Instruct + python tool")
     print((out / "results.md").read_text())
     print(f"[math_smollm2] all stages: {time.perf_counter() - t_all:.0f}s; "
           f"results in {out}/results.{{csv,md}} and accuracy.png", flush=True)
