@@ -4,6 +4,9 @@ accuracy before training, after the SFT warm start, and after GRPO.
     python experiments/math_smollm2.py --data-dir /path/to/data --out runs/math_smollm2
     python experiments/math_smollm2.py --data-dir /path/to/data --out /tmp/smoke --smoke
 
+On CPU the ``smol`` stages use the vLLM CPU sampler (set ``VLLM_ENABLE_V1_MULTIPROCESSING=0
+VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false`` as ``scripts/test.sh`` does).
+
 Stages (``configs/vt_math.py:smol``; ``--smoke``: ``:tiny``, seconds):
 
 1. ``base``: the untrained model (``model.path``, greedy, once: it has no seed);
