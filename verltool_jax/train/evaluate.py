@@ -40,15 +40,27 @@ def summarize(trajs: Sequence[Trajectory], prefix: str) -> dict:
     return out
 
 
+async def rollout_scored(sampler, items: Sequence[PromptItem], tool_client, tokenizer,
+                         rollout_cfg: RolloutConfig, reward_pool: RewardPool,
+                         n_samples: int = 1, temperature: float = 0.0,
+                         image_processor: Any = None) -> list[list[Trajectory]]:
+    """Every item rolled out ``n_samples`` times at ``temperature`` (0: greedy; top-p 1,
+    no top-k) and scored; returns the groups in item order. ``image_processor``: a
+    vision-language policy's (prompts / observations with images)."""
+    cfg = dataclasses.replace(rollout_cfg, temperature=temperature, top_p=1.0, top_k=-1)
+    groups = await run_rollout(list(items), n_samples, sampler, tool_client, tokenizer, cfg,
+                               image_processor=image_processor)
+    trajs = [t for g in groups for t in g]
+    assign_rewards(trajs, await reward_pool.score_async(trajs, tokenizer))
+    return groups
+
+
 async def evaluate(sampler, items: Sequence[PromptItem], tool_client, tokenizer,
                    rollout_cfg: RolloutConfig, reward_pool: RewardPool,
                    prefix: str = "eval", image_processor: Any = None
                    ) -> tuple[dict, list[Trajectory]]:
-    """Greedy (temperature 0) rollout of every item once; returns (metrics, trajectories).
-    ``image_processor``: a vision-language policy's (prompts / observations with images)."""
-    cfg = dataclasses.replace(rollout_cfg, temperature=0.0, top_p=1.0, top_k=-1)
-    groups = await run_rollout(list(items), 1, sampler, tool_client, tokenizer, cfg,
-                               image_processor=image_processor)
+    """Greedy (temperature 0) rollout of every item once; returns (metrics, trajectories)."""
+    groups = await rollout_scored(sampler, items, tool_client, tokenizer, rollout_cfg,
+                                  reward_pool, image_processor=image_processor)
     trajs = [g[0] for g in groups]
-    assign_rewards(trajs, await reward_pool.score_async(trajs, tokenizer))
     return summarize(trajs, prefix), trajs
