@@ -24,7 +24,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
-from configs.qa_common import add_qa_task, parse_variant, use_tiny_model
+from configs.common import add_qa_task, parse_variant, use_tiny_model
 
 VARIANTS = ("smol", "tiny", "paper")
 

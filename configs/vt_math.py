@@ -31,22 +31,14 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
+from configs.common import parse_variant, set_tiny_model
 from verltool_jax.tasks import task_section
 
 VARIANTS = ("smol", "tiny", "paper")
 
 
-def parse_arg(arg: str) -> str:
-    """The variant named by ``arg`` (default ``smol``); an unknown one is a ValueError."""
-    v = (arg or "smol").strip()
-    if v not in VARIANTS:
-        raise ValueError(f"configs/vt_math.py: unknown variant {v!r}; choose one of "
-                         f"{list(VARIANTS)}")
-    return v
-
-
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    variant = parse_arg(arg)
+    variant = parse_variant(arg, VARIANTS, "smol", "configs/vt_math.py")
     c = base.get_config()
     c.task = task_section("vt_math")
     c.tool_server.tools = ("python_code",)
@@ -80,17 +72,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.trainer.eval_every = 0
         c.data.max_eval_examples = 300
     elif variant == "tiny":
-        c.model.family = "qwen2"
-        c.model.max_seq_len = 1024        # its 512-token vocabulary spells GSM8K out long
-        c.model.tiny.vocab_size = 512
-        c.model.tiny.hidden_size = 64
-        c.model.tiny.num_layers = 1
-        c.model.tiny.num_heads = 1        # head_dim 64: the vLLM CPU kernel's minimum
-        c.model.tiny.num_kv_heads = 1
-        c.model.tiny.head_dim = 64
-        c.model.tiny.intermediate_size = 128
-        c.model.tiny.seed = 0
-        c.sampler.max_model_len = 1024
+        set_tiny_model(c, 1024)           # its 512-token vocabulary spells GSM8K out long
         c.task.num_train = 16
         c.task.num_eval = 4
         c.task.num_demos = 8

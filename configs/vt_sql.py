@@ -29,23 +29,16 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
+from configs.common import parse_variant, set_tiny_model
 from verltool_jax.tasks import task_section
 from verltool_jax.tasks.spider import OBS_TEMPLATE
 
 VARIANTS = ("smol", "tiny", "paper")
 
 
-def parse_arg(arg: str) -> str:
-    """``""`` -> ``"smol"``; one of :data:`VARIANTS`, else a ValueError."""
-    chosen = (arg or "smol").strip()
-    if chosen not in VARIANTS:
-        raise ValueError(f"configs/vt_sql.py: unknown variant {chosen!r}; choose one of "
-                         f"{list(VARIANTS)}")
-    return chosen
-
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    variant = parse_arg(arg)
+    variant = parse_variant(arg, VARIANTS, "smol", "configs/vt_sql.py")
     c = base.get_config()
 
     c.task = task_section("spider")
@@ -114,16 +107,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.data.max_eval_examples = 200
         c.trainer.out_dir = "runs/vt_sql_smol"
     else:  # tiny
-        c.model.family = "qwen2"
-        c.model.max_seq_len = 4096
-        c.model.tiny.vocab_size = 512
-        c.model.tiny.hidden_size = 64
-        c.model.tiny.num_layers = 1
-        c.model.tiny.num_heads = 1
-        c.model.tiny.num_kv_heads = 1
-        c.model.tiny.head_dim = 64
-        c.model.tiny.intermediate_size = 128
-        c.model.tiny.seed = 0
+        set_tiny_model(c, 4096)
         c.task.databases = ("concert_singer", "pets_1")
         c.task.single_table = True
         c.task.eval_from = "pool"
@@ -138,7 +122,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.algo.mini_batch_size = 4
         c.algo.micro_batch_size = 4
         c.optimizer.lr = 1e-4
-        c.sampler.max_model_len = 4096
         c.reward.num_workers = 0
         c.trainer.steps = 2
         c.trainer.ckpt_every = 1

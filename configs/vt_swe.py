@@ -28,22 +28,15 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
+from configs.common import parse_variant, set_tiny_model
 from verltool_jax.tasks import task_section
 
 VARIANTS = ("smol", "tiny", "paper")
 
 
-def parse_arg(arg: str) -> str:
-    """``""`` -> ``"smol"``; one of :data:`VARIANTS`, else a ValueError."""
-    chosen = (arg or "smol").strip()
-    if chosen not in VARIANTS:
-        raise ValueError(f"configs/vt_swe.py: unknown variant {chosen!r}; choose one of "
-                         f"{list(VARIANTS)}")
-    return chosen
-
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    variant = parse_arg(arg)
+    variant = parse_variant(arg, VARIANTS, "smol", "configs/vt_swe.py")
     c = base.get_config()
 
     c.task = task_section("quixbugs")
@@ -102,16 +95,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.trainer.eval_every = 0
         c.trainer.out_dir = "runs/vt_swe_smol"
     else:  # tiny
-        c.model.family = "qwen2"
-        c.model.max_seq_len = 2048
-        c.model.tiny.vocab_size = 512
-        c.model.tiny.hidden_size = 64
-        c.model.tiny.num_layers = 1
-        c.model.tiny.num_heads = 1
-        c.model.tiny.num_kv_heads = 1
-        c.model.tiny.head_dim = 64
-        c.model.tiny.intermediate_size = 128
-        c.model.tiny.seed = 0
+        set_tiny_model(c, 2048)
         c.task.programs = ("gcd", "bitcount", "sieve")
         c.task.mutants_per_program = 1
         c.rollout.n_samples = 2
@@ -123,7 +107,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.algo.mini_batch_size = 4
         c.algo.micro_batch_size = 4
         c.optimizer.lr = 1e-4
-        c.sampler.max_model_len = 2048
         c.reward.num_workers = 0
         c.trainer.steps = 2
         c.trainer.ckpt_every = 1

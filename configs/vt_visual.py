@@ -23,7 +23,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
-from configs.qa_common import parse_variant
+from configs.common import parse_variant, set_tiny_model
 from verltool_jax.tasks import task_section
 
 VARIANTS = ("tiny", "paper")
@@ -40,17 +40,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.sampler.backend = "jax"
     c.trainer.out_dir = f"runs/vt_visual_{variant}"
     if variant == "tiny":
-        c.model.path = ""
-        c.model.family = "qwen2_5_vl"
-        c.model.max_seq_len = 512
-        c.model.tiny.vocab_size = 512
-        c.model.tiny.hidden_size = 64
-        c.model.tiny.num_layers = 2
-        c.model.tiny.num_heads = 4
-        c.model.tiny.num_kv_heads = 2
-        c.model.tiny.head_dim = 16
-        c.model.tiny.intermediate_size = 128
-        c.sampler.max_model_len = 512
+        set_tiny_model(c, 512, family="qwen2_5_vl", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
         c.rollout.n_samples = 2
         c.rollout.max_prompt_tokens = 256
         c.rollout.max_response_tokens = 160

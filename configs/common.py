@@ -1,6 +1,7 @@
-"""What the retrieval-QA families (``vt_search``, ``vt_deepsearch``) share: the task
-section, the tool options that point the search tools at the index, variant parsing and
-the tiny random model of the ``tiny`` variant. Not an experiment (no ``get_config``)."""
+"""What the experiment families share: variant parsing, the tiny random model of their
+``tiny`` variants, and the retrieval-QA task section with the tool options that point the
+search tools at the index (``vt_search``, ``vt_deepsearch``). Not an experiment (no
+``get_config``)."""
 from __future__ import annotations
 
 import ml_collections
@@ -30,20 +31,26 @@ def add_qa_task(c: ml_collections.ConfigDict, prompt: str) -> None:
     c.rollout.obs_truncate_side = "head"
 
 
+def set_tiny_model(c: ml_collections.ConfigDict, max_len: int, family: str = "qwen2",
+                   **sizes) -> None:
+    """A tiny random model (``model.path`` empty: built with a BPE tokenizer trained on our
+    own text, in seconds) of ``family``, with ``max_len`` tokens for the model and the
+    sampler. Defaults: vocabulary 512, hidden 64, one layer, one head of dim 64 (the vLLM
+    CPU kernel's minimum), MLP 128; ``sizes`` override ``model.tiny.*`` fields."""
+    c.model.path = ""
+    c.model.family = family
+    c.model.max_seq_len = max_len
+    c.sampler.max_model_len = max_len
+    tiny = dict(vocab_size=512, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1,
+                head_dim=64, intermediate_size=128, seed=0)
+    tiny.update(sizes)
+    for k, v in tiny.items():
+        c.model.tiny[k] = v
+
+
 def use_tiny_model(c: ml_collections.ConfigDict) -> None:
     """A tiny random Qwen2 model with a BPE tokenizer trained on our own text (seconds)."""
-    c.model.path = ""
-    c.model.family = "qwen2"
-    c.model.max_seq_len = 1024
-    c.model.tiny.vocab_size = 512
-    c.model.tiny.hidden_size = 64
-    c.model.tiny.num_layers = 1
-    c.model.tiny.num_heads = 1            # head_dim 64: the vLLM CPU kernel's minimum
-    c.model.tiny.num_kv_heads = 1
-    c.model.tiny.head_dim = 64
-    c.model.tiny.intermediate_size = 128
-    c.model.tiny.seed = 0
-    c.sampler.max_model_len = 1024
+    set_tiny_model(c, 1024)
     c.rollout.n_samples = 2
     c.rollout.max_prompt_tokens = 512
     c.rollout.max_response_tokens = 96
