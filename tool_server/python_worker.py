@@ -118,6 +118,21 @@ def read_code(fd, n):
     return mm
 
 
+def read_request(fd):
+    """One request: ``(header, code mapping, stdin bytes)``, or None when the pipe closed."""
+    msg = read_msg(fd)
+    if msg is None:
+        return None
+    code_mm = read_code(fd, int(msg["code_len"]))
+    if code_mm is None:
+        return None
+    stdin_data = read_stdin(fd, msg)
+    if stdin_data is None:
+        code_mm.close()
+        return None
+    return msg, code_mm, stdin_data
+
+
 def read_stdin(fd, msg):
     """The standard-input bytes that follow a request's code (b"" when none; None when
     the pipe closed)."""
@@ -453,18 +468,13 @@ def memory_budget_bytes(limits):
 
 def serve_fork(proto_in, proto_out, mode, workroot):
     while True:
-        msg = read_msg(proto_in)
-        if msg is None:
+        req = read_request(proto_in)
+        if req is None:
             return
+        msg, code_mm, stdin_data = req
         t0 = time.monotonic()
         limits = msg["limits"]
         code_len = int(msg["code_len"])
-        code_mm = read_code(proto_in, code_len)
-        if code_mm is None:
-            return
-        stdin_data = read_stdin(proto_in, msg)
-        if stdin_data is None:
-            return
         workdir = tempfile.mkdtemp(dir=workroot, prefix="run_")
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -541,18 +551,13 @@ def serve_kernel(proto_in, proto_out, mode, workroot):
     nonce>}`` and nothing follows it; anything else ends the kernel (``kernel_lost``)."""
     kernel = None
     while True:
-        msg = read_msg(proto_in)
-        if msg is None:
+        req = read_request(proto_in)
+        if req is None:
             return
+        msg, code_mm, stdin_data = req
         t0 = time.monotonic()
         limits = msg["limits"]
         code_len = int(msg["code_len"])
-        code_mm = read_code(proto_in, code_len)
-        if code_mm is None:
-            return
-        stdin_data = read_stdin(proto_in, msg)
-        if stdin_data is None:
-            return
         if kernel is None:
             code_r, code_w = os.pipe()
             status_r, status_w = os.pipe()

@@ -21,13 +21,12 @@ field.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .sources import hotpot_paragraphs, passage_id
+from .sources import hotpot_paragraphs, json_records, passage_id
 
 ANSWER_FIELDS = ("answer", "answers", "golden_answers")
 # File-name fragments -> the data_source name Search-R1 uses for that data set.
@@ -134,22 +133,7 @@ def question_from_search_r1_row(row: dict, index: int, path: str) -> Question:
 
 
 def _json_records(path: str) -> list:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if not path.endswith(".jsonl"):
-        try:
-            value = json.loads(text)
-            return value if isinstance(value, list) else [value]
-        except json.JSONDecodeError:
-            pass
-    out = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise QuestionError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-    return out
+    return json_records(path, QuestionError, whole_file=not path.endswith(".jsonl"))
 
 
 def read_questions(path: str | os.PathLike, data_source: Optional[str] = None) -> list[Question]:

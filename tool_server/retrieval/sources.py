@@ -55,26 +55,33 @@ def passage(title: str, text: str) -> Document:
     return Document(id=passage_id(title, text), title=title, contents=text)
 
 
-def _records(path: str) -> list:
-    """All records of a JSON (one value) or JSONL (one value a line) file."""
+def json_records(path: str, error: type = CorpusError, whole_file: bool = True) -> list:
+    """All records of a JSON file (one value; a list is its records) or a JSONL file (one
+    value a line). ``whole_file=False`` reads JSONL only; a bad line raises ``error``
+    naming the file and line."""
     if not os.path.isfile(path):
-        raise CorpusError(f"corpus source {path!r} does not exist")
+        raise error(f"{path!r} does not exist")
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    try:
-        value = json.loads(text)
-        return value if isinstance(value, list) else [value]
-    except json.JSONDecodeError:
-        pass
+    if whole_file:
+        try:
+            value = json.loads(text)
+            return value if isinstance(value, list) else [value]
+        except json.JSONDecodeError:
+            pass
     out = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise CorpusError(f"{path}:{lineno}: neither one JSON value nor JSONL "
-                                  f"({e.msg})") from None
+                raise error(f"{path}:{lineno}: not valid JSON or JSONL ({e.msg})") from None
     return out
+
+
+def _records(path: str) -> list:
+    """All records of a corpus source file (JSON or JSONL)."""
+    return json_records(path, CorpusError)
 
 
 def hotpot_paragraphs(record: dict, where: str) -> list[tuple[str, str, bool]]:
