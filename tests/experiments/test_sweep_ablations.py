@@ -353,7 +353,7 @@ def test_reproduce_table_from_run_dirs(tmp_path):
     assert "SmolLM2-135M-Instruct" in rows["VT-Math"] and "wall time 1234 s" in rows["VT-Math"]
     for name in ("VT-Search", "VT-SQL", "VT-DeepSearch", "VT-SWE", "VT-VisualReasoner"):
         assert rows[name].endswith("| not run yet |"), rows[name]
-    assert "no `configs/vt_visual.py` in this repository yet" in rows["VT-VisualReasoner"]
+    assert "`configs/vt_visual.py:paper`" in rows["VT-VisualReasoner"]
     other = md.split("## Other finished runs found")[1]
     assert "tiny random qwen2" in other and "50.0% -> 60.0%" in other
     assert "vt_sql_smol" not in md                     # interrupted: not a result
