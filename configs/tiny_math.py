@@ -66,8 +66,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.optimizer.max_grad_norm = 1.0
 
     c.sampler.max_model_len = 256
-    # The main job runs on the vLLM CPU engine (its README figures were measured so);
-    # sampler.backend="auto" would pick the JAX sampler on CPU.
+    # The main job runs on the vLLM CPU engine (its README figures were measured so).
     c.sampler.backend = "vllm"
     c.tool_server.tools = ("python_code",)
     c.reward.num_workers = 1
