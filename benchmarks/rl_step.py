@@ -1,6 +1,6 @@
 """Where one real RL step's wall time goes, and how much of the machine's cores each part used.
 
-    python benchmarks/rl_step.py --data-dir ../shared/data [--backend auto|jax|vllm] \\
+    python benchmarks/rl_step.py --data-dir DATA [--backend auto|jax|vllm] \\
         [--before] [--set rollout.n_samples=2 ...]
 
 Runs ``train()`` on ``configs/vt_math.py:smol`` (SmolLM2-135M-Instruct, the python tool,
