@@ -460,7 +460,7 @@ def build_section(cls: type, values: Mapping[str, Any], path: str,
         kwargs[k] = _plain(v)
     n_before = len(problems)
     problems.extend(p if p.startswith(path) else f"{path}{p}"
-                    for p in _field_problems(cls, kwargs))
+                    for p in check_fields(cls, kwargs, ""))
     if len(problems) > n_before:
         return None
     try:
@@ -468,11 +468,6 @@ def build_section(cls: type, values: Mapping[str, Any], path: str,
     except (ValueError, TypeError) as e:
         problems.append(f"{path.rstrip('.') or cls.__name__}: {e}")
         return None
-
-
-def _field_problems(cls: type, kwargs: Mapping[str, Any]) -> list[str]:
-    """Metadata checks before construction, so every bad field is named at once."""
-    return check_fields(cls, kwargs, "")
 
 
 def run_config_from_dict(config: Any) -> RunConfig:

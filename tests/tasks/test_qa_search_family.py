@@ -391,7 +391,7 @@ def test_started_tool_server_searches_the_configured_index(data, tmp_path):
     from tool_server.launcher import get_json, post_json
     from verltool_jax.train import build
     cfg = _cfg("vt_deepsearch.py:tiny", data)
-    with build.tool_server_url(cfg) as url:
+    with build.tool_server(cfg) as (url, _):
         tools = json.dumps(get_json(url + "/tools"))
         status, body = post_json(url + "/get_observation", {
             "trajectory_ids": ["a", "b"],

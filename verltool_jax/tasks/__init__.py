@@ -13,7 +13,7 @@ import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 import ml_collections
 
@@ -22,7 +22,7 @@ import ml_collections
 class TaskFiles:
     """A task's data files (verl layout); ``sft`` is None for a task without demonstrations."""
     train: Path
-    eval: Path                            # a task may also give a tuple of eval files
+    eval: Union[Path, tuple[Path, ...]]   # one file, or one per test set
     sft: Optional[Path] = None
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from verltool_jax.data.readers import write_rows
+from verltool_jax.tasks import TaskFiles
 from verltool_jax.data.rows import DataRowError
 from verltool_jax.rewards.answer_extraction import last_boxed
 
@@ -280,13 +281,6 @@ class MathTask:
 
 
 TASK_CONFIG = MathTask
-
-
-@dataclass(frozen=True)
-class TaskFiles:
-    train: Path
-    eval: tuple[Path, ...]
-    sft: Path
 
 
 def write_task(out_dir: str | os.PathLike, train_files: Sequence[str], eval_files: Sequence[str],

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from verltool_jax.data.readers import write_rows
+from verltool_jax.tasks import TaskFiles
 from verltool_jax.rewards.sql_tokens import Token, is_kw, tokenize
 from verltool_jax.tasks.spider_hardness import hardness
 
@@ -581,13 +582,7 @@ class SpiderTask:
 TASK_CONFIG = SpiderTask
 
 
-@dataclass(frozen=True)
-class SqlTaskFiles:
-    train: Path
-    eval: Path
-
-
-def write_task_from_config(config, out_dir: str | os.PathLike) -> SqlTaskFiles:
+def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     """Prepare Spider from ``config.task.spider_dir`` into ``out_dir``, limited to
     ``config.task.databases`` if non-empty and to single-table questions if
     ``config.task.single_table``. ``eval_from="test"``: train rows from
@@ -627,7 +622,7 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> SqlTaskFiles:
                              f"eval_from='pool' splits one set of databases):\n{rep.summary()}")
         files[name] = write_rows(rows, out / f"{name}.parquet")
     (out / "prepare_report.txt").write_text(rep.summary() + "\n")
-    return SqlTaskFiles(train=files["train"], eval=files["eval"])
+    return TaskFiles(train=files["train"], eval=files["eval"])
 
 
 def main(argv=None) -> int:

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from verltool_jax.data.readers import write_rows
+from verltool_jax.tasks import TaskFiles
 
 DATA_SOURCE = "swe"
 SLOW_TEST_TIMEOUT_S = 5           # least per-test limit inside pytest (pytest-timeout)
@@ -598,13 +599,7 @@ class QuixBugsTask:
 TASK_CONFIG = QuixBugsTask
 
 
-@dataclass(frozen=True)
-class SweTaskFiles:
-    train: Path
-    eval: Path
-
-
-def write_task_from_config(config, out_dir: str | os.PathLike) -> SweTaskFiles:
+def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     """QuixBugs tasks from ``config.task.quixbugs_dir`` (``programs`` if non-empty;
     ``mutants_per_program`` mutants each): eval rows = the original bugs, train rows =
     the mutants (or the original bugs when there are none)."""
@@ -621,7 +616,7 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> SweTaskFiles:
     if not originals:
         raise ValueError("no usable QuixBugs task:\n" + "\n".join(rejected))
     (out / "rejected.txt").write_text("\n".join(rejected) + "\n")
-    return SweTaskFiles(
+    return TaskFiles(
         train=write_rows([make_row(x, "train", i) for i, x in enumerate(mutated)],
                          out / "train.parquet"),
         eval=write_rows([make_row(x, "eval", i) for i, x in enumerate(originals)],

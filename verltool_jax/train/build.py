@@ -69,7 +69,7 @@ def prepare_task_files(rc: RunConfig, out_dir: Path) -> dict:
     if rc.task is not None:
         from verltool_jax.tasks import prepare_task
         tf = prepare_task(rc, out_dir / "data")
-        sft = getattr(tf, "sft", None)
+        sft = tf.sft
         evals = tf.eval if isinstance(tf.eval, tuple) else (tf.eval,)
         files = {"train": files["train"] or (str(tf.train),),
                  "eval": files["eval"] or tuple(str(p) for p in evals),
@@ -218,13 +218,6 @@ def tool_server(rc: RunConfig, out: Optional[Path] = None
                            max_concurrency=ts.max_concurrency, tool_opt=tool_opt) as proc:
         log.info("tool server with %s at %s", ",".join(ts.tools), proc.url)
         yield proc.url, proc
-
-
-@contextlib.contextmanager
-def tool_server_url(rc: RunConfig) -> Iterator[str]:
-    """The URL of :func:`tool_server` (for one-off use that needs no restarts)."""
-    with tool_server(rc) as (url, _):
-        yield url
 
 
 def hf_export(model, tokenizer, path: Path) -> Path:
