@@ -150,7 +150,7 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
     """Evaluate ``checkpoint`` on ``config``'s test sets; returns
     ``{"what", "overall" (greedy summary), "modes": {mode: {set: metrics}}}`` with modes
     ``greedy`` and, for ``samples`` > 0, ``T=<temperature>,n=<samples>``."""
-    from flax import nnx
+    from verltool_jax.models.lora import sampler_params
 
     from verltool_jax.reporting.pass_at_k import format_set_table, set_metrics
     from verltool_jax.tools_client import ToolClient
@@ -170,8 +170,8 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
         if not items:
             raise ValueError("the config has no held-out prompts (data.eval_files or a task)")
         model, what = load_policy(run, checkpoint)
-        sampler = run.open_sampler()
-        sampler.update_weights(nnx.state(model, nnx.Param), 0)
+        sampler = run.open_sampler(trainer_overlaps=False)   # nothing trains beside it
+        sampler.update_weights(sampler_params(model), 0)   # LoRA folded in
         rcfg = run.config.rollout.rollout_config()
 
         async def go():

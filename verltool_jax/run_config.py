@@ -134,6 +134,17 @@ class ModelSection(Checked):
     remat_policy: str = spec("none", choices=("none", "full", "dots", "dots_no_batch"))
     max_seq_len: int = spec(2048, check=at_least(8))
     tiny: TinyModelSection = spec(default_factory=TinyModelSection)
+    # LoRA (models.lora): rank 0 trains every weight; > 0 trains only adapters on
+    # lora_targets of the last lora_last_layers layers (0: all); samplers get merged weights
+    lora_rank: int = spec(0, check=at_least(0))
+    lora_alpha: float = spec(16.0, check=above(0))
+    lora_targets: tuple[str, ...] = spec(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        check=(lambda v: len(v) > 0 and all(t in ("q_proj", "k_proj", "v_proj", "o_proj",
+                                                     "gate_proj", "up_proj", "down_proj")
+                                            for t in v),
+               "a non-empty subset of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"))
+    lora_last_layers: int = spec(0, check=at_least(0))
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,8 @@ def _other_value(key, ft, current):
                "rollout.action_stop_strings": (("</a>", "</b>"), "</a>,</b>"),
                "tool_server.tools": (("python_code", "sql"), "python_code,sql"),
                "data.train_files": (("a.parquet",), "a.parquet"),
-               "data.eval_files": (("b.jsonl",), "b.jsonl"), "sft.files": (("c.parquet",), "c.parquet")}
+               "data.eval_files": (("b.jsonl",), "b.jsonl"), "sft.files": (("c.parquet",), "c.parquet"),
+               "model.lora_targets": (("q_proj", "v_proj"), "q_proj,v_proj")}
     if key in special:
         return special[key]
     choices = f.metadata.get("choices")

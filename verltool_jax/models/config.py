@@ -218,6 +218,17 @@ class ModelConfig:
     video_token_id: Optional[int] = None
     vision_start_token_id: Optional[int] = None
     vision_end_token_id: Optional[int] = None
+    # LoRA adapters (models.lora): rank 0 = none; targets of the last N layers (0: all)
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                     "up_proj", "down_proj")
+    lora_last_layers: int = 0
+
+    @property
+    def lora_scale(self) -> float:
+        """``alpha / rank``, the factor on the adapter's output (0 without adapters)."""
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -241,6 +252,9 @@ class ModelConfig:
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig.remat_policy must be one of {REMAT_POLICIES}, "
                              f"got {self.remat_policy!r}")
+        if self.lora_rank < 0 or self.lora_last_layers < 0:
+            raise ValueError(f"ModelConfig.lora_rank ({self.lora_rank}) and lora_last_layers "
+                             f"({self.lora_last_layers}) must be >= 0")
         if self.mrope_section and sum(self.mrope_section) != self.head_dim // 2:
             raise ValueError(f"ModelConfig.mrope_section {self.mrope_section} must sum to "
                              f"head_dim // 2 = {self.head_dim // 2}")

@@ -73,6 +73,11 @@ def hf_named_tensors(model_or_state, config: ModelConfig,
     ``lm_head.weight`` (HF and vLLM tie it themselves). ``contiguous=False`` yields
     transposed kernels as views (the consumer copies once, e.g. into shared memory).
     """
+    from .lora import sampler_params
+    if isinstance(model_or_state, nnx.Module) or isinstance(model_or_state, nnx.State):
+        # LoRA adapters are folded into their kernels (the served weights); adapter
+        # factors without a LoRA config are an error, never silently dropped.
+        model_or_state = sampler_params(model_or_state, config)
     flat = _flat_params(model_or_state)
     for m in param_table(config):
         if m.path not in flat:

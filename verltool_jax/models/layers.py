@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .config import ModelConfig
+from .lora import LoRALinear, wants_lora
 from .rope import apply_rope, rope_inv_freq
 
 # Large finite negative for masked scores: a fully masked row (a padding query) stays
@@ -19,11 +20,16 @@ def dtype_of(name: str):
     return jnp.dtype(name)
 
 
-def _linear(cfg: ModelConfig, din: int, dout: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(din, dout, use_bias=bias, dtype=dtype_of(cfg.dtype),
-                      param_dtype=dtype_of(cfg.param_dtype),
-                      kernel_init=nnx.initializers.normal(0.02),
-                      bias_init=nnx.initializers.zeros_init(), rngs=rngs)
+def _linear(cfg: ModelConfig, din: int, dout: int, bias: bool, rngs: nnx.Rngs,
+            lora_at: Optional[tuple[int, str]] = None) -> nnx.Linear:
+    """A linear layer; ``lora_at = (layer, module name)`` adds a LoRA adapter when the
+    config asks for one there (``models.lora``)."""
+    kw = dict(use_bias=bias, dtype=dtype_of(cfg.dtype), param_dtype=dtype_of(cfg.param_dtype),
+              kernel_init=nnx.initializers.normal(0.02),
+              bias_init=nnx.initializers.zeros_init(), rngs=rngs)
+    if lora_at is not None and wants_lora(cfg, *lora_at):
+        return LoRALinear(din, dout, rank=cfg.lora_rank, scale=cfg.lora_scale, **kw)
+    return nnx.Linear(din, dout, **kw)
 
 
 class RMSNorm(nnx.Module):
@@ -60,12 +66,13 @@ def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: Optional[int] = None):
         H, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = _linear(cfg, H, N * D, cfg.qkv_bias, rngs)
-        self.k_proj = _linear(cfg, H, K * D, cfg.qkv_bias, rngs)
-        self.v_proj = _linear(cfg, H, K * D, cfg.qkv_bias, rngs)
-        self.o_proj = _linear(cfg, N * D, H, cfg.o_bias, rngs)
+        at = (lambda name: None if layer is None else (layer, name))
+        self.q_proj = _linear(cfg, H, N * D, cfg.qkv_bias, rngs, at("q_proj"))
+        self.k_proj = _linear(cfg, H, K * D, cfg.qkv_bias, rngs, at("k_proj"))
+        self.v_proj = _linear(cfg, H, K * D, cfg.qkv_bias, rngs, at("v_proj"))
+        self.o_proj = _linear(cfg, N * D, H, cfg.o_bias, rngs, at("o_proj"))
         if cfg.qk_norm:
             self.q_norm = RMSNorm(D, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
@@ -110,12 +117,14 @@ class MLP(nnx.Module):
     """
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, hidden: Optional[int] = None,
-                 intermediate: Optional[int] = None, bias: bool = False):
+                 intermediate: Optional[int] = None, bias: bool = False,
+                 layer: Optional[int] = None):
         h = cfg.hidden_size if hidden is None else hidden
         inter = cfg.intermediate_size if intermediate is None else intermediate
-        self.gate_proj = _linear(cfg, h, inter, bias, rngs)
-        self.up_proj = _linear(cfg, h, inter, bias, rngs)
-        self.down_proj = _linear(cfg, inter, h, bias, rngs)
+        at = (lambda name: None if layer is None else (layer, name))
+        self.gate_proj = _linear(cfg, h, inter, bias, rngs, at("gate_proj"))
+        self.up_proj = _linear(cfg, h, inter, bias, rngs, at("up_proj"))
+        self.down_proj = _linear(cfg, inter, h, bias, rngs, at("down_proj"))
 
     def __call__(self, x):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -124,12 +133,12 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm block: ``h = x + attn(norm(x)); out = h + mlp(norm(h))``."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: Optional[int] = None):
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
-        self.attn = Attention(cfg, rngs)
+        self.attn = Attention(cfg, rngs, layer)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype,
                                       cfg.param_dtype)
-        self.mlp = MLP(cfg, rngs)
+        self.mlp = MLP(cfg, rngs, layer=layer)
 
     def __call__(self, x, positions, mask, kv_cache=None, write_index=0):
         a, kv = self.attn(self.input_norm(x), positions, mask, kv_cache, write_index)

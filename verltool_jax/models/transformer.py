@@ -57,7 +57,7 @@ class Transformer(nnx.Module):
         self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype_of(cfg.dtype),
                                param_dtype=dtype_of(cfg.param_dtype),
                                embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.layers = nnx.List([DecoderLayer(cfg, rngs, i) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)

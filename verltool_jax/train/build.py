@@ -159,13 +159,15 @@ def sampler_backend(rc: RunConfig) -> tuple[str, str]:
                           platform=accelerator())
 
 
-def make_sampler(rc: RunConfig, model_dir: Path):
+def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: Optional[bool] = None):
     """The sampler of ``rc.sampler`` placed per ``rc.placement``: ``num_engines`` in-process
     vLLM engines or JAX samplers on the checkpoint ``model_dir`` (none with
     ``placement.mode='remote'``), plus one remote sampler per ``placement.sampler_urls``
     (stock vLLM servers); one engine is returned as is, several make a SamplerPool with
     sticky least-loaded routing. ``backend="auto"`` is resolved by
-    ``samplers.factory.choose_backend``; the choice and its reason are printed."""
+    ``samplers.factory.choose_backend``; the choice and its reason are printed.
+    ``trainer_overlaps``: whether the trainer computes beside the engines (CPU core
+    placement); None: it does in the asynchronous rollout mode (evaluation passes False)."""
     from verltool_jax.samplers.factory import make_sampler as make_backend
     from verltool_jax.train.console import console
     s = rc.sampler
@@ -181,7 +183,8 @@ def make_sampler(rc: RunConfig, model_dir: Path):
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype, seed=s.seed + i,
                       gpu_memory_utilization=s.gpu_memory_utilization,
                       enforce_eager=s.enforce_eager,
-                      trainer_overlaps=rc.rollout.mode == "async")
+                      trainer_overlaps=(rc.rollout.mode == "async" if trainer_overlaps is None
+                                        else trainer_overlaps))
         else:
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
         with _env(engine_device_env(rc, i)):
@@ -246,10 +249,11 @@ class Run:
     image_processor: Optional[Any] = None       # vision-language policies: ImageProcessor
     sampler: Optional[Any] = None
 
-    def open_sampler(self):
-        """Start the sampler (once) and return it."""
+    def open_sampler(self, *, trainer_overlaps: Optional[bool] = None):
+        """Start the sampler (once) and return it (``trainer_overlaps``: ``make_sampler``)."""
         if self.sampler is None:
-            self.sampler = make_sampler(self.config, self.model_dir)
+            self.sampler = make_sampler(self.config, self.model_dir,
+                                        trainer_overlaps=trainer_overlaps)
         return self.sampler
 
     def prompt_pipeline(self):
@@ -288,6 +292,10 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
     mesh = trainer_mesh(rc)
     model = load_hf(model_dir, mesh=mesh, dtype=rc.model.dtype,
                     param_dtype=rc.model.param_dtype, remat_policy=rc.model.remat_policy)
+    if rc.model.lora_rank:
+        from verltool_jax.models.lora import with_lora
+        model = with_lora(model, rc.model.lora_rank, rc.model.lora_alpha,
+                          rc.model.lora_targets, rc.model.lora_last_layers, seed=rc.trainer.seed)
     image_processor = None
     if model.config.is_vision_language:
         from verltool_jax.models.image_inputs import ImageProcessor

@@ -67,15 +67,17 @@ def sft_loss(model: nnx.Module, batch: dict) -> tuple[jax.Array, dict]:
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
     """``step(state, batch) -> (state, metrics)``: one jitted SFT update (NaN-safe)."""
 
-    def loss_fn(params, batch):
-        return sft_loss(nnx.merge(graphdef, params), batch)
-
     def step(state: TrainState, batch: dict):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+        train_p, frozen = state.split_trainable()       # all params, or the LoRA adapters
+
+        def loss_fn(tp, batch):
+            return sft_loss(nnx.merge(graphdef, state.join(tp, frozen)), batch)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(train_p, batch)
         gnorm = optax.global_norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
+        updates, new_opt = optimizer.update(grads, state.opt_state, train_p)
+        new_params = state.join(optax.apply_updates(train_p, updates), frozen)
         keep = lambda n, o: jax.tree.map(lambda a, b: jnp.where(ok, a, b), n, o)
         metrics = dict(metrics, grad_norm=gnorm, skipped_updates=(~ok).astype(jnp.float32))
         return state.replace(params=keep(new_params, state.params),

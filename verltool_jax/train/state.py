@@ -6,6 +6,12 @@ rest are arrays: ``params`` (an ``nnx.State`` of the ``nnx.Param`` variables),
 version), ``rng`` (a raw uint32[2] PRNG key), and ``ref_params`` (frozen reference
 policy for the KL loss, ``None`` unless ``algo.kl_coef > 0`` and the trainer does not
 supply ``ref_logprobs`` in the batch).
+
+``trainable`` (static) is the nnx filter of the parameters that train: all of them, or
+only the LoRA adapters (``models.lora.trainable_filter``). The optimizer state covers
+the trainable part only; the train steps differentiate with respect to it alone
+(:meth:`split_trainable` / :meth:`join`), so frozen weights cost no weight gradients and
+the backward pass stops below the lowest trainable layer.
 """
 from __future__ import annotations
 
@@ -25,20 +31,48 @@ class TrainState:
     step: jax.Array
     rng: jax.Array
     ref_params: Optional[Any] = None
+    trainable: Any = struct.field(pytree_node=False, default=nnx.Param)
 
     @classmethod
     def create(cls, model: nnx.Module, optimizer: optax.GradientTransformation,
                seed: int = 0, with_reference: bool = False) -> "TrainState":
-        """Split ``model`` into ``(graphdef, params)`` and initialise the optimizer.
+        """Split ``model`` into ``(graphdef, params)`` and initialise the optimizer on the
+        trainable params (all, or the LoRA adapters when the model has them).
 
         ``with_reference``: keep a frozen copy of the initial params as the KL reference.
         """
+        from verltool_jax.models.lora import trainable_filter
         graphdef, params = nnx.split(model, nnx.Param)
+        trainable = trainable_filter(getattr(model, "config", None))
         ref = jax.tree.map(jnp.copy, params) if with_reference else None
-        return cls(graphdef=graphdef, params=params, opt_state=optimizer.init(params),
-                   step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(seed),
-                   ref_params=ref)
+        state = cls(graphdef=graphdef, params=params, opt_state=None,
+                    step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(seed),
+                    ref_params=ref, trainable=trainable)
+        return state.replace(opt_state=optimizer.init(state.split_trainable()[0]))
+
+    def split_trainable(self, params: Optional[Any] = None) -> tuple[Any, Any]:
+        """``(trainable, frozen)`` parts of ``params`` (default: the current ones); the
+        frozen part is empty when everything trains."""
+        p = self.params if params is None else params
+        if self.trainable is nnx.Param:
+            return p, None
+        return nnx.split_state(p, self.trainable, ...)
+
+    def join(self, trainable: Any, frozen: Any) -> Any:
+        """The full param state from the two parts of :meth:`split_trainable`."""
+        return trainable if frozen is None else nnx.merge_state(trainable, frozen)
 
     def model(self, params: Optional[Any] = None) -> nnx.Module:
         """The NNX module with ``params`` (default: the current ones) merged in."""
         return nnx.merge(self.graphdef, self.params if params is None else params)
+
+    def sampler_params(self) -> Any:
+        """The params the samplers serve: LoRA adapters folded into their kernels."""
+        from verltool_jax.models.lora import fold_lora
+        if self.trainable is nnx.Param:
+            return self.params
+        return fold_lora(self.params, self.graphdef_config().lora_scale)
+
+    def graphdef_config(self):
+        """The model's ``ModelConfig``."""
+        return self.model().config

@@ -164,9 +164,12 @@ def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformati
     cfg = algo_config(config)
     logprob_fn = logprob_fn or _default_logprob_fn()
     loss_fn = make_loss_fn(cfg, graphdef, logprob_fn)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def step(state: TrainState, batch: dict):
+        # Gradients of the trainable part only (all params, or the LoRA adapters).
+        grad_fn = jax.value_and_grad(
+            lambda tp, frozen, mb, norm: loss_fn(state.join(tp, frozen), mb, norm),
+            has_aux=True)
         B, T = check_batch(batch)
         n_mini, n_micro, micro = cfg.split_sizes(B)
         batch = {k: jnp.asarray(v) for k, v in batch.items()}
@@ -188,20 +191,21 @@ def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformati
         def update(carry, mini):
             params, opt_state = carry
             norm = normaliser_for(mini["loss_mask"].reshape(-1, T))
+            train_p, frozen = state.split_trainable(params)
 
             def accumulate(g_sum, mb):
-                (_, metrics), g = grad_fn(params, mb, norm)
+                (_, metrics), g = grad_fn(train_p, frozen, mb, norm)
                 return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g), metrics
 
             # accumulate in float32 (bf16 params would lose small micro-batch gradients)
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train_p)
             grads, metrics = jax.lax.scan(accumulate, zeros, mini)
             metrics = _reduce_metrics(metrics, 0)
             gnorm = optax.tree.norm(grads)
-            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, train_p)
             ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(gnorm)
-            updates, new_opt = optimizer.update(grads, opt_state, params)
-            new_params = optax.apply_updates(params, updates)
+            updates, new_opt = optimizer.update(grads, opt_state, train_p)
+            new_params = state.join(optax.apply_updates(train_p, updates), frozen)
             metrics["grad_norm"] = gnorm
             metrics["skipped_updates"] = (~ok).astype(jnp.float32)
             return (_select(ok, new_params, params), _select(ok, new_opt, opt_state)), metrics

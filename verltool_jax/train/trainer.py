@@ -253,7 +253,7 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
         train_step = make_train_step(algo, state.graphdef, optimizer, mesh=run.mesh,
                                      donate=build.sampler_backend(rc)[0] != "jax")
         publisher = PolicyPublisher(run.open_sampler())
-        publisher.publish_now(state.params, int(jax.device_get(state.step)))
+        publisher.publish_now(state.sampler_params(), int(jax.device_get(state.step)))
         loop = RLLoop(run, algo, state, train_step, publisher, ckpt, prompts, resume_data,
                       stop, say)
         result = asyncio.run(loop.run())
@@ -423,7 +423,7 @@ class RLLoop:
         self.state, metrics = await asyncio.to_thread(train_on, rc, self.state,
                                                       self.train_step, trajs, run.pad_id)
         t_train = time.perf_counter() - t1
-        t_sync = await self.publisher.publish(self.state.params, self.step)
+        t_sync = await self.publisher.publish(self.state.sampler_params(), self.step)
         self.last_trajs = trajs
         sampled = sum(int(sum(t.loss_mask)) for t in trajs)
         metrics.update(rollout_metrics(trajs, version))

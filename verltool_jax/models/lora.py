@@ -1,0 +1,143 @@
+"""LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models").
+
+A targeted linear layer ``y = x W (+ b)`` with ``W [in, out]`` gets two trainable factors
+``A [in, r]`` and ``B [r, out]``:
+
+    y = x W + s * (x A) B,        s = alpha / r
+
+``B`` starts at zero (the adapted model equals the base model at step 0) and ``A`` at
+``U(-1/sqrt(in), 1/sqrt(in))``. Only ``A`` and ``B`` train (``nnx.LoRAParam``, a subclass
+of ``nnx.Param``); the base weights are frozen. The samplers and HF exports never see the
+factors: they get the merged weight ``W' = W + s * A B`` (:func:`fold_lora`), so the
+served model computes exactly what the trainer's unmerged forward computes, up to float
+rounding.
+
+Adapters go on the modules named in ``ModelConfig.lora_targets`` (``q_proj``, ``k_proj``,
+``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``) of the last
+``lora_last_layers`` decoder layers (0: all). With adapters only in the top layers the
+backward pass stops at the lowest adapted layer, which is what makes a 135M-parameter model
+trainable on two CPU cores.
+
+Where we differ from PEFT on purpose: no dropout on the adapter input (RL updates are
+small and on-policy), and ``A`` is drawn uniform with the fan-in bound directly.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_LEAVES = ("lora_a", "lora_b")
+
+
+class LoRALinear(nnx.Linear):
+    """``nnx.Linear`` plus ``lora_a [in, r]`` and ``lora_b [r, out]`` (``nnx.LoRAParam``):
+    ``y = x W (+ b) + scale * (x A) B`` (module docstring). The base kernel keeps its
+    path (``.../kernel``), so HF name maps and checkpoints of the base model still apply."""
+
+    def __init__(self, din: int, dout: int, *, rank: int, scale: float, rngs: nnx.Rngs,
+                 **linear_kw: Any):
+        super().__init__(din, dout, rngs=rngs, **linear_kw)
+        bound = 1.0 / float(din) ** 0.5
+        pdt = self.kernel[...].dtype
+        self.lora_a = nnx.LoRAParam(jax.random.uniform(rngs.params(), (din, rank), pdt,
+                                                       -bound, bound))
+        self.lora_b = nnx.LoRAParam(jnp.zeros((rank, dout), pdt))
+        self.lora_scale = float(scale)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = super().__call__(x)
+        a = self.lora_a[...].astype(y.dtype)
+        b = self.lora_b[...].astype(y.dtype)
+        return y + self.lora_scale * ((x.astype(y.dtype) @ a) @ b)
+
+
+def lora_layer_ids(config) -> frozenset[int]:
+    """The decoder layers that carry adapters: the last ``lora_last_layers`` (0: all)."""
+    n = config.num_layers
+    k = config.lora_last_layers or n
+    return frozenset(range(max(0, n - k), n))
+
+
+def wants_lora(config, layer: int, module: str) -> bool:
+    """Whether ``layers/<layer>/.../<module>`` gets an adapter under ``config``."""
+    return (config.lora_rank > 0 and module in config.lora_targets
+            and layer in lora_layer_ids(config))
+
+
+def trainable_filter(config):
+    """The nnx filter of the parameters that train: the adapters with LoRA, else all."""
+    return nnx.LoRAParam if getattr(config, "lora_rank", 0) > 0 else nnx.Param
+
+
+def _flat(state: nnx.State) -> dict[tuple, Any]:
+    return {tuple(k): v for k, v in nnx.to_flat_state(state)}
+
+
+def has_lora(state: nnx.State) -> bool:
+    """Whether a param state holds adapter factors."""
+    return any(k and k[-1] in LORA_LEAVES for k in _flat(state))
+
+
+def fold_lora(params: nnx.State, scale: float) -> nnx.State:
+    """The param state with every adapter merged into its kernel and the factors dropped:
+    ``kernel' = kernel + scale * lora_a @ lora_b`` (in the kernel's dtype, product in
+    float32). A state without adapters is returned as it is."""
+    flat = _flat(params)
+    if not any(k and k[-1] in LORA_LEAVES for k in flat):
+        return params
+    out = {}
+    for k, v in flat.items():
+        if k and k[-1] in LORA_LEAVES:
+            continue
+        if k and k[-1] == "kernel" and k[:-1] + ("lora_a",) in flat:
+            a = _value(flat[k[:-1] + ("lora_a",)]).astype(jnp.float32)
+            b = _value(flat[k[:-1] + ("lora_b",)]).astype(jnp.float32)
+            w = _value(v)
+            merged = (w.astype(jnp.float32) + scale * (a @ b)).astype(w.dtype)
+            v = v.replace(merged) if isinstance(v, nnx.Variable) else merged
+        out[k] = v
+    return nnx.from_flat_state(out)
+
+
+def _value(v):
+    return v.get_value() if isinstance(v, nnx.Variable) else v
+
+
+def sampler_params(model_or_state, config=None) -> nnx.State:
+    """What the samplers and exports get: the param state with adapters folded in (a
+    module's own config says how; a bare state needs the trainer's ``config``)."""
+    if isinstance(model_or_state, nnx.Module):      # a module knows its own adapters
+        config = model_or_state.config
+        model_or_state = nnx.state(model_or_state, nnx.Param)
+    if config is None or getattr(config, "lora_rank", 0) == 0:
+        if has_lora(model_or_state):
+            raise ValueError("the param state has LoRA factors but the config has lora_rank=0; "
+                             "pass the trainer's ModelConfig to fold them")
+        return model_or_state
+    return fold_lora(model_or_state, config.lora_scale)
+
+
+def with_lora(model, rank: int, alpha: float, targets: Iterable[str] = LORA_TARGETS,
+              last_layers: int = 0, seed: int = 0):
+    """``model`` (a loaded ``Transformer``) rebuilt with adapters on ``targets`` of the last
+    ``last_layers`` layers (0: all), the base weights copied in, ``B = 0`` (so its outputs
+    are unchanged). ``rank`` 0 returns ``model``."""
+    if rank <= 0:
+        return model
+    targets = tuple(targets)
+    bad = [t for t in targets if t not in LORA_TARGETS]
+    if bad or not targets:
+        raise ValueError(f"model.lora_targets {targets!r}: each must be one of {LORA_TARGETS}")
+    if model.config.is_vision_language:
+        raise ValueError("model.lora_rank > 0 is supported for text models only "
+                         f"(got model_type {model.config.model_type!r})")
+    cfg = model.config.replace(lora_rank=int(rank), lora_alpha=float(alpha),
+                               lora_targets=targets, lora_last_layers=int(last_layers))
+    new = type(model)(cfg, nnx.Rngs(seed))
+    base = nnx.state(model, nnx.Param)
+    nnx.update(new, base)
+    return new
