@@ -61,6 +61,17 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def bucket_length(n: int, multiple: int = 1) -> int:
+    """The padded length of a batch whose longest row has ``n`` tokens: ``n`` rounded up to
+    ``g = max(multiple, 2**(bit_length(n - 1) - 3))``, i.e. eight buckets per doubling of
+    length at most (each jit shape compiles once; a 30-layer model takes tens of seconds per
+    shape on CPU), and at most ``g`` padding tokens (under 1/4 of ``n``)."""
+    if n < 1:
+        raise ValueError(f"bucket_length needs n >= 1, got {n}")
+    g = max(multiple, 1 << max(0, (n - 1).bit_length() - 3))
+    return _round_up(n, g)
+
+
 def image_rows(ids: np.ndarray, attn: np.ndarray, row_images: Sequence[Sequence], config
                ) -> dict[str, np.ndarray]:
     """The image keys of the train batch (module docstring) for right-padded ``ids``/``attn``
@@ -121,8 +132,9 @@ def batch_from_trajectories(trajs: Sequence, advantages, pad_id: int, max_len: i
     saw (checked by ``Trajectory.check``), observation image tokens with loss mask 0 as all
     observation tokens.
 
-    T is the longest ``len(prompt_ids) + len(response_ids)`` rounded up to
-    ``pad_to_multiple`` (so batches reuse few compiled shapes), capped at ``max_len``.
+    T is the longest ``len(prompt_ids) + len(response_ids)`` rounded up to its length
+    bucket (``bucket_length`` with granularity at least ``pad_to_multiple``, so batches
+    reuse few compiled shapes), capped at ``max_len``.
     A trajectory longer than ``max_len`` is an error (it would lose sampled tokens).
     A response of length 0 gives an all-zero loss-mask row (it contributes nothing).
     Returns numpy arrays (place them on the mesh with ``shard_batch``).
@@ -146,7 +158,7 @@ def batch_from_trajectories(trajs: Sequence, advantages, pad_id: int, max_len: i
             raise ValueError(f"trajectory {tr.trajectory_id!r} has {n} tokens > max_len="
                              f"{max_len}; raise max_len or cap the rollout length")
         lengths.append(n)
-    T = min(_round_up(max(lengths), pad_to_multiple), max_len)
+    T = min(bucket_length(max(lengths), pad_to_multiple), max_len)
     B = len(trajs)
     ids = np.full((B, T), pad_id, np.int32)
     attn = np.zeros((B, T), np.int32)
