@@ -183,6 +183,36 @@ def test_bf16_weight_payload_loads_into_the_engine(vllm_sampler, sampler_flax_mo
         restore_checkpoint_weights(vllm_sampler)
 
 
+def test_queued_requests_wait_for_a_slot_before_their_timeout_starts(vllm_sampler):
+    """An evaluation submits every prompt at once: requests beyond the engine's slots wait
+    their turn; only time in a slot counts against request_timeout_s."""
+    params = SamplingParams(max_tokens=48, temperature=1.0)
+    asyncio.run(vllm_sampler.generate(PROMPTS[0], params))             # warm
+    t = time.monotonic()
+    asyncio.run(vllm_sampler.generate(PROMPTS[0], params))
+    one = time.monotonic() - t
+    old = (vllm_sampler.request_timeout_s, vllm_sampler._admit)
+    vllm_sampler.request_timeout_s = 2 * one
+
+    async def run_all():
+        vllm_sampler._admit = None
+        slots = vllm_sampler._engine_args["max_num_seqs"]
+        vllm_sampler._engine_args["max_num_seqs"] = 1                 # one at a time
+        try:
+            t = time.monotonic()
+            outs = await asyncio.gather(*(vllm_sampler.generate(PROMPTS[i % len(PROMPTS)],
+                                                                params) for i in range(8)))
+            return outs, time.monotonic() - t
+        finally:
+            vllm_sampler._engine_args["max_num_seqs"] = slots
+    try:
+        outs, took = asyncio.run(run_all())
+    finally:
+        vllm_sampler.request_timeout_s, vllm_sampler._admit = old
+    assert all(len(c.token_ids) >= 1 for c in outs)               # none timed out
+    assert took > 2 * one                      # they really queued past the timeout
+
+
 def test_request_timeout_raises_instead_of_hanging(vllm_sampler):
     old = vllm_sampler.request_timeout_s
     vllm_sampler.request_timeout_s = 0.05

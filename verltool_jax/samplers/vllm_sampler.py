@@ -64,7 +64,8 @@ class VLLMSampler:
         model_path: HF checkpoint directory (config.json, safetensors, tokenizer).
         max_model_len: context length; prompts must be shorter.
         dtype: "float32" | "bfloat16" (engine and weight-sync dtype).
-        request_timeout_s: a generate that takes longer raises SamplerTimeoutError.
+        request_timeout_s: a generate that takes longer once the engine has a slot for it
+            (``max_num_seqs`` run at once; the rest wait their turn) raises SamplerTimeoutError.
         max_restarts: automatic restarts of a dead engine before SamplerDeadError.
         engine_kwargs: extra ``AsyncEngineArgs`` fields (e.g. tensor_parallel_size).
         trainer_overlaps: on CPU, the trainer computes in this process while the engine
@@ -122,6 +123,7 @@ class VLLMSampler:
         self._shm: Optional[SharedWeightBuffer] = None
         self._ids = itertools.count()
         self._inflight = 0
+        self._admit: Optional[asyncio.Semaphore] = None   # engine slots (see _admitted)
         self._closed = False
         self._engine = None
         self._generation = 0               # bumped by every (re)start
@@ -210,6 +212,18 @@ class VLLMSampler:
                    spaces_between_special_tokens=False,
                    output_kind=RequestOutputKind.FINAL_ONLY)
 
+    async def _admitted(self, prompt: list[int], vparams, request_id: str,
+                        version: int) -> Completion:
+        """``_generate_on_loop`` once one of the engine's ``max_num_seqs`` slots is free;
+        ``request_timeout_s`` counts from then, so a long queue of requests (an evaluation
+        submits every prompt at once) waits its turn instead of timing out unserved."""
+        if self._admit is None:            # created on the engine loop, which it serves
+            self._admit = asyncio.Semaphore(int(self._engine_args["max_num_seqs"]))
+        async with self._admit:
+            return await asyncio.wait_for(
+                self._generate_on_loop(prompt, vparams, request_id, version),
+                self.request_timeout_s)
+
     async def _generate_on_loop(self, prompt: list[int], vparams, request_id: str,
                                 version: int) -> Completion:
         from vllm.exceptions import VLLMValidationError
@@ -269,11 +283,11 @@ class VLLMSampler:
         max_new = effective_max_tokens(prompt, params, self.max_model_len, self.vocab_size)
         vparams = self._vllm_params(params, max_new)
         fut = asyncio.run_coroutine_threadsafe(
-            self._generate_on_loop(prompt, vparams, request_id or uuid.uuid4().hex[:12],
-                                   self.version), self._loop)
+            self._admitted(prompt, vparams, request_id or uuid.uuid4().hex[:12],
+                           self.version), self._loop)
         self._inflight += 1
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), self.request_timeout_s)
+            return await asyncio.wrap_future(fut)
         except asyncio.TimeoutError:
             fut.cancel()                   # cancels the engine-side task: vLLM aborts it
             raise SamplerTimeoutError(
