@@ -192,9 +192,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ("trainer.seed", str(seed)), ("data.seed", str(seed)),
                 ("sampler.seed", str(seed)), ("task.eval_files", "()"),
                 ("checkpoint.export_hf", "true")] + extra, smoke=a.smoke)
-            t0 = time.perf_counter()
-            summary = train(c).summary
-            train_s = time.perf_counter() - t0
+            done = run_dir / "summary.json"
+            if done.is_file() and (run_dir / "hf_model").is_dir() and \
+                    not json.loads(done.read_text()).get("interrupted"):
+                # trained before, interrupted while evaluating: evaluate only
+                summary = json.loads(done.read_text())
+                train_s = float(summary.get("wall_s", 0.0))
+                print(f"[math_smollm2] {stage} seed {seed}: trained before "
+                      f"({train_s:.0f}s), evaluating", flush=True)
+            else:
+                t0 = time.perf_counter()
+                summary = train(c).summary
+                train_s = time.perf_counter() - t0
             res = evaluate(run_dir / "eval", str(run_dir / "hf_model"), seed)
             return {"train": {k: v for k, v in summary.items()
                               if isinstance(v, (int, float, str, bool))},

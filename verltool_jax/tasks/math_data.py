@@ -275,6 +275,8 @@ class MathTask:
                                    "math/mawps_test.jsonl")
     num_train: int = 0                    # 0: all
     num_eval: int = 0                     # per eval file; 0: all
+    eval_sizes: tuple[int, ...] = ()      # per eval file, in order (overrides num_eval; 0: all)
+    max_calc_steps: int = 0               # train only on problems with <= N annotated steps; 0: all
     num_demos: int = 0                    # SFT demonstrations from GSM8K annotations; 0: all
     seed: int = 1234
     skip_invalid: bool = False            # True: leave out (warned) rows without an answer
@@ -283,28 +285,43 @@ class MathTask:
 TASK_CONFIG = MathTask
 
 
+def calc_steps(prob: Problem) -> Optional[int]:
+    """The number of calculator annotations ``<<expr=value>>`` in a GSM8K worked solution
+    (None for problems without one, e.g. MATH)."""
+    return None if prob.solution is None else len(_ANNOTATION_RE.findall(prob.solution))
+
+
 def write_task(out_dir: str | os.PathLike, train_files: Sequence[str], eval_files: Sequence[str],
                num_train: int = 0, num_eval: int = 0, num_demos: int = 0, seed: int = 0,
-               obs_template: str = DEFAULT_OBS_TEMPLATE, skip_invalid: bool = False
-               ) -> TaskFiles:
+               obs_template: str = DEFAULT_OBS_TEMPLATE, skip_invalid: bool = False,
+               eval_sizes: Sequence[int] = (), max_calc_steps: int = 0) -> TaskFiles:
     """Read the source files and write ``train.parquet``, ``eval_<set>.parquet`` (one per
-    eval file) and ``sft.parquet`` under ``out_dir``. ``num_*`` = 0: all. Training
-    problems are shuffled with ``seed``; demonstrations come from the training problems
-    with usable annotations (so only GSM8K-style training files give demonstrations).
+    eval file) and ``sft.parquet`` under ``out_dir``. ``num_*`` = 0: all; ``eval_sizes``
+    gives one count per eval file instead of ``num_eval``. Training problems are shuffled
+    with ``seed``; ``max_calc_steps`` > 0 keeps only those whose GSM8K solution has at most
+    that many calculator steps (an easier curriculum for a small model; problems without a
+    worked solution are kept). Demonstrations come from the training problems with usable
+    annotations (so only GSM8K-style training files give demonstrations).
     ``skip_invalid``: leave out (with a warning) records without a question or answer
     instead of failing on the first."""
     if not train_files:
         raise ValueError("task.train_files is empty: give GSM8K / MATH training files")
+    if eval_sizes and eval_files and len(eval_sizes) != len(eval_files):
+        raise ValueError(f"task.eval_sizes has {len(eval_sizes)} entries for "
+                         f"{len(eval_files)} task.eval_files; give one count per file or ()")
     rng = random.Random(seed)
     train = [p for f in train_files for p in read_problems(f, skip_invalid=skip_invalid)]
+    if max_calc_steps:
+        train = [p for p in train if (calc_steps(p) or 0) <= max_calc_steps]
     rng.shuffle(train)
     train = train[:num_train] if num_train else train
     out = Path(out_dir)
     rows = [make_row(p, i, "train", obs_template) for i, p in enumerate(train)]
     train_path = write_rows(rows, out / "train.parquet")
     evals = []
-    for f in eval_files:
-        probs = read_problems(f, limit=num_eval or None, skip_invalid=skip_invalid)
+    for j, f in enumerate(eval_files):
+        limit = eval_sizes[j] if eval_sizes else num_eval
+        probs = read_problems(f, limit=limit or None, skip_invalid=skip_invalid)
         evals.append(write_rows([make_row(p, i, "eval", obs_template)
                                  for i, p in enumerate(probs)],
                                 out / f"eval_{set_name(f)}.parquet"))
@@ -333,7 +350,7 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     return write_task(out_dir, [_in(t.data_dir, f) for f in t.train_files],
                       [_in(t.data_dir, f) for f in t.eval_files], t.num_train, t.num_eval,
                       t.num_demos, t.seed, config.rollout.obs_template,
-                      t.skip_invalid)
+                      t.skip_invalid, t.eval_sizes, t.max_calc_steps)
 
 
 def main(argv=None) -> int:
