@@ -149,6 +149,24 @@ def test_random_init_model_runs_and_bad_input_errors():
         ModelConfig.from_hf_dict({"model_type": "gpt2"})
 
 
+@pytest.mark.parametrize("head_dim,theta", [(64, 100000.0), (64, 10000.0), (128, 500000.0),
+                                            (128, 1000000.0), (80, 10000.0)])
+def test_rope_frequencies_match_transformers(head_dim, theta):
+    """transformers' own float32 frequencies: identical (within an ulp where torch's
+    float32 pow is not correctly rounded, one entry of 128 / 1e6)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from verltool_jax.models.rope import rope_inv_freq
+
+    hf_cfg = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim,
+                         rope_parameters={"rope_type": "default", "rope_theta": theta})
+    ref = LlamaRotaryEmbedding.compute_default_rope_parameters(hf_cfg)[0].numpy()
+    ours = rope_inv_freq(head_dim, theta)
+    assert ours.dtype == ref.dtype == np.float32
+    np.testing.assert_array_max_ulp(ours, ref, maxulp=1)
+    assert (ours != ref).sum() <= (1 if (head_dim, theta) == (128, 1000000.0) else 0)
+
+
 @pytest.mark.parametrize("rope", [
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
      "original_max_position_embeddings": 256},

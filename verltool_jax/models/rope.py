@@ -24,7 +24,11 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling = RopeScalin
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
     exps = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv = (1.0 / (np.float32(theta) ** exps)).astype(np.float32)
+    # transformers' order, ``1.0 / theta ** exps`` in float32, with the power correctly
+    # rounded (float64, then rounded) as torch's float32 pow nearly always is; numpy's is
+    # an ulp off on 5-25% of the entries, which turns every angle of those frequencies.
+    powed = (np.float64(theta) ** exps.astype(np.float64)).astype(np.float32)
+    inv = (np.float32(1.0) / powed).astype(np.float32)
     kind = scaling.rope_type
     if kind == "default":
         return inv
