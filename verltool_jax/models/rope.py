@@ -40,9 +40,12 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling = RopeScalin
         if hi <= lo:
             raise ValueError(f"rope_scaling.high_freq_factor ({hi}) must exceed "
                              f"low_freq_factor ({lo})")
-        wavelen = 2.0 * math.pi / inv
+        # float32 throughout; ``c / tensor`` is ``reciprocal(tensor) * c`` in torch (two
+        # roundings), so transformers' ``2 * pi / inv_freq`` and ``L / wavelen`` are too.
+        one = np.float32(1.0)
+        wavelen = (one / inv) * np.float32(2.0 * math.pi)
         scaled = np.where(wavelen > L / lo, inv / f, inv)
-        s = (L / wavelen - lo) / (hi - lo)
+        s = ((one / wavelen) * np.float32(L) - lo) / (hi - lo)
         smoothed = (1.0 - s) * scaled / f + s * scaled
         medium = (wavelen >= L / hi) & (wavelen <= L / lo)
         return np.where(medium, smoothed, scaled).astype(np.float32)
