@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from support.models import hf_logits, hf_model, padded_batch, tiny_ckpt
+from support.models import hf_float64, hf_logits, hf_model, padded_batch, tiny_ckpt
 from verltool_jax.models import ModelConfig, Transformer
 from verltool_jax.models.hf_io import hf_named_tensors, load_hf, save_hf
 
@@ -38,6 +38,22 @@ def test_parity_with_transformers_padding_both_sides(family, tie):
     n = int(mask[1].sum())
     alone = _flax_logits(model, ids[1:2, -n:], np.ones((1, n), np.int64))
     np.testing.assert_allclose(alone[0], ours[1, -n:], atol=1e-4)
+
+
+@pytest.mark.parametrize("family,tie", FAMILIES)
+def test_float64_computes_what_transformers_computes(family, tie):
+    """With every op in float64 on both sides the logits agree to rounding (float32 leaves
+    ~1e-6 of summation-order noise on these tiny models, which could hide a small
+    systematic difference such as a RoPE frequency an ulp off)."""
+    path = tiny_ckpt(family, tie)
+    ids, mask = padded_batch()
+    ref = hf_logits(hf_float64(hf_model(path)), ids, mask)
+    with jax.enable_x64(True):
+        model = load_hf(path, dtype="float64")
+        ours = _flax_logits(model, ids, mask)
+    assert ours.dtype == ref.dtype == np.float64
+    real = mask.astype(bool)
+    assert np.abs(ours - ref)[real].max() <= 1e-10
 
 
 def test_family_switches_from_config_json():

@@ -63,16 +63,17 @@ def section_index(sections: tuple[int, ...]) -> np.ndarray:
     return np.repeat(np.arange(len(sections), dtype=np.int32), np.asarray(sections, np.int64))
 
 
-def rope_angles(positions: jnp.ndarray, inv_freq, sections: tuple[int, ...] = ()) -> jnp.ndarray:
-    """Rotation angles ``[..., D/2]`` (float32) of each token.
+def rope_angles(positions: jnp.ndarray, inv_freq, sections: tuple[int, ...] = (),
+                dtype=jnp.float32) -> jnp.ndarray:
+    """Rotation angles ``[..., D/2]`` (in ``dtype``, float32 unless float64) of each token.
 
     ``positions [...]`` (one axis): ``a_i = positions * inv_freq_i``. ``positions [..., P]``
     (P axes, ``sections`` given): ``a_i = positions[..., axis(i)] * inv_freq_i`` with
     ``axis = section_index(sections)``; a text token whose axes are equal gets the plain
     1-D angles, which is why ``[...]`` positions are accepted with ``sections`` too.
     """
-    inv = jnp.asarray(inv_freq, jnp.float32)
-    pos = positions.astype(jnp.float32)
+    inv = jnp.asarray(inv_freq, dtype)
+    pos = positions.astype(dtype)
     if sections and pos.ndim == 3:
         if pos.shape[-1] != len(sections):
             raise ValueError(f"positions have {pos.shape[-1]} axes, rope sections {sections} "
@@ -90,10 +91,11 @@ def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, inv_freq: jnp.ndarray,
     """Rotate ``x [B, T, N, D]`` by angles ``rope_angles(positions, inv_freq, sections)``
     (HF half-split layout); ``positions`` is ``[B, T]``, or ``[B, T, P]`` for M-RoPE.
 
-    With ``x = [x1, x2]`` split in halves along D and ``a`` the angles (float32):
+    With ``x = [x1, x2]`` split in halves along D and ``a`` the angles (float32; float64
+    for a float64 ``x``):
     ``out = [x1 cos a - x2 sin a, x2 cos a + x1 sin a]``, returned in ``x.dtype``.
     """
-    ang = rope_angles(positions, inv_freq, sections)
+    ang = rope_angles(positions, inv_freq, sections, jnp.promote_types(x.dtype, jnp.float32))
     cos = jnp.cos(ang)[:, :, None, :].astype(x.dtype)
     sin = jnp.sin(ang)[:, :, None, :].astype(x.dtype)
     x1, x2 = jnp.split(x, 2, axis=-1)
