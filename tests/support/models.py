@@ -95,6 +95,20 @@ def hf_float64(model):
     return model
 
 
+def chat_batch(tok, questions) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, mask)`` int64: each question as a user turn of ``tok``'s chat template (with
+    the generation prompt), left-padded with ``tok.pad_token_id`` to the longest."""
+    from verltool_jax.data.templating import prompt_token_ids
+    rows = [prompt_token_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+    T = max(map(len, rows))
+    ids = np.full((len(rows), T), tok.pad_token_id, np.int64)
+    mask = np.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, T - len(r):] = r
+        mask[i, T - len(r):] = 1
+    return ids, mask
+
+
 def padded_batch(seed: int = 0, vocab: int = 512, T: int = 12):
     """A batch of 4 rows of different lengths: two left-padded, two right-padded."""
     rng = np.random.default_rng(seed)
