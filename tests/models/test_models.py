@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from support.models import hf_logits, hf_model, padded_batch, tiny_ckpt
+from support.models import hf_float64, hf_logits, hf_model, padded_batch, tiny_ckpt
 from verltool_jax.models import ModelConfig, Transformer
 from verltool_jax.models.hf_io import hf_named_tensors, load_hf, save_hf
 
@@ -38,6 +38,22 @@ def test_parity_with_transformers_padding_both_sides(family, tie):
     n = int(mask[1].sum())
     alone = _flax_logits(model, ids[1:2, -n:], np.ones((1, n), np.int64))
     np.testing.assert_allclose(alone[0], ours[1, -n:], atol=1e-4)
+
+
+@pytest.mark.parametrize("family,tie", FAMILIES)
+def test_float64_computes_what_transformers_computes(family, tie):
+    """With every op in float64 on both sides the logits agree to rounding (float32 leaves
+    ~1e-6 of summation-order noise on these tiny models, which could hide a small
+    systematic difference such as a RoPE frequency an ulp off)."""
+    path = tiny_ckpt(family, tie)
+    ids, mask = padded_batch()
+    ref = hf_logits(hf_float64(hf_model(path)), ids, mask)
+    with jax.enable_x64(True):
+        model = load_hf(path, dtype="float64")
+        ours = _flax_logits(model, ids, mask)
+    assert ours.dtype == ref.dtype == np.float64
+    real = mask.astype(bool)
+    assert np.abs(ours - ref)[real].max() <= 1e-10
 
 
 def test_family_switches_from_config_json():
@@ -149,6 +165,24 @@ def test_random_init_model_runs_and_bad_input_errors():
         ModelConfig.from_hf_dict({"model_type": "gpt2"})
 
 
+@pytest.mark.parametrize("head_dim,theta", [(64, 100000.0), (64, 10000.0), (128, 500000.0),
+                                            (128, 1000000.0), (80, 10000.0)])
+def test_rope_frequencies_match_transformers(head_dim, theta):
+    """transformers' own float32 frequencies: identical (within an ulp where torch's
+    float32 pow is not correctly rounded, one entry of 128 / 1e6)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from verltool_jax.models.rope import rope_inv_freq
+
+    hf_cfg = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim,
+                         rope_parameters={"rope_type": "default", "rope_theta": theta})
+    ref = LlamaRotaryEmbedding.compute_default_rope_parameters(hf_cfg)[0].numpy()
+    ours = rope_inv_freq(head_dim, theta)
+    assert ours.dtype == ref.dtype == np.float32
+    np.testing.assert_array_max_ulp(ours, ref, maxulp=1)
+    assert (ours != ref).sum() <= (1 if (head_dim, theta) == (128, 1000000.0) else 0)
+
+
 @pytest.mark.parametrize("rope", [
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
      "original_max_position_embeddings": 256},
@@ -164,7 +198,7 @@ def test_rope_scaling_frequencies_match_transformers(rope):
     ref, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_cfg)
     cfg = ModelConfig.from_hf_dict({**hf_cfg.to_dict(), "vocab_size": 8})
     ours = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(ours, ref.numpy())   # transformers' float32 values exactly
     base = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
     assert not np.allclose(ours, base)  # the scaling did something
 

@@ -59,7 +59,54 @@ def hf_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
                     position_ids=torch.tensor(pos))
-    return out.logits.float().numpy()
+    logits = out.logits
+    return (logits if logits.dtype == torch.float64 else logits.float()).numpy()
+
+
+def hf_float64(model):
+    """``model`` (a transformers Llama / Qwen2 / Qwen3 causal LM) computing in float64
+    throughout, in place: ``.double()`` alone leaves its RMSNorm (``x.to(float32)``), its
+    RoPE (angles, cos and sin in float32) and the eager attention softmax
+    (``dtype=float32``) in float32; here the norms and RoPE compute in the input dtype and
+    attention is sdpa. (Eager attention in float64 also turns padding queries into NaN,
+    which then reach real tokens as ``0 * NaN``.) The weights are the float32 ones, exactly."""
+    import torch
+
+    def rms_norm(norm):
+        def forward(h):
+            var = h.pow(2).mean(-1, keepdim=True)
+            return norm.weight * (h * torch.rsqrt(var + norm.variance_epsilon))
+        return forward
+
+    def rope(rot):
+        def forward(x, position_ids):
+            freqs = position_ids[..., None].to(x.dtype) * rot.inv_freq.to(x.dtype)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos() * rot.attention_scaling, emb.sin() * rot.attention_scaling
+        return forward
+
+    model.double()
+    model.set_attn_implementation("sdpa")
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm"):
+            m.forward = rms_norm(m)
+        elif type(m).__name__.endswith("RotaryEmbedding"):
+            m.forward = rope(m)
+    return model
+
+
+def chat_batch(tok, questions) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, mask)`` int64: each question as a user turn of ``tok``'s chat template (with
+    the generation prompt), left-padded with ``tok.pad_token_id`` to the longest."""
+    from verltool_jax.data.templating import prompt_token_ids
+    rows = [prompt_token_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+    T = max(map(len, rows))
+    ids = np.full((len(rows), T), tok.pad_token_id, np.int64)
+    mask = np.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, T - len(r):] = r
+        mask[i, T - len(r):] = 1
+    return ids, mask
 
 
 def padded_batch(seed: int = 0, vocab: int = 512, T: int = 12):

@@ -32,7 +32,9 @@ VL_ARCHITECTURES = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                     "qwen2_vl": "Qwen2VLForConditionalGeneration"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-DTYPES = ("float32", "bfloat16", "float16")
+# float64: a numerical reference (every op in float64; needs jax_enable_x64, e.g. inside
+# ``with jax.enable_x64(True):``), used to check parity against transformers in float64.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 @dataclass(frozen=True)
@@ -180,10 +182,11 @@ class ModelConfig:
     """Architecture + numerics of a decoder-only transformer (hashable: usable as a static arg).
 
     ``dtype`` is the compute dtype of activations and matmuls, ``param_dtype`` the storage
-    dtype of weights; logits are always returned in float32. ``remat_policy`` selects
-    per-layer rematerialisation: ``none`` (store all activations), ``full`` (recompute the
-    whole layer in the backward pass), ``dots`` (save matmul outputs, recompute the rest),
-    ``dots_no_batch`` (save only matmuls without batch dimensions).
+    dtype of weights; logits are returned in float32 (float64 for a float64 model, see
+    ``DTYPES``). ``remat_policy`` selects per-layer rematerialisation: ``none`` (store all
+    activations), ``full`` (recompute the whole layer in the backward pass), ``dots``
+    (save matmul outputs, recompute the rest), ``dots_no_batch`` (save only matmuls
+    without batch dimensions).
 
     Vision-language models (``model_type`` in ``VL_MODEL_TYPES``) add ``vision`` (the
     tower), ``mrope_section`` (how many of the ``head_dim // 2`` RoPE frequencies follow

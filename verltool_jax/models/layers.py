@@ -33,7 +33,8 @@ def _linear(cfg: ModelConfig, din: int, dout: int, bias: bool, rngs: nnx.Rngs,
 
 
 class RMSNorm(nnx.Module):
-    """``y = weight * x / sqrt(mean(x^2, -1) + eps)``; statistics in float32, output in ``dtype``."""
+    """``y = weight * x / sqrt(mean(x^2, -1) + eps)``; statistics in float32 (float64 for a
+    float64 input), output in ``dtype``."""
 
     def __init__(self, dim: int, eps: float, dtype: str, param_dtype: str):
         self.weight = nnx.Param(jnp.ones((dim,), dtype_of(param_dtype)))
@@ -41,7 +42,7 @@ class RMSNorm(nnx.Module):
         self.dtype = dtype_of(dtype)
 
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        xf = x.astype(jnp.float32)
+        xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
         xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
         return self.weight[...].astype(self.dtype) * xf.astype(self.dtype)
 
@@ -52,13 +53,14 @@ def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
 
     ``q [B,T,N,D]``, ``k, v [B,S,K,D]`` with ``N = K * G``; ``mask [B,T,S]`` True where query
     t may attend key s. ``out[b,t,n] = sum_s softmax_s(q.k / sqrt(D) | mask) v[b,s,n // G]``,
-    scores and softmax in float32, output in ``q.dtype``.
+    scores and softmax in float32 (float64 for float64 inputs), output in ``q.dtype``.
     """
     B, T, N, D = q.shape
     K = k.shape[2]
     qg = q.reshape(B, T, K, N // K, D)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (1.0 / jnp.sqrt(jnp.float32(D)))
+    acc = jnp.promote_types(q.dtype, jnp.float32)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=acc)
+    scores = scores * (D ** -0.5)   # rounded once to the scores' dtype, as transformers does
     scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)

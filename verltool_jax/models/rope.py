@@ -24,7 +24,11 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling = RopeScalin
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
     exps = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv = (1.0 / (np.float32(theta) ** exps)).astype(np.float32)
+    # transformers' order, ``1.0 / theta ** exps`` in float32, with the power correctly
+    # rounded (float64, then rounded) as torch's float32 pow nearly always is; numpy's is
+    # an ulp off on 5-25% of the entries, which turns every angle of those frequencies.
+    powed = (np.float64(theta) ** exps.astype(np.float64)).astype(np.float32)
+    inv = (np.float32(1.0) / powed).astype(np.float32)
     kind = scaling.rope_type
     if kind == "default":
         return inv
@@ -36,9 +40,12 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling = RopeScalin
         if hi <= lo:
             raise ValueError(f"rope_scaling.high_freq_factor ({hi}) must exceed "
                              f"low_freq_factor ({lo})")
-        wavelen = 2.0 * math.pi / inv
+        # float32 throughout; ``c / tensor`` is ``reciprocal(tensor) * c`` in torch (two
+        # roundings), so transformers' ``2 * pi / inv_freq`` and ``L / wavelen`` are too.
+        one = np.float32(1.0)
+        wavelen = (one / inv) * np.float32(2.0 * math.pi)
         scaled = np.where(wavelen > L / lo, inv / f, inv)
-        s = (L / wavelen - lo) / (hi - lo)
+        s = ((one / wavelen) * np.float32(L) - lo) / (hi - lo)
         smoothed = (1.0 - s) * scaled / f + s * scaled
         medium = (wavelen >= L / hi) & (wavelen <= L / lo)
         return np.where(medium, smoothed, scaled).astype(np.float32)
@@ -56,16 +63,17 @@ def section_index(sections: tuple[int, ...]) -> np.ndarray:
     return np.repeat(np.arange(len(sections), dtype=np.int32), np.asarray(sections, np.int64))
 
 
-def rope_angles(positions: jnp.ndarray, inv_freq, sections: tuple[int, ...] = ()) -> jnp.ndarray:
-    """Rotation angles ``[..., D/2]`` (float32) of each token.
+def rope_angles(positions: jnp.ndarray, inv_freq, sections: tuple[int, ...] = (),
+                dtype=jnp.float32) -> jnp.ndarray:
+    """Rotation angles ``[..., D/2]`` (in ``dtype``, float32 unless float64) of each token.
 
     ``positions [...]`` (one axis): ``a_i = positions * inv_freq_i``. ``positions [..., P]``
     (P axes, ``sections`` given): ``a_i = positions[..., axis(i)] * inv_freq_i`` with
     ``axis = section_index(sections)``; a text token whose axes are equal gets the plain
     1-D angles, which is why ``[...]`` positions are accepted with ``sections`` too.
     """
-    inv = jnp.asarray(inv_freq, jnp.float32)
-    pos = positions.astype(jnp.float32)
+    inv = jnp.asarray(inv_freq, dtype)
+    pos = positions.astype(dtype)
     if sections and pos.ndim == 3:
         if pos.shape[-1] != len(sections):
             raise ValueError(f"positions have {pos.shape[-1]} axes, rope sections {sections} "
@@ -83,10 +91,11 @@ def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, inv_freq: jnp.ndarray,
     """Rotate ``x [B, T, N, D]`` by angles ``rope_angles(positions, inv_freq, sections)``
     (HF half-split layout); ``positions`` is ``[B, T]``, or ``[B, T, P]`` for M-RoPE.
 
-    With ``x = [x1, x2]`` split in halves along D and ``a`` the angles (float32):
+    With ``x = [x1, x2]`` split in halves along D and ``a`` the angles (float32; float64
+    for a float64 ``x``):
     ``out = [x1 cos a - x2 sin a, x2 cos a + x1 sin a]``, returned in ``x.dtype``.
     """
-    ang = rope_angles(positions, inv_freq, sections)
+    ang = rope_angles(positions, inv_freq, sections, jnp.promote_types(x.dtype, jnp.float32))
     cos = jnp.cos(ang)[:, :, None, :].astype(x.dtype)
     sin = jnp.sin(ang)[:, :, None, :].astype(x.dtype)
     x1, x2 = jnp.split(x, 2, axis=-1)

@@ -119,9 +119,11 @@ class Transformer(nnx.Module):
         return self.lm_head.kernel[...]
 
     def project(self, hidden: jnp.ndarray) -> jnp.ndarray:
-        """``logits = hidden @ W_out`` in float32 (``[..., H] -> [..., V]``)."""
+        """``logits = hidden @ W_out`` in float32 (float64 for a float64 model)
+        (``[..., H] -> [..., V]``)."""
         w = self.lm_head_weight().astype(hidden.dtype)
-        return jnp.einsum("...h,hv->...v", hidden, w, preferred_element_type=jnp.float32)
+        return jnp.einsum("...h,hv->...v", hidden, w,
+                          preferred_element_type=jnp.promote_types(hidden.dtype, jnp.float32))
 
     def __call__(self, input_ids, attention_mask=None, positions=None, images=None) -> jnp.ndarray:
         """``logits [B,T,V]`` float32; ``attention_mask`` 1 = token, 0 = padding (left or right)."""
