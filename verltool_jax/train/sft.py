@@ -74,7 +74,7 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
             return sft_loss(nnx.merge(graphdef, state.join(tp, frozen)), batch)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(train_p, batch)
-        gnorm = optax.global_norm(grads)
+        gnorm = optax.tree.norm(grads)
         ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
         updates, new_opt = optimizer.update(grads, state.opt_state, train_p)
         new_params = state.join(optax.apply_updates(train_p, updates), frozen)
