@@ -195,6 +195,9 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
         say(f"[eval] {what}: " + json.dumps({key: round(v, 4) if isinstance(v, float) else v
                                                for key, v in overall.items()}))
         say("[eval] per test set:\n" + format_set_table(modes))
+        errors = error_summary(trajs + ([t for g in sampled for t in g] if sampled else []))
+        if errors:
+            say("[eval] WARNING: trajectories ended by an error (they score 0):\n" + errors)
         if run.config.task is not None and run.config.task.name == "search_qa":
             from verltool_jax.reporting.search_metrics import (format_search_metrics,
                                                                search_qa_metrics)
@@ -207,6 +210,15 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
                                     tokenizer=run.tokenizer)
             say(f"[eval] trajectories: {report}")
     return {"what": what, "overall": overall, "modes": modes}
+
+
+def error_summary(trajs, limit: int = 5) -> str:
+    """Trajectories that ended with ``termination="error"``: one line per distinct message
+    (the most frequent ``limit``), with its count; empty when there were none."""
+    from collections import Counter
+    errs = Counter((getattr(t, "error", "") or "unknown error")[:200] for t in trajs
+                   if t.termination == "error")
+    return "\n".join(f"  {n} x {msg}" for msg, n in errs.most_common(limit))
 
 
 def main(argv=None) -> int:

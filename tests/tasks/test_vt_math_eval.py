@@ -74,3 +74,18 @@ def test_eval_base_model_per_test_set(tmp_path, capsys):
                              "--json", str(out_json)))
     assert rc == 0
     assert list(json.loads(out_json.read_text())["modes"]["greedy"]) == ["amc23"]
+
+
+def test_error_summary_counts_each_message():
+    from verltool_jax.eval import error_summary
+    from verltool_jax.rollout.trajectory import Trajectory
+
+    def traj(i, termination, error=""):
+        t = Trajectory(trajectory_id=f"t{i}", group_id="g", prompt_ids=[1])
+        t.termination, t.error = termination, error
+        return t
+    trajs = [traj(0, "eos"), traj(1, "error", "SamplerTimeoutError: x"),
+             traj(2, "error", "SamplerTimeoutError: x"), traj(3, "error", "ToolError: y")]
+    out = error_summary(trajs)
+    assert out.splitlines() == ["  2 x SamplerTimeoutError: x", "  1 x ToolError: y"]
+    assert error_summary(trajs[:1]) == ""

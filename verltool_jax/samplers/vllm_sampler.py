@@ -64,8 +64,9 @@ class VLLMSampler:
         model_path: HF checkpoint directory (config.json, safetensors, tokenizer).
         max_model_len: context length; prompts must be shorter.
         dtype: "float32" | "bfloat16" (engine and weight-sync dtype).
-        request_timeout_s: a generate that takes longer once the engine has a slot for it
-            (``max_num_seqs`` run at once; the rest wait their turn) raises SamplerTimeoutError.
+        request_timeout_s: a generate that has held an engine slot this long while no other
+            request finished either (a stalled engine) raises SamplerTimeoutError
+            (``max_num_seqs`` run at once; the rest wait their turn).
         max_restarts: automatic restarts of a dead engine before SamplerDeadError.
         engine_kwargs: extra ``AsyncEngineArgs`` fields (e.g. tensor_parallel_size).
         trainer_overlaps: on CPU, the trainer computes in this process while the engine
@@ -124,6 +125,7 @@ class VLLMSampler:
         self._ids = itertools.count()
         self._inflight = 0
         self._admit: Optional[asyncio.Semaphore] = None   # engine slots (see _admitted)
+        self._last_progress = time.monotonic()             # last finished request
         self._closed = False
         self._engine = None
         self._generation = 0               # bumped by every (re)start
@@ -214,15 +216,32 @@ class VLLMSampler:
 
     async def _admitted(self, prompt: list[int], vparams, request_id: str,
                         version: int) -> Completion:
-        """``_generate_on_loop`` once one of the engine's ``max_num_seqs`` slots is free;
-        ``request_timeout_s`` counts from then, so a long queue of requests (an evaluation
-        submits every prompt at once) waits its turn instead of timing out unserved."""
+        """``_generate_on_loop`` once one of the engine's ``max_num_seqs`` slots is free.
+
+        A request times out only when the engine is stalled: it has held its slot for
+        ``request_timeout_s`` and no request of this engine finished in that time either.
+        A long queue (an evaluation submits every prompt at once) waits its turn, and a
+        slow but working engine (a full batch of long answers on two CPU cores can take
+        longer than the timeout per wave) is never mistaken for a stuck one."""
         if self._admit is None:            # created on the engine loop, which it serves
             self._admit = asyncio.Semaphore(int(self._engine_args["max_num_seqs"]))
         async with self._admit:
-            return await asyncio.wait_for(
-                self._generate_on_loop(prompt, vparams, request_id, version),
-                self.request_timeout_s)
+            task = asyncio.ensure_future(
+                self._generate_on_loop(prompt, vparams, request_id, version))
+            started = time.monotonic()
+            try:
+                while True:
+                    done, _ = await asyncio.wait({task}, timeout=self.request_timeout_s)
+                    if done:
+                        self._last_progress = time.monotonic()
+                        return task.result()
+                    now = time.monotonic()
+                    if (now - started >= self.request_timeout_s
+                            and now - self._last_progress >= self.request_timeout_s):
+                        raise asyncio.TimeoutError
+            finally:
+                if not task.done():
+                    task.cancel()          # vLLM aborts the request
 
     async def _generate_on_loop(self, prompt: list[int], vparams, request_id: str,
                                 version: int) -> Completion:
