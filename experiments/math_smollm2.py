@@ -136,6 +136,31 @@ def write_tables(rows: list[dict], out: Path, title: str) -> None:
     plt.close(fig)
 
 
+def write_experiment_summary(rows: list[dict], out: Path, config, seeds) -> None:
+    """``experiment.json``: the GRPO stage's config and a one-paragraph result (greedy
+    accuracy per set and stage, mean ± half-range over seeds, wall time), which
+    ``experiments/reproduce.py`` puts in the reproduction table."""
+    import numpy as np
+    greedy = [r for r in rows if r["mode"] == "greedy"]
+    parts = []
+    for name in sorted({r["set"] for r in greedy}):
+        cells = []
+        for stage in STAGES:
+            v = [r["acc"] for r in greedy if r["stage"] == stage and r["set"] == name]
+            if v:
+                cells.append(f"{stage} {100 * np.mean(v):.1f}%"
+                             + (f" ± {50 * (max(v) - min(v)):.1f}" if len(v) > 1 else ""))
+        n = next(r["problems"] for r in greedy if r["set"] == name)
+        parts.append(f"{name} ({n} problems): " + ", ".join(cells))
+    wall = sum({(r["stage"], str(r["seed"])): r["stage_wall_s"] for r in greedy}.values())
+    summary = (f"SmolLM2-135M-Instruct, greedy accuracy base -> SFT -> GRPO (mean ± half "
+               f"the spread over seeds {','.join(map(str, seeds))}): " + "; ".join(parts)
+               + f"; {wall / 60:.0f} min of training and evaluation on 2 CPU cores")
+    (out / "experiment.json").write_text(json.dumps(
+        {"experiment": "math_smollm2", "config": config.to_dict(), "summary": summary},
+        indent=2, default=str))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", required=True,
@@ -220,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("stage", "rl"), ("sft.steps", "0"), ("model.path", str(sft_model))]))
     write_tables(rows, out, "vt_math:tiny smoke run (random tiny model)" if a.smoke
                  else "SmolLM2-135M-Instruct + python tool")
+    write_experiment_summary(rows, out, stage_config(variant, data_dir, out / "grpo_summary",
+                                                     overrides, smoke=a.smoke), seeds)
     print((out / "results.md").read_text())
     print(f"[math_smollm2] all stages: {time.perf_counter() - t_all:.0f}s; "
           f"results in {out}/results.{{csv,md}} and accuracy.png", flush=True)

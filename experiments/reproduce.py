@@ -122,6 +122,25 @@ def find_runs(roots: Sequence[Path]) -> list[RunRecord]:
     return out
 
 
+def find_experiments(roots: Sequence[Path]) -> list[dict]:
+    """Every ``experiment.json`` under ``roots`` (written by experiment scripts such as
+    ``experiments/math_smollm2.py``: ``config`` = the run config of its last stage,
+    ``summary`` = its result in one paragraph, ``path``), newest first."""
+    import json
+    out = []
+    for root in roots:
+        for p in Path(root).rglob("experiment.json"):
+            try:
+                d = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(d.get("config"), dict) and d.get("summary"):
+                d["path"], d["mtime"] = p.parent, p.stat().st_mtime
+                out.append(d)
+    out.sort(key=lambda d: d["mtime"], reverse=True)
+    return out
+
+
 def model_of(cfg: dict) -> str:
     m = cfg.get("model") or {}
     if m.get("path"):
@@ -173,8 +192,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render(runs: Sequence[RunRecord], repo: Path = REPO) -> str:
-    """The REPRODUCE.md text for ``runs`` (newest first)."""
+def render(runs: Sequence[RunRecord], repo: Path = REPO,
+           experiments: Sequence[dict] = ()) -> str:
+    """The REPRODUCE.md text for ``runs`` (newest first); an experiment of the same task
+    (``find_experiments``, e.g. base -> SFT -> GRPO with seeds) is preferred to a single
+    run."""
     lines = [
         "# Reproducing VerlTool's headline results",
         "",
@@ -200,7 +222,11 @@ def render(runs: Sequence[RunRecord], repo: Path = REPO) -> str:
             how = (f"no `{file}` in this repository yet (the family is not built); "
                    f"once it is: `{h.command}`")
         rec = next((r for r in runs if h.matches(r.config)), None)
-        if rec is None:
+        exp = next((e for e in experiments if h.matches(e["config"])), None)
+        if exp is not None:
+            got = (f"**CPU scale, not the paper's scale.** Experiment `{_rel(exp['path'])}`: "
+                   f"{exp['summary']}")
+        elif rec is None:
             got = "not run yet"
         else:
             used.add(rec.path)
@@ -227,8 +253,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="folders to scan for run directories (default runs/)")
     ap.add_argument("--out", default=str(REPO / "experiments" / "REPRODUCE.md"))
     args = ap.parse_args(argv)
-    runs = find_runs([Path(r) for r in args.runs if Path(r).is_dir()])
-    text = render(runs)
+    roots = [Path(r) for r in args.runs if Path(r).is_dir()]
+    runs = find_runs(roots)
+    text = render(runs, experiments=find_experiments(roots))
     Path(args.out).write_text(text)
     print(text)
     print(f"[reproduce] {len(runs)} finished run(s) found; wrote {args.out}")

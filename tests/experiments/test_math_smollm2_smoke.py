@@ -4,6 +4,7 @@ plot, and resumption (a second run skips every finished stage). Slow: four train
 from __future__ import annotations
 
 import csv
+import json
 import importlib.util
 from pathlib import Path
 
@@ -46,6 +47,9 @@ def test_math_smollm2_smoke_runs_and_resumes(tmp_path, capsys):
     assert (out / "accuracy.png").stat().st_size > 1000
     assert (out / "sft_seed1" / "hf_model" / "config.json").is_file()
     assert (out / "grpo_seed2" / "hf_model" / "config.json").is_file()
+    exp = json.loads((out / "experiment.json").read_text())    # for experiments/reproduce.py
+    assert exp["config"]["task"]["name"] == "vt_math"
+    assert "gsm8k (2 problems): base" in exp["summary"] and "grpo" in exp["summary"]
 
     assert script.main(argv) == 0            # resumed: every stage is skipped
     text = capsys.readouterr().out

@@ -357,3 +357,24 @@ def test_reproduce_table_from_run_dirs(tmp_path):
     other = md.split("## Other finished runs found")[1]
     assert "tiny random qwen2" in other and "50.0% -> 60.0%" in other
     assert "vt_sql_smol" not in md                     # interrupted: not a result
+
+
+def test_reproduce_prefers_an_experiment_of_the_task(tmp_path):
+    """An experiment.json (base -> SFT -> GRPO with seeds) of a headline's task is shown
+    instead of a single run; other headlines are unaffected."""
+    rep = _load("reproduce")
+    exp = tmp_path / "runs" / "math_smollm2"
+    exp.mkdir(parents=True)
+    (exp / "experiment.json").write_text(json.dumps({
+        "experiment": "math_smollm2", "config": {"task": {"name": "vt_math"}},
+        "summary": "gsm8k (300 problems): base 0.0%, sft 3.0% ± 0.5, grpo 4.0% ± 0.5"}))
+    (tmp_path / "runs" / "junk").mkdir()
+    (tmp_path / "runs" / "junk" / "experiment.json").write_text("{not json")
+    exps = rep.find_experiments([tmp_path / "runs"])
+    assert [e["experiment"] for e in exps] == ["math_smollm2"]
+    md = rep.render([], experiments=exps)
+    row = next(line for line in md.splitlines() if line.startswith("| VT-Math"))
+    assert "CPU scale, not the paper's scale" in row and "grpo 4.0% ± 0.5" in row
+    assert "runs/math_smollm2" in row or "math_smollm2" in row
+    sql = next(line for line in md.splitlines() if line.startswith("| VT-SQL"))
+    assert sql.endswith("| not run yet |")
