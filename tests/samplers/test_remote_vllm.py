@@ -140,6 +140,7 @@ def test_two_vllm_servers_in_a_pool_with_an_in_process_engine(two_servers, vllm_
         new_model = nnx.merge(graphdef, new)
         for r in remotes:
             assert r.version == 4 and r.last_sync["sync_bytes"] > 0
+            assert r.last_sync["sync_path"] == "inplace"          # the server's fast path
             outs = asyncio.run(_gather(r, PROMPTS, sp))
             assert all(c.policy_version == 4 for c in outs)
             par = logprob_parity(new_model, list(zip(PROMPTS, outs)), T)
