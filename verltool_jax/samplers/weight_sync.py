@@ -372,9 +372,10 @@ def log_sync_path(name: str, info: dict, logged: set) -> None:
 def engine_sync_info(info: dict) -> dict:
     """The ``last_sync`` fields from ``verltool_load_shared``'s reply: ``sync_path``
     ("inplace" | "reload"), ``engine_load_seconds`` (the worker's own load) and, in place,
-    its ``engine_copy_seconds`` / ``engine_repack_seconds`` / ``engine_head_seconds``."""
+    its ``engine_copy_seconds`` (plain copies) / ``engine_repack_seconds`` (packed GEMM
+    weights rebuilt, the LM head's included)."""
     out = {"sync_path": info.get("path"), "engine_load_seconds": info.get("seconds")}
-    for k in ("copy_seconds", "repack_seconds", "head_seconds"):
+    for k in ("copy_seconds", "repack_seconds"):
         if k in info:
             out["engine_" + k] = info[k]
     return out
