@@ -21,7 +21,8 @@ buckets (torch tensors on them, zero-copy) and loads them in one of two ways:
   layer, a shape that differs. The reason comes back to the caller, which logs it.
 
 The method returns ``{"path": "inplace" | "reload", "reason", "tensors", "repacked",
-"seconds"}`` (in place also ``copy_seconds``, ``repack_seconds``).
+"seconds"}`` (in place also ``copy_seconds``, ``repack_seconds`` and the engine
+process's CPU seconds during the repack, ``repack_cpu_seconds``).
 Its arguments are strings, so a stock ``vllm serve`` reaches it through its dev ``POST
 /collective_rpc`` route as well as an in-process engine through ``collective_rpc``.
 ``verltool_load_weights`` takes a :class:`~verltool_jax.samplers.weight_sync.WeightPayload`
@@ -150,7 +151,7 @@ class WeightSyncWorkerExtension:
         with torch.no_grad():
             for p, e in copies:
                 p.data.copy_(e.hf())
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             # one layer at a time on the engine's own threads (layers side by side on
             # single-threaded workers measured no faster in the engine)
             for module, e in repacks:
@@ -158,14 +159,15 @@ class WeightSyncWorkerExtension:
             head = _head_needs_refresh(model, {p.data_ptr() for p, _ in copies})
             if head:
                 _refresh_head(model)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         # what GPUModelRunner.reload_weights resets after a reload
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             fn = getattr(self.model_runner, reset, None)
             if fn is not None:
                 fn()
         return {"tensors": len(copies) + len(repacks), "repacked": len(repacks) + int(head),
-                "copy_seconds": t1 - t0, "repack_seconds": t2 - t1}
+                "copy_seconds": t1 - t0, "repack_seconds": t2 - t1,
+                "repack_cpu_seconds": c2 - c1}
 
     def verltool_load_weights(self, names, dtypes, shapes, buffers) -> int:
         from verltool_jax.samplers.weight_sync import payload_to_torch

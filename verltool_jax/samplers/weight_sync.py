@@ -373,9 +373,9 @@ def engine_sync_info(info: dict) -> dict:
     """The ``last_sync`` fields from ``verltool_load_shared``'s reply: ``sync_path``
     ("inplace" | "reload"), ``engine_load_seconds`` (the worker's own load) and, in place,
     its ``engine_copy_seconds`` (plain copies) / ``engine_repack_seconds`` (packed GEMM
-    weights rebuilt, the LM head's included)."""
+    weights rebuilt, the LM head's included) / ``engine_repack_cpu_seconds``."""
     out = {"sync_path": info.get("path"), "engine_load_seconds": info.get("seconds")}
-    for k in ("copy_seconds", "repack_seconds"):
+    for k in ("copy_seconds", "repack_seconds", "repack_cpu_seconds"):
         if k in info:
             out["engine_" + k] = info[k]
     return out
