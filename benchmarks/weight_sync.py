@@ -134,7 +134,9 @@ def main() -> None:
         print(f"{name:<34}{sec:>9.3f}{nbytes / sec / 1e9:>8.2f}{pack:>8.3f}{load:>8.3f}"
               f"{eng:>9.3f}  {path}")
     for name, r in details:
-        print(f"{name}: every sync (s) {r['all_seconds']}; engine parts (median s): copy "
+        best = min(r["all_seconds"])
+        print(f"{name}: every sync (s) {r['all_seconds']}, best {best:.3f} s = "
+              f"{nbytes / best / 1e9:.2f} GB/s; engine parts (median s): copy "
               f"{r['engine_copy_seconds']:.3f} (embedding, norms, biases), GEMM repack "
               f"{r['engine_repack_seconds']:.3f} (linear layers and LM head; "
               f"{r['engine_repack_cpu_seconds']:.3f} s of the engine's CPU time)")
