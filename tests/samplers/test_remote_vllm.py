@@ -140,6 +140,7 @@ def test_two_vllm_servers_in_a_pool_with_an_in_process_engine(two_servers, vllm_
         new_model = nnx.merge(graphdef, new)
         for r in remotes:
             assert r.version == 4 and r.last_sync["sync_bytes"] > 0
+            assert r.last_sync["sync_path"] == "inplace"          # the server's fast path
             outs = asyncio.run(_gather(r, PROMPTS, sp))
             assert all(c.policy_version == 4 for c in outs)
             par = logprob_parity(new_model, list(zip(PROMPTS, outs)), T)
@@ -147,13 +148,18 @@ def test_two_vllm_servers_in_a_pool_with_an_in_process_engine(two_servers, vllm_
         # a server killed mid-request leaves the rotation; its requests finish elsewhere
         victim = idx[0]
         on_victim = [t for t, i in zip(tids, idx) if i == victim]
-        longer = SamplingParams(max_tokens=200, temperature=1.0, seed=3)
+        longer = SamplingParams(max_tokens=400, temperature=1.0, seed=3)
 
         async def kill_mid_flight():
             task = asyncio.ensure_future(_gather(pool, [PROMPTS[0]] * len(on_victim), longer,
                                                  on_victim))
-            await asyncio.sleep(1.0)
+            # kill as soon as the requests are on the victim (a fixed 1 s wait raced the
+            # server: on a quiet machine the requests had finished by then)
+            deadline = time.monotonic() + 30
+            while pool.inflight[victim] == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
             assert pool.inflight[victim] > 0
+            await asyncio.sleep(0.1)             # the requests reach the server
             two_servers[victim].kill()
             return await task
         done = asyncio.run(kill_mid_flight())

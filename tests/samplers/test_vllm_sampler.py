@@ -140,6 +140,7 @@ def test_weight_sync_changes_generation_and_syncing_back_restores_it(vllm_sample
         vllm_sampler.update_weights(new, version=7)
         assert vllm_sampler.version == 7
         assert vllm_sampler.last_sync["sync_bytes"] > 0
+        assert vllm_sampler.last_sync["sync_path"] == "inplace"     # the fast path ran
         after = _gather(vllm_sampler, PROMPTS, greedy)
         assert all(c.policy_version == 7 for c in after)
         assert [c.token_ids for c in after] != [c.token_ids for c in before]
@@ -211,6 +212,86 @@ def test_queued_requests_wait_for_a_slot_before_their_timeout_starts(vllm_sample
         vllm_sampler.request_timeout_s, vllm_sampler._admit = old
     assert all(len(c.token_ids) >= 1 for c in outs)               # none timed out
     assert took > 2 * one                      # they really queued past the timeout
+
+
+def test_inplace_sync_gives_exactly_what_vllms_reload_gives(vllm_sampler, sampler_flax_model):
+    """The in-place path (fused q/k/v and gate/up from shared memory, packed GEMM weights
+    rebuilt) and vLLM's own reload_weights leave the engine with the same weights: same
+    sampled ids, bit-identical logprobs."""
+    new = _perturbed(sampler_flax_model, seed=3)
+    sp = SamplingParams(max_tokens=10, temperature=0.8, seed=5)
+    try:
+        vllm_sampler.update_weights(new, version=31)
+        assert vllm_sampler.last_sync["sync_path"] == "inplace"
+        fast = _gather(vllm_sampler, PROMPTS, sp)
+        vllm_sampler.sync_mode = "reload"
+        vllm_sampler.update_weights(new, version=32)
+        assert vllm_sampler.last_sync["sync_path"] == "reload"
+        slow = _gather(vllm_sampler, PROMPTS, sp)
+        assert [c.token_ids for c in fast] == [c.token_ids for c in slow]
+        assert [c.logprobs for c in fast] == [c.logprobs for c in slow]
+    finally:
+        vllm_sampler.sync_mode = "auto"
+        restore_checkpoint_weights(vllm_sampler)
+
+
+@pytest.mark.parametrize("changed", [
+    "model.layers.1.self_attn.k_proj.weight",    # the middle part of the fused qkv_proj
+    "model.layers.0.self_attn.v_proj.bias",      # a part of the fused qkv bias
+    "model.layers.1.mlp.up_proj.weight",         # the second part of the fused gate_up_proj
+    "model.layers.0.self_attn.o_proj.weight",    # an unfused linear
+    "model.embed_tokens.weight",                 # the embedding, and the tied LM head
+])
+def test_one_changed_weight_is_visible_after_an_inplace_sync(vllm_sampler, sampler_flax_model,
+                                                             changed):
+    """Only ``changed`` differs from the checkpoint: after the sync the engine's logprobs
+    move and match the trainer's model with that one change."""
+    from verltool_jax.models.hf_io import build_from_tensors, hf_named_tensors
+    cfg = vllm_sampler.model_config()
+    named = list(hf_named_tensors(sampler_flax_model, cfg))
+    assert changed in dict(named)
+    rng = np.random.default_rng(7)
+    named = [(n, a + rng.normal(0, 0.5, a.shape).astype(a.dtype) if n == changed else a)
+             for n, a in named]
+    model = build_from_tensors(cfg, iter(named), "test")
+    sp = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
+    before = _gather(vllm_sampler, PROMPTS[:4], sp)
+    try:
+        vllm_sampler.load_named_tensors(named, version=41)
+        assert vllm_sampler.last_sync["sync_path"] == "inplace"
+        after = _gather(vllm_sampler, PROMPTS[:4], sp)
+        par = logprob_parity(model, list(zip(PROMPTS[:4], after)), 1.0)
+        assert par["mean_abs_diff"] < 1e-3, par
+        # the same sampled tokens scored before the change differ: the change is live
+        old = logprob_parity(sampler_flax_model, list(zip(PROMPTS[:4], after)), 1.0)
+        assert old["mean_abs_diff"] > 1e-2, old
+        assert [c.logprobs for c in after] != [c.logprobs for c in before]
+    finally:
+        restore_checkpoint_weights(vllm_sampler)
+
+
+def test_a_payload_the_inplace_plan_does_not_cover_falls_back_to_vllms_reload(
+        vllm_sampler, sampler_flax_model):
+    """Unfused q/k/v (no such parameters in vLLM's model): the worker says why and loads
+    through reload_weights; the weights are still exact."""
+    from flax import nnx
+    from verltool_jax.samplers.weight_sync import SharedWeightBuffer, named_tensors_from_params
+    graphdef, _ = nnx.split(sampler_flax_model, nnx.Param)
+    new = _perturbed(sampler_flax_model, seed=4)
+    buf = SharedWeightBuffer(fuse={})
+    try:
+        manifest = buf.write(named_tensors_from_params(new, vllm_sampler.model_config()))
+        last = vllm_sampler._load_rpc("verltool_load_shared", (manifest, "auto"), buf.nbytes, 51)
+        assert last["sync_path"] == "reload"
+        sp = SamplingParams(max_tokens=10, temperature=0.8, seed=1)
+        outs = _gather(vllm_sampler, PROMPTS, sp)
+        par = logprob_parity(nnx.merge(graphdef, new), list(zip(PROMPTS, outs)), 0.8)
+        assert par["mean_abs_diff"] < 1e-3, par
+        with pytest.raises(Exception, match="no such parameter"):
+            vllm_sampler._load_rpc("verltool_load_shared", (manifest, "inplace"), buf.nbytes, 52)
+    finally:
+        buf.close()
+        restore_checkpoint_weights(vllm_sampler)
 
 
 def test_request_timeout_raises_instead_of_hanging(vllm_sampler):

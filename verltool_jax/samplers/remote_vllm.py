@@ -11,7 +11,8 @@ Weight sync (a server on this host): the tensors go into bucketed shared memory
 (``SharedWeightBuffer``) and the server's workers load them in place through vLLM's
 dev routes (``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=keep``, ``POST
 /collective_rpc`` with method ``verltool_load_shared`` (the worker extension, given the
-manifest string), ``POST /reset_prefix_cache?reset_running_requests=true``, ``POST
+manifest string; it copies the tensors into the model's parameters in place, see
+``vllm_worker_ext``), ``POST /reset_prefix_cache?reset_running_requests=true``, ``POST
 /resume``. No disk, no per-tensor request. A server on another host cannot map this
 host's memory: that needs vLLM's NCCL weight-transfer engine between GPUs, and
 ``update_weights`` says so.
@@ -39,7 +40,8 @@ from typing import Any, Iterable, Optional, Sequence
 from .base import (Completion, SamplerDeadError, SamplerError, SamplerRequestError,
                    SamplerTimeoutError, SamplingParams)
 from .validation import effective_max_tokens
-from .weight_sync import SharedWeightBuffer, named_tensors_from_params
+from .weight_sync import (SharedWeightBuffer, engine_sync_info, log_sync_path,
+                          named_tensors_from_params)
 
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 WORKER_EXTENSION = "verltool_jax.samplers.vllm_worker_ext.WeightSyncWorkerExtension"
@@ -86,6 +88,9 @@ class RemoteVLLMSampler:
         self._closed = False
         self._shm: Optional[SharedWeightBuffer] = None
         self._model_config = None
+        # "auto": in place where it applies, else vLLM's reload; "reload" forces the latter
+        self.sync_mode = "auto"
+        self._sync_paths_logged: set = set()
         info = self._wait_models(connect_timeout_s)
         self.model = info["id"]
         self.max_model_len = int(info.get("max_model_len") or 0)
@@ -226,8 +231,9 @@ class RemoteVLLMSampler:
         t1 = time.perf_counter()
         self._post("/pause?mode=keep")
         try:
-            self._post("/collective_rpc", {"method": "verltool_load_shared", "args": [manifest],
-                                           "timeout": self.request_timeout_s})
+            reply = self._post("/collective_rpc", {
+                "method": "verltool_load_shared", "args": [manifest, self.sync_mode],
+                "timeout": self.request_timeout_s})
             self._post("/reset_prefix_cache?reset_running_requests=true")
             self.version = int(version)
         finally:
@@ -236,6 +242,10 @@ class RemoteVLLMSampler:
         self.last_sync = {"sync_seconds": t2 - t0, "sync_bytes": self._shm.nbytes,
                           "pack_seconds": t1 - t0, "load_seconds": t2 - t1,
                           "version": self.version}
+        results = (reply or {}).get("results") or [None]
+        if isinstance(results[0], dict):
+            self.last_sync.update(engine_sync_info(results[0]))
+            log_sync_path(self.name, results[0], self._sync_paths_logged)
         return self.last_sync
 
     def update_weights(self, params: Any, version: int) -> None:

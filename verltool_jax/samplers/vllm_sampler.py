@@ -10,10 +10,13 @@ asks for ``logprobs=0`` (only the sampled token), which gives
 ``log_softmax(logits / T)[token]`` -- the trainer's own quantity (see ``base.py``).
 
 Weight sync: params -> HF names (the models' name map) -> bucketed shared memory
-(``SharedWeightBuffer``, one cast-and-copy per tensor) -> ``collective_rpc(
-"verltool_load_shared", manifest)`` (a worker extension mapping the buckets and calling
-vLLM's in-place ``reload_weights``) -> prefix cache reset (running requests are
-preempted and recomputed with the new weights) -> ``version`` recorded.
+(``SharedWeightBuffer``, one cast-and-copy per tensor, q/k/v and gate/up stacked as
+vLLM's fused layers hold them) -> ``collective_rpc("verltool_load_shared", manifest)``
+(a worker extension mapping the buckets and copying each tensor into the model's
+parameters in place, or, where that does not apply, vLLM's ``reload_weights``; see
+``vllm_worker_ext``) -> prefix cache reset (running requests are preempted and recomputed
+with the new weights) -> ``version`` recorded. ``last_sync["sync_path"]`` says which
+load ran; a fallback is logged with its reason.
 
 A dead engine (``EngineDeadError``, killed engine-core process) is restarted up to
 ``max_restarts`` times, the last synced weights are re-applied, and the request retried
@@ -34,7 +37,8 @@ from typing import Any, Iterable, Optional, Sequence
 from .base import (Completion, SamplerDeadError, SamplerError, SamplerRequestError,
                    SamplerTimeoutError, SamplingParams)
 from .validation import effective_max_tokens
-from .weight_sync import SharedWeightBuffer, WeightPayload, named_tensors_from_params
+from .weight_sync import (SharedWeightBuffer, WeightPayload, engine_sync_info,
+                          log_sync_path, named_tensors_from_params)
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
@@ -120,6 +124,9 @@ class VLLMSampler:
             self._engine_args["max_num_seqs"] = self.placement.max_num_seqs
         self._engine_args.update(engine_kwargs or {})
         self._model_config = None          # models.ModelConfig, loaded on first update
+        # "auto": in place where it applies, else vLLM's reload; "reload" forces the latter
+        self.sync_mode = "auto"
+        self._sync_paths_logged: set = set()
         self._last_load: Optional[tuple[str, tuple]] = None   # (rpc method, args)
         self._shm: Optional[SharedWeightBuffer] = None
         self._ids = itertools.count()
@@ -317,11 +324,11 @@ class VLLMSampler:
             self._inflight -= 1
 
     # ---------------------------------------------------------------- weight sync
-    async def _reload(self, method: str, args: tuple, version: Optional[int] = None) -> None:
+    async def _reload(self, method: str, args: tuple, version: Optional[int] = None):
         engine = self._engine
         await engine.pause_generation(mode="keep", clear_cache=False)
         try:
-            await engine.collective_rpc(method, args=args)
+            results = await engine.collective_rpc(method, args=args)
             # KV computed with the old weights must not be reused: drop the prefix cache
             # and recompute the running requests with the new weights.
             await engine.reset_prefix_cache(reset_running_requests=True)
@@ -329,6 +336,7 @@ class VLLMSampler:
                 self.version = int(version)
         finally:
             await engine.resume_generation()
+        return results
 
     def load_payload(self, payload: WeightPayload, version: int) -> dict:
         """Install an already packed payload as ``version``; returns timing metrics."""
@@ -338,10 +346,14 @@ class VLLMSampler:
 
     def _load_rpc(self, method: str, args: tuple, nbytes: int, version: int) -> dict:
         t0 = time.perf_counter()
-        self._call(self._reload(method, args, version), self.request_timeout_s)
+        results = self._call(self._reload(method, args, version), self.request_timeout_s)
         self._last_load = (method, args) if self.max_restarts > 0 else None
         self.last_sync = {"sync_seconds": time.perf_counter() - t0, "sync_bytes": nbytes,
                           "version": self.version}
+        info = results[0] if results and isinstance(results[0], dict) else None
+        if info is not None:
+            self.last_sync.update(engine_sync_info(info))
+            log_sync_path(self.name, info, self._sync_paths_logged)
         return self.last_sync
 
     def model_config(self):
@@ -362,7 +374,8 @@ class VLLMSampler:
         self._shm = self._shm or SharedWeightBuffer()
         manifest = self._shm.write(named, dtype=self.dtype)
         pack_s = time.perf_counter() - t0
-        self._load_rpc("verltool_load_shared", (manifest,), self._shm.nbytes, version)
+        self._load_rpc("verltool_load_shared", (manifest, self.sync_mode), self._shm.nbytes,
+                       version)
         self.last_sync.update(pack_seconds=pack_s, load_seconds=self.last_sync["sync_seconds"],
                               sync_seconds=time.perf_counter() - t0)
         return self.last_sync

@@ -14,11 +14,14 @@ the manifest (names, dtypes, shapes, offsets) crosses the process boundary.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
+
+log = logging.getLogger("verltool_jax.samplers")
 
 # dtype names understood on both sides (numpy / ml_dtypes here, torch in the engine).
 _SUPPORTED = ("float32", "bfloat16", "float16")
@@ -119,21 +122,69 @@ def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
+# vLLM's fused linear layers: ``<prefix>.<fused>.<weight|bias>`` holds the HF tensors
+# ``<prefix>.<part>.<weight|bias>`` stacked along the output dim, in this order (the
+# ``packed_modules_mapping`` of vLLM's llama / qwen2 / qwen3 / mistral models; the engine
+# checks it against the model it runs before using a fused entry).
+VLLM_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _layout(a) -> str:
+    """"t" for a 2-D array that is the transposed view of a C-contiguous array (a Flax
+    ``[in, out]`` kernel seen in HF ``[out, in]`` layout): stored as that array, so writing
+    it is a plain row copy; "hf" otherwise (stored as is)."""
+    if isinstance(a, np.ndarray) and a.ndim == 2 and not a.flags.c_contiguous \
+            and a.T.flags.c_contiguous and min(a.shape) > 1:
+        return "t"
+    return "hf"
+
+
+def _fusion_groups(names: Sequence[str], arrays: Sequence[Any], layouts: Sequence[str],
+                   dtypes: Sequence[np.dtype], fuse: dict) -> dict[int, list[int]]:
+    """``{index of a group's first part: [part indices]}`` for every complete group of
+    ``fuse`` (same dtype, layout, ndim and trailing dims)."""
+    index = {n: i for i, n in enumerate(names)}
+    groups: dict[int, list[int]] = {}
+    for i, name in enumerate(names):
+        prefix, _, rest = name.rpartition(".")          # rest: weight | bias
+        mod_prefix, _, short = prefix.rpartition(".")
+        for fused, parts in fuse.items():
+            if short != parts[0]:
+                continue
+            idx = [index.get(f"{mod_prefix}.{p}.{rest}" if mod_prefix else f"{p}.{rest}")
+                   for p in parts]
+            if any(j is None for j in idx):
+                continue
+            shapes = [np.shape(arrays[j]) for j in idx]
+            if (len({layouts[j] for j in idx}) == 1 and len({dtypes[j] for j in idx}) == 1
+                    and len({len(sh) for sh in shapes}) == 1
+                    and len({tuple(sh[1:]) for sh in shapes}) == 1):
+                groups[i] = idx
+    return groups
+
+
 class SharedWeightBuffer:
     """HF-named tensors written once into bucketed POSIX shared memory (``/dev/shm``).
 
     :meth:`write` casts each tensor straight into its slot (one copy per tensor, no
-    intermediate bytes) and returns a JSON manifest ``[{"path", "tensors": [[name, dtype,
-    shape, offset], ...]}, ...]`` (one entry per bucket). An engine on the same host maps
-    the files and builds its tensors on the mapped memory (``open_shared_tensors``): no
-    pickling, no socket, no disk. Segments are reused across syncs (no fresh page faults)
-    and removed by :meth:`close`.
+    intermediate bytes) and returns a JSON manifest, one entry per bucket: ``{"path",
+    "tensors": [[name, dtype, shape, offset, layout, parts], ...]}``. ``shape`` is the
+    HF (``[out, in]``) shape; ``layout`` "t" means the bytes hold its transpose (Flax
+    kernels: written with a plain copy, no transpose pass); ``parts`` (``[[hf_name,
+    rows], ...]``) marks a fused entry: the HF tensors of one vLLM layer (``fuse``, default
+    :data:`VLLM_FUSED`: q/k/v -> ``qkv_proj``, gate/up -> ``gate_up_proj``) stacked along
+    dim 0 under the fused name, laid out as the engine's layer holds them, so the engine
+    loads it without assembling anything. An engine on the same host maps the files
+    (``open_shared_entries`` / ``open_shared_tensors``): no pickling, no socket, no disk.
+    Segments are reused across syncs (no fresh page faults) and removed by :meth:`close`.
     """
 
-    def __init__(self, bucket_bytes: int = 256 << 20, prefix: Optional[str] = None) -> None:
+    def __init__(self, bucket_bytes: int = 256 << 20, prefix: Optional[str] = None,
+                 fuse: Optional[dict] = None) -> None:
         import uuid
         self.bucket_bytes = int(bucket_bytes)
         self.prefix = prefix or f"verltool-w-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.fuse = VLLM_FUSED if fuse is None else dict(fuse)
         self._maps: list[tuple[str, Any]] = []        # (path, np.memmap)
         self.nbytes = 0
 
@@ -153,31 +204,58 @@ class SharedWeightBuffer:
         arrays = [(str(n), a) for n, a in named]
         if not arrays:
             raise ValueError("weight sync got no tensors; check the params / name map")
+        if dtype is not None and dtype not in _SUPPORTED:
+            raise ValueError(f"weight sync dtype must be one of {_SUPPORTED}, got {dtype!r}")
+        names = [n for n, _ in arrays]
+        srcs = [a if isinstance(a, np.ndarray) else np.asarray(a) for _, a in arrays]
         out_dt = []
-        for _, a in arrays:
-            src = np.dtype(getattr(a, "dtype", np.float32))
-            if dtype is not None:
-                if dtype not in _SUPPORTED:
-                    raise ValueError(f"weight sync dtype must be one of {_SUPPORTED}, got "
-                                     f"{dtype!r}")
-                name = dtype
-            else:
-                name = str(src) if str(src) in _SUPPORTED else "float32"
-            out_dt.append(_np_dtype(name))
-        sizes = [int(np.prod(np.shape(a))) * dt.itemsize for (_, a), dt in zip(arrays, out_dt)]
+        for a in srcs:
+            src = str(np.dtype(a.dtype))
+            out_dt.append(_np_dtype(dtype if dtype is not None else
+                                    (src if src in _SUPPORTED else "float32")))
+        layouts = [_layout(a) for a in srcs]
+        groups = _fusion_groups(names, srcs, layouts, out_dt, self.fuse) if self.fuse else {}
+        in_group = {j for idx in groups.values() for j in idx}
+        # entries: (name, [source indices], hf shape, layout, dtype)
+        entries = []
+        for i, name in enumerate(names):
+            if i in groups:
+                idx = groups[i]
+                prefix, _, rest = name.rpartition(".")
+                mod_prefix, _, short = prefix.rpartition(".")
+                fused = next(f for f, p in self.fuse.items() if p[0] == short)
+                fname = f"{mod_prefix}.{fused}.{rest}" if mod_prefix else f"{fused}.{rest}"
+                rows = sum(srcs[j].shape[0] for j in idx)
+                entries.append((fname, idx, (rows, *srcs[i].shape[1:]), layouts[i], out_dt[i]))
+            elif i not in in_group:
+                entries.append((name, [i], tuple(int(s) for s in srcs[i].shape), layouts[i],
+                                out_dt[i]))
+        sizes = [int(np.prod(shape)) * dt.itemsize for _, _, shape, _, dt in entries]
         manifest = []
-        for k, idx in enumerate(plan_buckets(sizes, self.bucket_bytes)):
-            total = sum(_aligned(sizes[i]) for i in idx)
+        for k, bucket in enumerate(plan_buckets(sizes, self.bucket_bytes)):
+            total = sum(_aligned(sizes[e]) for e in bucket)
             path, mem = self._segment(k, total)
-            off, entries = 0, []
-            for i in idx:
-                name, a = arrays[i]
-                shape = tuple(int(s) for s in np.shape(a))
-                view = mem[off:off + sizes[i]].view(out_dt[i]).reshape(shape)
-                np.copyto(view, np.asarray(a), casting="unsafe")
-                entries.append([name, str(out_dt[i]), list(shape), off])
-                off += _aligned(sizes[i])
-            manifest.append({"path": path, "tensors": entries})
+            off, rows_out = 0, []
+            for e in bucket:
+                name, idx, shape, layout, dt = entries[e]
+                stored = shape[::-1] if layout == "t" else shape
+                view = mem[off:off + sizes[e]].view(dt).reshape(stored)
+                row, parts = 0, []
+                for j in idx:
+                    a = srcs[j]
+                    n = a.shape[0] if a.ndim else 1
+                    if layout == "t":      # [in, out]: this part's columns, row by row
+                        np.copyto(view[:, row:row + n], a.T, casting="unsafe")
+                    elif a.ndim:
+                        np.copyto(view[row:row + n], a, casting="unsafe")
+                    else:
+                        np.copyto(view, a, casting="unsafe")
+                    if len(idx) > 1:
+                        parts.append([names[j], int(n)])
+                    row += n
+                rows_out.append([name, str(dt), list(shape), off, layout, parts])
+                off += _aligned(sizes[e])
+            manifest.append({"path": path, "tensors": rows_out})
         self._drop(len(manifest))
         self.nbytes = sum(sizes)
         return json.dumps(manifest)
@@ -208,17 +286,43 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def open_shared_tensors(manifest: str, cache: Optional[dict] = None
-                        ) -> Iterator[tuple[str, Any]]:
-    """Engine side: ``(name, torch.Tensor)`` pairs on the mapped shared memory of a
-    :meth:`SharedWeightBuffer.write` manifest (zero-copy; ``cache`` keeps the mappings
-    open across syncs)."""
+@dataclass
+class SharedEntry:
+    """One manifest entry mapped in the engine: ``stored`` is the tensor on the shared
+    memory as written (the transpose of the HF tensor for layout "t"); ``parts`` are the
+    HF tensors a fused entry stacks (``[[hf_name, rows], ...]``, empty otherwise)."""
+    name: str
+    shape: tuple[int, ...]
+    layout: str
+    parts: list
+    stored: Any
+
+    def hf(self):
+        """The tensor in HF layout (a view; strided for layout "t")."""
+        return self.stored.t() if self.layout == "t" else self.stored
+
+    def hf_tensors(self) -> list[tuple[str, Any]]:
+        """``(hf_name, view)`` of every HF tensor in this entry (the parts of a fused one)."""
+        if not self.parts:
+            return [(self.name, self.hf())]
+        out, row, full = [], 0, self.hf()
+        for name, n in self.parts:
+            out.append((name, full[row:row + int(n)]))
+            row += int(n)
+        return out
+
+
+def open_shared_entries(manifest: str, cache: Optional[dict] = None) -> list[SharedEntry]:
+    """Engine side: the entries of a :meth:`SharedWeightBuffer.write` manifest as torch
+    tensors on the mapped shared memory (zero-copy; ``cache`` keeps the mappings open
+    across syncs)."""
     import json
     import mmap
 
     import torch
     tmap = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     cache = {} if cache is None else cache
+    out = []
     for bucket in json.loads(manifest):
         path = bucket["path"]
         size = os.path.getsize(path)
@@ -227,10 +331,51 @@ def open_shared_tensors(manifest: str, cache: Optional[dict] = None
             with open(path, "r+b") as f:
                 mm = mmap.mmap(f.fileno(), size)
             cache[path] = mm
-        for name, dt, shape, off in bucket["tensors"]:
+        for row in bucket["tensors"]:
+            name, dt, shape, off = row[:4]
+            layout = row[4] if len(row) > 4 else "hf"
+            parts = row[5] if len(row) > 5 else []
             if dt not in tmap:
                 raise ValueError(f"weight {name!r}: unsupported dtype {dt!r}; use one of "
                                  f"{_SUPPORTED}")
+            shape = tuple(int(s) for s in shape)
+            stored = shape[::-1] if layout == "t" else shape
             count = int(np.prod(shape)) if shape else 1
             t = torch.frombuffer(mm, dtype=tmap[dt], count=count, offset=int(off))
-            yield name, t.reshape(tuple(shape))
+            out.append(SharedEntry(name, shape, layout, parts, t.reshape(stored)))
+    return out
+
+
+def open_shared_tensors(manifest: str, cache: Optional[dict] = None
+                        ) -> Iterator[tuple[str, Any]]:
+    """Engine side: ``(hf_name, torch.Tensor)`` pairs in HF layout (views on the mapped
+    shared memory, fused entries split into their parts) of a manifest."""
+    for entry in open_shared_entries(manifest, cache):
+        yield from entry.hf_tensors()
+
+
+def log_sync_path(name: str, info: dict, logged: set) -> None:
+    """Log which load a weight sync ran (``verltool_load_shared``'s reply): the first
+    in-place sync at INFO, every new fallback reason as a WARNING."""
+    key = (info.get("path"), info.get("reason"))
+    if key in logged:
+        return
+    logged.add(key)
+    if info.get("path") == "inplace":
+        log.info("%s: weight sync in place (%s tensors, %s packed GEMM weights rebuilt)",
+                 name, info.get("tensors"), info.get("repacked"))
+    else:
+        log.warning("%s: weight sync through vLLM's reload_weights (the slow layer-by-layer "
+                    "path), not in place: %s", name, info.get("reason"))
+
+
+def engine_sync_info(info: dict) -> dict:
+    """The ``last_sync`` fields from ``verltool_load_shared``'s reply: ``sync_path``
+    ("inplace" | "reload"), ``engine_load_seconds`` (the worker's own load) and, in place,
+    its ``engine_copy_seconds`` (plain copies) / ``engine_repack_seconds`` (packed GEMM
+    weights rebuilt, the LM head's included) / ``engine_repack_cpu_seconds``."""
+    out = {"sync_path": info.get("path"), "engine_load_seconds": info.get("seconds")}
+    for k in ("copy_seconds", "repack_seconds", "repack_cpu_seconds"):
+        if k in info:
+            out["engine_" + k] = info[k]
+    return out
