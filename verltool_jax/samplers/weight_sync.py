@@ -163,6 +163,40 @@ def _fusion_groups(names: Sequence[str], arrays: Sequence[Any], layouts: Sequenc
     return groups
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # alive, another user's
+        return True
+    return True
+
+
+def remove_orphaned_segments(shm_dir: Optional[str] = None) -> list[str]:
+    """Delete the ``verltool-w-<pid>-...`` segments whose creating process has exited (a
+    killed trainer never reaches :meth:`SharedWeightBuffer.close`; a SmolLM2 buffer is
+    540 MB of RAM-backed ``/dev/shm``). Returns the removed paths."""
+    d = shm_dir or SHM_DIR
+    removed = []
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 4 or parts[0] != "verltool" or parts[1] != "w" or not parts[2].isdigit():
+            continue
+        if _pid_alive(int(parts[2])):
+            continue
+        try:
+            os.unlink(os.path.join(d, name))
+            removed.append(os.path.join(d, name))
+        except OSError:
+            pass
+    return removed
+
+
 class SharedWeightBuffer:
     """HF-named tensors written once into bucketed POSIX shared memory (``/dev/shm``).
 
@@ -184,6 +218,10 @@ class SharedWeightBuffer:
         import uuid
         self.bucket_bytes = int(bucket_bytes)
         self.prefix = prefix or f"verltool-w-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        gone = remove_orphaned_segments()
+        if gone:
+            log.info("removed %d shared-memory weight segment(s) of exited processes",
+                     len(gone))
         self.fuse = VLLM_FUSED if fuse is None else dict(fuse)
         self._maps: list[tuple[str, Any]] = []        # (path, np.memmap)
         self.nbytes = 0
