@@ -33,6 +33,7 @@ import asyncio
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -215,6 +216,10 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
         swe = swe_results(trajs, walls["greedy"], rcfg.max_concurrency or len(trajs))
         if swe is not None:
             say("[eval] SWE tasks (greedy):\n" + swe.pop("table"))
+            errors = Counter(str(t["error"]).splitlines()[0][:200]
+                             for t in swe["tasks"] if t["error"])
+            for msg, n in errors.most_common():
+                say(f"[eval] SWE: {n} trajectories ended in the error: {msg}")
             say(f"[eval] SWE: {len(trajs)} tasks, at most "
                 f"{int(swe['metrics']['swe/concurrency'])} at once:\n"
                 + format_metrics(swe["metrics"]))
@@ -242,7 +247,7 @@ def swe_results(trajs: list, wall_s: float, concurrency: int) -> Optional[dict]:
     metrics = swe_eval_metrics(trajs, rewards, wall_s_total=wall_s)
     metrics["swe/concurrency"] = float(concurrency)
     tasks = [{"task_id": (t.data.get("extra_info") or {}).get("task_id"), "reward": t.reward,
-              "tool_calls": t.tool_calls, "termination": t.termination,
+              "tool_calls": t.tool_calls, "termination": t.termination, "error": t.error,
               "hidden": {k: hidden_test_result(t).get(k)
                          for k in ("passed", "failed", "errors", "timed_out")},
               **swe_task_costs(t)} for t in trajs]

@@ -146,7 +146,8 @@ def swe_eval_metrics(trajectories: Sequence[Any], rewards: Sequence[Any],
 def format_swe_tasks(trajectories: Sequence[Any], rewards: Sequence[Any]) -> str:
     """A plain-text table, one line per task: reward, tool calls, how it ended, tokens,
     wall / sandbox seconds and the hidden tests' passed/failed/errors (``timed out`` when
-    the run was cut by the tool's timeout: its counts are lost)."""
+    the run was cut by the tool's timeout: its counts are lost; ``-`` when they did not
+    run: a trajectory that ended in an error)."""
     results = _check(trajectories, rewards)
     lines = [f"{'task':28s} {'reward':>6s} {'calls':>5s} {'ended':>9s} {'tokens':>6s} "
              f"{'wall_s':>7s} {'sandbox_s':>9s}  hidden passed/failed/errors"]
@@ -157,7 +158,7 @@ def format_swe_tasks(trajectories: Sequence[Any], rewards: Sequence[Any]) -> str
                      f"{int(getattr(t, 'tool_calls', 0)):5d} "
                      f"{(getattr(t, 'termination', '') or 'unknown')[:9]:>9s} "
                      f"{int(c['gen_tokens']):6d} {c['wall_s']:7.2f} {c['sandbox_s']:9.2f}  "
-                     + ("timed out" if h.get("timed_out") else
+                     + ("-" if not h else "timed out" if h.get("timed_out") else
                         f"{h.get('passed')}/{h.get('failed')}/{h.get('errors')}"))
     return "\n".join(lines)
 
