@@ -14,6 +14,8 @@ workspaces), and runs every task with each policy:
 Each episode ends with the hidden test run and the SWE reward. Printed per task: reward,
 tool calls, wall time and sandbox time (time inside tool calls); then per policy the
 eval metrics (:func:`verltool_jax.tasks.eval_metrics.swe_eval_metrics`) and totals.
+The same table and metrics come from ``python -m verltool_jax.eval`` for a model
+(README, "SWE on QuixBugs").
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ if str(REPO) not in sys.path:
 
 from tool_server.launcher import run_server  # noqa: E402
 from verltool_jax.tasks import swe  # noqa: E402
-from verltool_jax.tasks.eval_metrics import format_metrics, swe_eval_metrics  # noqa: E402
+from verltool_jax.tasks.eval_metrics import (format_metrics, format_swe_tasks,  # noqa: E402
+                                             swe_eval_metrics)
 from verltool_jax.tasks.swe_rollout import POLICIES, run_episode, unique_id  # noqa: E402
 from verltool_jax.tools_client import ToolClient  # noqa: E402
 
@@ -85,19 +88,11 @@ def main(argv=None) -> int:
             wall = time.perf_counter() - t1
             print(f"\n== policy {policy}: {len(eps)} tasks in {wall:.1f}s "
                   f"(concurrency {args.concurrency})")
-            print(f"{'task':32s} {'reward':>6s} {'calls':>5s} {'wall_s':>7s} {'sandbox_s':>9s} "
-                  f"{'hidden passed/failed/errors':>28s}")
-            for e in eps:
-                h = e.hidden
-                print(f"{e.task_id:32s} {e.reward:6.1f} {e.tool_calls:5d} {e.wall_s:7.2f} "
-                      f"{e.sandbox_s:9.2f} {h.get('passed')!s:>12s}/{h.get('failed')!s}/"
-                      f"{h.get('errors')!s}")
-            m = swe_eval_metrics(eps, [e.reward for e in eps])
+            rewards = [e.reward for e in eps]
+            print(format_swe_tasks(eps, rewards))
+            m = swe_eval_metrics(eps, rewards, wall_s_total=wall)
             resolved = sum(e.reward > 0 for e in eps)
-            m.update({"resolved": float(resolved), "tasks": float(len(eps)),
-                      "wall_s_per_task_mean": sum(e.wall_s for e in eps) / max(1, len(eps)),
-                      "sandbox_s_per_task_mean": sum(e.sandbox_s for e in eps) / max(1, len(eps)),
-                      "wall_s_total": wall})
+            m.update({"resolved": float(resolved), "tasks": float(len(eps))})
             print(f"resolved {resolved}/{len(eps)}")
             print(format_metrics(m))
             results[policy] = {"metrics": m, "episodes": [

@@ -6,7 +6,11 @@ mawps, aime24, amc23, ...), accuracy, tool-call rate, invalid-call rate, mean tu
 response length: greedy (one trajectory per problem) and, with ``--samples N``, also
 ``N`` samples per problem at ``--temperature T`` (pass@1 as the mean over samples and the
 unbiased pass@k, ``--k``, default N). For the retrieval-QA task also EM, F1, searches and
-gold-passage retrieval per data set.
+gold-passage retrieval per data set. For SWE tasks (rows with hidden tests, e.g.
+``configs/vt_swe.py`` on QuixBugs) also, of the greedy run, a line per task and
+:func:`~verltool_jax.tasks.eval_metrics.swe_eval_metrics`: resolve rate, tool calls per
+task, how trajectories ended, wall / sandbox time and generated tokens per task (mean,
+median) and the rollout's total wall time.
 
 Flags:
 
@@ -28,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -153,6 +159,7 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
     from verltool_jax.models.lora import sampler_params
 
     from verltool_jax.reporting.pass_at_k import format_set_table, set_metrics
+    from verltool_jax.tasks.eval_metrics import format_metrics
     from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.build import build_run
     from verltool_jax.train.evaluate import rollout_scored, summarize
@@ -174,11 +181,17 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
         sampler.update_weights(sampler_params(model), 0)   # LoRA folded in
         rcfg = run.config.rollout.rollout_config()
 
+        walls = {}
+
         async def go():
-            async with ToolClient(run.tool_url) as client:
+            # a call may take the server's whole tool timeout (a test run), as in training
+            async with ToolClient(run.tool_url,
+                                  timeout_s=run.config.tool_server.timeout_s + 30) as client:
+                t0 = time.perf_counter()
                 greedy = await rollout_scored(sampler, items, client, run.tokenizer, rcfg,
                                               run.reward_pool,
                                               image_processor=run.image_processor)
+                walls["greedy"] = time.perf_counter() - t0
                 sampled = None
                 if samples > 0:
                     sampled = await rollout_scored(sampler, items, client, run.tokenizer,
@@ -203,13 +216,45 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
                                                                search_qa_metrics)
             say("[eval] retrieval QA by data set:\n"
                 + format_search_metrics(search_qa_metrics(trajs, tokenizer=run.tokenizer)))
+        swe = swe_results(trajs, walls["greedy"], rcfg.max_concurrency or len(trajs))
+        if swe is not None:
+            say("[eval] SWE tasks (greedy):\n" + swe.pop("table"))
+            errors = Counter(str(t["error"]).splitlines()[0][:200]
+                             for t in swe["tasks"] if t["error"])
+            for msg, n in errors.most_common():
+                say(f"[eval] SWE: {n} trajectories ended in the error: {msg}")
+            say(f"[eval] SWE: {len(trajs)} tasks, at most "
+                f"{int(swe['metrics']['swe/concurrency'])} at once:\n"
+                + format_metrics(swe["metrics"]))
         if report:
             from verltool_jax.reporting.html_report import write_trajectory_report
             shown = trajs + ([t for g in sampled for t in g] if sampled else [])
             write_trajectory_report(shown, report, title=f"eval: {what}",
                                     tokenizer=run.tokenizer)
             say(f"[eval] trajectories: {report}")
-    return {"what": what, "overall": overall, "modes": modes}
+    out = {"what": what, "overall": overall, "modes": modes}
+    if swe is not None:
+        out["swe"] = swe
+    return out
+
+
+def swe_results(trajs: list, wall_s: float, concurrency: int) -> Optional[dict]:
+    """For SWE trajectories (rows with hidden tests): ``{"metrics", "tasks", "table"}``
+    (:mod:`verltool_jax.tasks.eval_metrics`); None for other tasks."""
+    from verltool_jax.rollout.final_check import has_final_check
+    from verltool_jax.tasks.eval_metrics import (format_swe_tasks, hidden_test_result,
+                                                 swe_eval_metrics, swe_task_costs)
+    if not trajs or not all(has_final_check((t.data or {}).get("extra_info")) for t in trajs):
+        return None
+    rewards = [t.reward for t in trajs]
+    metrics = swe_eval_metrics(trajs, rewards, wall_s_total=wall_s)
+    metrics["swe/concurrency"] = float(concurrency)
+    tasks = [{"task_id": (t.data.get("extra_info") or {}).get("task_id"), "reward": t.reward,
+              "tool_calls": t.tool_calls, "termination": t.termination, "error": t.error,
+              "hidden": {k: hidden_test_result(t).get(k)
+                         for k in ("passed", "failed", "errors", "timed_out")},
+              **swe_task_costs(t)} for t in trajs]
+    return {"metrics": metrics, "tasks": tasks, "table": format_swe_tasks(trajs, rewards)}
 
 
 def error_summary(trajs, limit: int = 5) -> str:

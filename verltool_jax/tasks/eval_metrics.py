@@ -22,9 +22,24 @@ SWE (:func:`swe_eval_metrics`)::
     swe/tool_calls_per_task   = sum(tool calls) / N
     swe/invalid_calls_per_task
     swe/ended/<termination>   = fraction of trajectories that ended that way
+
+  and what a task costs (means and medians over the N tasks; a trajectory's own record):
+
+    swe/wall_s_per_task_*     = the trajectory's wall time (``wall_time_s``: first turn to
+                                the hidden tests' end, waits for the sampler included)
+    swe/sandbox_s_per_task_*  = time inside tool calls: the model's calls
+                                (``tool_latencies``) plus the hidden test run
+    swe/hidden_test_s_per_task_mean = the hidden test run alone
+    swe/gen_s_per_task_mean   = time in the sampler (``gen_latencies``)
+    swe/gen_tokens_per_task_* = tokens the policy sampled (``gen_tokens``)
+    swe/wall_s_total          = the whole evaluation's wall time (when given)
+
+  :func:`swe_task_costs` gives one trajectory's figures, :func:`format_swe_tasks` a table
+  of them per task.
 """
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from typing import Any, Optional, Sequence
 
@@ -84,8 +99,26 @@ def sql_eval_metrics(trajectories: Sequence[Any], rewards: Sequence[Any]) -> dic
     return out
 
 
-def swe_eval_metrics(trajectories: Sequence[Any], rewards: Sequence[Any]) -> dict[str, float]:
-    """Resolve rate, tool calls per task and how trajectories ended (module doc)."""
+def hidden_test_result(traj: Any) -> dict:
+    """The hidden test run's metrics the agent loop stored for ``traj`` ({} if none)."""
+    return dict(_extra_info(traj).get("hidden_test_result") or {})
+
+
+def swe_task_costs(traj: Any) -> dict[str, float]:
+    """One SWE trajectory's ``wall_s``, ``sandbox_s`` (its tool calls plus the hidden test
+    run), ``hidden_test_s``, ``gen_s`` and ``gen_tokens``, from its record."""
+    hidden_s = float(hidden_test_result(traj).get("seconds") or 0.0)
+    return {"wall_s": float(getattr(traj, "wall_time_s", 0.0) or 0.0),
+            "sandbox_s": sum(map(float, getattr(traj, "tool_latencies", None) or ())) + hidden_s,
+            "hidden_test_s": hidden_s,
+            "gen_s": sum(map(float, getattr(traj, "gen_latencies", None) or ())),
+            "gen_tokens": float(sum(getattr(traj, "gen_tokens", None) or ()))}
+
+
+def swe_eval_metrics(trajectories: Sequence[Any], rewards: Sequence[Any],
+                     wall_s_total: Optional[float] = None) -> dict[str, float]:
+    """Resolve rate, tool calls per task, how trajectories ended and what a task cost in
+    time and tokens (module doc); ``wall_s_total``: the whole evaluation's wall time."""
     results = _check(trajectories, rewards)
     n = len(results)
     if n == 0:
@@ -98,7 +131,36 @@ def swe_eval_metrics(trajectories: Sequence[Any], rewards: Sequence[Any]) -> dic
     ends = Counter(getattr(t, "termination", "") or "unknown" for t in trajectories)
     for how, k in sorted(ends.items()):
         out[f"swe/ended/{how}"] = k / n
+    costs = [swe_task_costs(t) for t in trajectories]
+    for key in ("wall_s", "sandbox_s", "gen_tokens"):
+        vals = [c[key] for c in costs]
+        out[f"swe/{key}_per_task_mean"] = sum(vals) / n
+        out[f"swe/{key}_per_task_median"] = float(statistics.median(vals))
+    for key in ("hidden_test_s", "gen_s"):
+        out[f"swe/{key}_per_task_mean"] = sum(c[key] for c in costs) / n
+    if wall_s_total is not None:
+        out["swe/wall_s_total"] = float(wall_s_total)
     return out
+
+
+def format_swe_tasks(trajectories: Sequence[Any], rewards: Sequence[Any]) -> str:
+    """A plain-text table, one line per task: reward, tool calls, how it ended, tokens,
+    wall / sandbox seconds and the hidden tests' passed/failed/errors (``timed out`` when
+    the run was cut by the tool's timeout: its counts are lost; ``-`` when they did not
+    run: a trajectory that ended in an error)."""
+    results = _check(trajectories, rewards)
+    lines = [f"{'task':28s} {'reward':>6s} {'calls':>5s} {'ended':>9s} {'tokens':>6s} "
+             f"{'wall_s':>7s} {'sandbox_s':>9s}  hidden passed/failed/errors"]
+    for t, r in zip(trajectories, results):
+        c, h = swe_task_costs(t), hidden_test_result(t)
+        name = str(_extra_info(t).get("task_id") or getattr(t, "trajectory_id", "?"))
+        lines.append(f"{name[:28]:28s} {(r.score if r else 0.0):6.1f} "
+                     f"{int(getattr(t, 'tool_calls', 0)):5d} "
+                     f"{(getattr(t, 'termination', '') or 'unknown')[:9]:>9s} "
+                     f"{int(c['gen_tokens']):6d} {c['wall_s']:7.2f} {c['sandbox_s']:9.2f}  "
+                     + ("-" if not h else "timed out" if h.get("timed_out") else
+                        f"{h.get('passed')}/{h.get('failed')}/{h.get('errors')}"))
+    return "\n".join(lines)
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from verltool_jax.rewards.swe_reward import swe_reward
-from verltool_jax.rollout.final_check import run_hidden_tests
+from verltool_jax.rollout.final_check import run_hidden_tests, with_result
+from verltool_jax.tasks.eval_metrics import hidden_test_result, swe_task_costs
 from verltool_jax.tasks.swe import SweTask, make_row
 
 
@@ -59,7 +60,10 @@ POLICIES: dict[str, Callable[[SweTask], list[str]]] = {"oracle": oracle_actions,
 
 @dataclass
 class Episode:
-    """One scripted trajectory, with the attributes the eval metrics read."""
+    """One scripted trajectory, with the attributes of a model's
+    :class:`~verltool_jax.rollout.trajectory.Trajectory` that the eval metrics read
+    (:mod:`verltool_jax.tasks.eval_metrics`): the row with the hidden test result in
+    ``data["extra_info"]``, per-call ``tool_latencies`` and ``wall_time_s``."""
 
     task_id: str
     data: dict
@@ -67,10 +71,22 @@ class Episode:
     invalid_tool_calls: int = 0
     termination: str = ""
     observations: list = field(default_factory=list)
+    tool_latencies: list = field(default_factory=list)
     reward: Optional[float] = None
-    hidden: dict = field(default_factory=dict)
-    wall_s: float = 0.0
-    sandbox_s: float = 0.0          # time inside tool calls (workspace, sandbox, tests)
+    wall_time_s: float = 0.0
+
+    @property
+    def hidden(self) -> dict:
+        return hidden_test_result(self)
+
+    @property
+    def wall_s(self) -> float:
+        return self.wall_time_s
+
+    @property
+    def sandbox_s(self) -> float:
+        """Time inside tool calls (workspace, sandbox, tests), the hidden run included."""
+        return swe_task_costs(self)["sandbox_s"]
 
 
 async def run_episode(client, task: SweTask, actions: list[str], trajectory_id: str
@@ -89,20 +105,19 @@ async def run_episode(client, task: SweTask, actions: list[str], trajectory_id: 
             res = await client.get_observation(trajectory_id, action, extra)
             ep.tool_calls += 1
             ep.invalid_tool_calls += 0 if res.valid else 1
-            ep.sandbox_s += res.latency_s
+            ep.tool_latencies.append(res.latency_s)
             ep.observations.append(res.observation)
             if res.done:
                 ep.termination = "done"
                 break
         else:
             ep.termination = "max_turns"
-        ep.hidden = await run_hidden_tests(client, trajectory_id, extra)
-        ep.sandbox_s += ep.hidden["seconds"]
+        ep.data = with_result(row, await run_hidden_tests(client, trajectory_id, extra))
     finally:
         await client.finish(trajectory_id)
     ep.reward = swe_reward("", row["reward_model"]["ground_truth"],
-                           dict(extra, hidden_test_result=ep.hidden)).score
-    ep.wall_s = time.perf_counter() - t0
+                           ep.data["extra_info"]).score
+    ep.wall_time_s = time.perf_counter() - t0
     return ep
 
 
