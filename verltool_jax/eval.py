@@ -219,10 +219,6 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
         swe = swe_results(trajs, walls["greedy"], rcfg.max_concurrency or len(trajs))
         if swe is not None:
             say("[eval] SWE tasks (greedy):\n" + swe.pop("table"))
-            errors = Counter(str(t["error"]).splitlines()[0][:200]
-                             for t in swe["tasks"] if t["error"])
-            for msg, n in errors.most_common():
-                say(f"[eval] SWE: {n} trajectories ended in the error: {msg}")
             say(f"[eval] SWE: {len(trajs)} tasks, at most "
                 f"{int(swe['metrics']['swe/concurrency'])} at once:\n"
                 + format_metrics(swe["metrics"]))
@@ -260,7 +256,6 @@ def swe_results(trajs: list, wall_s: float, concurrency: int) -> Optional[dict]:
 def error_summary(trajs, limit: int = 5) -> str:
     """Trajectories that ended with ``termination="error"``: one line per distinct message
     (the most frequent ``limit``), with its count; empty when there were none."""
-    from collections import Counter
     errs = Counter((getattr(t, "error", "") or "unknown error")[:200] for t in trajs
                    if t.termination == "error")
     return "\n".join(f"  {n} x {msg}" for msg, n in errs.most_common(limit))
