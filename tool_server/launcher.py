@@ -126,7 +126,16 @@ class ToolServerProcess:
                     raise RuntimeError(f"tool server did not start ({' '.join(argv)}), exit "
                                        f"{proc.poll()}:\n{''.join(stderr_lines)[-4000:]}")
                 time.sleep(0.02)
-            get_json(url_box[0] + "/health")
+            # it listens before it prints READY, yet a probe can still be refused (seen
+            # once on CI when restarting on a just-freed port): retry until the deadline
+            while True:
+                try:
+                    get_json(url_box[0] + "/health")
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
         except BaseException:
             self.stop()
             raise
