@@ -20,9 +20,10 @@ MAWPS: ``task.num_eval`` problems of each, 300 in ``smol``), one table row per (
 seed, test set). The training runs themselves evaluate nothing (their ``task.eval_files``
 is empty), so every evaluation happens once, here.
 
-Resumable: each finished stage leaves ``<out>/<stage>[_seed<s>].json`` (metrics and
-wall time) and is not run again; an interrupted training run resumes from its own
-checkpoint. Outputs: ``results.csv``, ``results.md`` (mean and spread over seeds) and
+They run per seed (sft, grpo), then base; ``--stages grpo,base`` runs only those (a
+stage not named is read back if done). Resumable: each finished stage leaves ``<out>/<stage>[_seed<s>].json`` (metrics and
+wall time) and is not run again; an interrupted training run (a signal) records
+nothing, stops the experiment, and resumes from its own checkpoint next time. Outputs: ``results.csv``, ``results.md`` (mean and spread over seeds) and
 ``accuracy.png`` under ``--out``. ``--set key=value`` overrides any config key (e.g.
 ``--set trainer.steps=20``) in every stage.
 """
@@ -53,6 +54,10 @@ def stage_config(variant: str, data_dir: str, out: Path, overrides: Sequence[tup
     apply_overrides(c, base + list(overrides))
     validate_config(c)
     return c
+
+
+class StageInterrupted(RuntimeError):
+    """A training stage stopped before its last step (a signal, Ctrl-C)."""
 
 
 def stage_done(path: Path) -> dict | None:
@@ -172,7 +177,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also evaluate N samples per problem at T=1 (pass@1 mean, pass@N)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every stage (repeatable)")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help="comma-separated stages to run now (default: all); the tables "
+                         "include every stage already done")
     a = ap.parse_args(argv)
+    wanted = [x.strip() for x in a.stages.split(",") if x.strip()]
+    if not wanted or set(wanted) - set(STAGES):
+        ap.error(f"--stages={a.stages!r}: give a comma-separated subset of {','.join(STAGES)}")
     try:
         seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
     except ValueError:
@@ -229,20 +240,50 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 summary = train(c).summary
                 train_s = time.perf_counter() - t0
+                if summary.get("interrupted"):
+                    # a stopped run is not a result: nothing is recorded or evaluated, and
+                    # the same command resumes it from its checkpoint
+                    raise StageInterrupted(f"{stage} seed {seed} was interrupted at step "
+                                           f"{summary.get('steps')}; run the same command "
+                                           f"to resume it")
             res = evaluate(run_dir / "eval", str(run_dir / "hf_model"), seed)
             return {"train": {k: v for k, v in summary.items()
                               if isinstance(v, (int, float, str, bool))},
                     "train_s": train_s, "eval": res}
         return run_stage(f"{stage} seed {seed}", out / f"{stage}_seed{seed}.json", go)
 
-    rows = rows_of("base", "-", run_stage(
-        "base", out / "base.json",
-        lambda: {"eval": evaluate(out / "base", "base", seeds[0])}))
-    for seed in seeds:
-        rows += rows_of("sft", seed, training("sft", seed, [("stage", "sft")]))
-        sft_model = out / f"sft_seed{seed}" / "hf_model"
-        rows += rows_of("grpo", seed, training("grpo", seed, [
-            ("stage", "rl"), ("sft.steps", "0"), ("model.path", str(sft_model))]))
+    def stage(name: str, result_path: Path, run):
+        """Run a wanted stage (or read its result); an unwanted one only if done."""
+        if name in wanted:
+            return run()
+        return stage_done(result_path)
+
+    rows: list[dict] = []
+    try:
+        for seed in seeds:
+            res = stage("sft", out / f"sft_seed{seed}.json",
+                        lambda seed=seed: training("sft", seed, [("stage", "sft")]))
+            rows += rows_of("sft", seed, res) if res else []
+            sft_model = out / f"sft_seed{seed}" / "hf_model"
+            if "grpo" in wanted and not (out / f"grpo_seed{seed}.json").is_file() \
+                    and not sft_model.is_dir():
+                ap.error(f"grpo seed {seed} starts from the SFT export {sft_model}, which "
+                         f"does not exist: run --stages sft (or all) first")
+            res = stage("grpo", out / f"grpo_seed{seed}.json",
+                        lambda seed=seed, sft_model=sft_model: training(
+                            "grpo", seed, [("stage", "rl"), ("sft.steps", "0"),
+                                           ("model.path", str(sft_model))]))
+            rows += rows_of("grpo", seed, res) if res else []
+        res = stage("base", out / "base.json", lambda: run_stage(
+            "base", out / "base.json",
+            lambda: {"eval": evaluate(out / "base", "base", seeds[0])}))
+        rows = (rows_of("base", "-", res) if res else []) + rows
+    except StageInterrupted as e:
+        print(f"[math_smollm2] {e}", flush=True)
+        return 130
+    if not rows:
+        print("[math_smollm2] no stage has a result yet", flush=True)
+        return 1
     write_tables(rows, out, "vt_math:tiny smoke run (random tiny model)" if a.smoke
                  else "SmolLM2-135M-Instruct + python tool")
     write_experiment_summary(rows, out, stage_config(variant, data_dir, out / "grpo_summary",

@@ -54,3 +54,4 @@ def test_math_smollm2_smoke_runs_and_resumes(tmp_path, capsys):
     assert script.main(argv) == 0            # resumed: every stage is skipped
     text = capsys.readouterr().out
     assert text.count("done before") == 5 and "wall time" not in text.split("| stage")[0]
+
