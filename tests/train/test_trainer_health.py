@@ -236,9 +236,11 @@ def test_external_server_back_within_grace_is_waited_for():
         port = int(url.rsplit(":", 1)[1])
     box: list = []
     server = ToolServerProcess(["python_code"], timeout=5)
+    starter = threading.Thread(target=lambda: box.append(server.start(port=port)))
     try:
-        ok, guard = asyncio.run(go(url, lambda: threading.Thread(
-            target=lambda: box.append(server.start(port=port))).start()))
+        ok, guard = asyncio.run(go(url, starter.start))
+        # the guard can see the server answer before start() has returned from its own check
+        starter.join(timeout=60)
         assert ok and guard.down is None and box == [url]
         assert any("is back" in s for s in said)
     finally:
