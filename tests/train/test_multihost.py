@@ -92,6 +92,9 @@ def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_p
     data = json.loads(next((out / "checkpoints/2/data").glob("*")).read_text())
     assert data["process_count"] == 2 and len(data["processes"]) == 2
     assert all(r["rollout/num"] == 4 for r in rl)       # global: 2 groups x 2 samples
+    evals = [r for r in records if "eval/num" in r]
+    # after SFT and final (run 1), at the start and final (run 2); one item per process
+    assert [r["step"] for r in evals] == [0, 1, 1, 2] and all(r["eval/num"] == 2 for r in evals)
 
     # the prompts of each step are the ones one process takes, in its order
     cfg = parse_command_line(["--config", str(REPO / "configs/tiny_math.py") + ":smoke",

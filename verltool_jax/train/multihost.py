@@ -24,7 +24,8 @@ split:
   every process takes part in orbax checkpoint saves and restores (collectives); each
   process's data position is saved in the checkpoint's data item under its index
   (:func:`gather_json`);
-* **evaluation** runs on process 0 only (it uses no collectives).
+* **evaluation**: each process rolls out its strided share of the held-out items; the
+  trajectories are gathered and the metrics taken over all of them.
 
 Every function here is a no-op (or the trivial answer) in a single-process run, which
 therefore behaves exactly as before. Collectives (every ``gather_*``, :func:`all_true`,

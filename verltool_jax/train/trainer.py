@@ -315,13 +315,19 @@ class RLLoop:
 
     async def evaluate(self, client, tag: str) -> dict:
         run = self.run_
-        # Several processes: process 0 evaluates alone (no collectives in evaluation).
-        if not run.eval_items or not multihost.is_primary():
+        if not run.eval_items:
             return {}
         t0 = time.perf_counter()
-        m, trajs = await evaluate(run.sampler, run.eval_items, client, run.tokenizer,
+        # Several processes: each evaluates its strided share of the items, the results
+        # are gathered (in item order) and the metrics taken over all of them.
+        items = run.eval_items[multihost.process_index()::multihost.process_count()]
+        m, trajs = await evaluate(run.sampler, items, client, run.tokenizer,
                                   self.rc.rollout.rollout_config(), run.reward_pool,
                                   image_processor=run.image_processor)
+        if multihost.is_multi():
+            gathered = await asyncio.to_thread(multihost.gather_groups, [[t] for t in trajs])
+            trajs = [g[0] for g in gathered]
+            m = summarize(trajs, "eval")
         m["time/eval_s"] = time.perf_counter() - t0
         h = batch_health(trajs)
         if h.rate > self.rc.trainer.max_error_rate:
