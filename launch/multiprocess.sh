@@ -69,7 +69,7 @@ rc=0
 while [ ${#live[@]} -gt 0 ]; do
   done_pid=""
   set +e; wait -n -p done_pid "${!live[@]}"; r=$?; set -e
-  if [ -z "$done_pid" ]; then          # a forwarded signal interrupted the wait
+  if [ -z "${done_pid:-}" ]; then       # a forwarded signal interrupted the wait
     for p in "${!live[@]}"; do kill -0 "$p" 2>/dev/null || unset "live[$p]"; done
     continue
   fi

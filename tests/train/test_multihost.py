@@ -40,13 +40,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(out: Path, steps: int, logs: Path) -> str:
+def _launch(out: Path, steps: int, logs: Path, *extra: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
     env.update(NUM_PROCESSES="2", DEVICES_PER_PROCESS="1", PLATFORM="cpu",
                COORDINATOR_PORT=str(_free_port()), OUT=str(logs))
     cmd = ["bash", str(REPO / "launch/multiprocess.sh"), "configs/tiny_math.py:smoke",
            f"--config.trainer.out_dir={out}", f"--config.trainer.steps={steps}",
-           "--config.mesh_shape=(1,-1,1)"] + [f"--config.{o}" for o in OVERRIDES]
+           "--config.mesh_shape=(1,-1,1)"] + [f"--config.{o}" for o in OVERRIDES + extra]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     other = (logs / "process1.console").read_text() if (logs / "process1.console").exists() else ""
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n--- process 1:\n{other}"
@@ -58,7 +58,7 @@ def two_process_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("multihost")
     out = base / "run"
     first = _launch(out, 1, base / "logs1")
-    second = _launch(out, 2, base / "logs2")
+    second = _launch(out, 2, base / "logs2", "checkpoint.export_hf=true")
     return dict(out=out, first=first, second=second)
 
 
@@ -127,6 +127,13 @@ def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_p
     assert int(saved.step) == 2
     mine, theirs = _flat(state.params), _flat(saved.params)
     assert mine.keys() == theirs.keys()
+    # the HF export (process 0, from the gathered params) is the checkpoint's policy
+    from flax import nnx
+    from verltool_jax.models.hf_io import load_hf
+    exported = _flat(nnx.state(load_hf(out / "hf_model"), nnx.Param))
+    assert exported.keys() == theirs.keys()
+    for k in exported:
+        np.testing.assert_array_equal(exported[k], theirs[k], err_msg=k)
     # Adam divides by sqrt(v): where a gradient is ~0, its update (up to lr = 1e-4 per
     # step) depends on the reduction order (2 devices in 2 processes vs one), so a few
     # such elements differ by a few 1e-6; atol = 0.2 lr bounds that.

@@ -17,7 +17,10 @@ split:
   process builds the same global batch on the host and places only its own rows on its
   devices (``device_put`` onto the mesh's batch sharding), so sequence length, padding and
   advantages are those of a single process on the same trajectories;
-* **the train step** is one SPMD computation over the global mesh; its metrics are global;
+* **the train step** is one SPMD computation over the global mesh; its metrics
+  (``train/``, ``batch/``) are global, and so are ``rollout/``, ``reward/``, ``sync/``
+  parity and ``eval/`` (computed over the gathered trajectories); ``time/``, ``queue/``,
+  ``health/`` and the weight-sync figures are process 0's own;
 * **the sampler** gets a process-local copy of the (possibly process-sharded) params
   (:func:`local_copy`);
 * **outputs**: only process 0 writes metrics, reports, ``summary.json`` and the HF export;
