@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -139,6 +140,88 @@ def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_p
     # such elements differ by a few 1e-6; atol = 0.2 lr bounds that.
     for k in mine:
         np.testing.assert_allclose(mine[k], theirs[k], rtol=1e-5, atol=2e-5, err_msg=k)
+
+
+# ---------------------------------------------------------------- two real processes, fast
+HELPERS_SCRIPT = r"""
+import json
+import jax, numpy as np
+from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.sharding import batch_sharding, make_mesh, shard_state
+from verltool_jax.train import multihost
+
+assert multihost.start() and multihost.is_multi()
+p = multihost.process_index()
+out = {"primary": multihost.is_primary(),
+       "json": multihost.gather_json({"p": p}),
+       "all": [multihost.all_true(p == 0), multihost.all_true(True)],
+       "any": [multihost.any_true(p == 0), multihost.any_true(False)],
+       "data": multihost.data_state({"prompts": {"consumed": 10 + p}, "replay": [p]})}
+out["mine"] = multihost.my_data_state(out["data"])
+groups = [[Trajectory(f"p{p}g{j}-0", f"p{p}g{j}", [1, 2], response_ids=[3], loss_mask=[1],
+                      logprobs=[-0.5], versions=[0], reward=float(p + j))]
+          for j in range(2)]
+union = multihost.gather_groups(groups)
+out["union"] = [g[0].group_id for g in union]
+out["own_kept"] = union[p][0] is groups[0][0]
+mesh = make_mesh((1, -1, 1))
+x = np.arange(24, dtype=np.float32).reshape(8, 3)
+g = jax.device_put(x, batch_sharding(mesh))          # every process has the same host batch
+out["global_sum"] = float(jax.jit(lambda a: (a * a).sum())(g))
+params = shard_state({"embed": {"embedding": np.arange(16, dtype=np.float32).reshape(4, 4)}},
+                     mesh)
+local = multihost.local_copy(params)
+arr = local["embed"]["embedding"]
+out["local_copy"] = [arr.is_fully_addressable, np.asarray(arr).tolist() ==
+                     np.arange(16).reshape(4, 4).tolist()]
+step = multihost.globalize({"step": jax.numpy.zeros((), jax.numpy.int32)}, mesh)["step"]
+out["globalized"] = step.sharding.mesh == mesh and int(step) == 0
+try:
+    multihost.check_batch_groups(3)
+except ValueError as e:
+    out["error"] = str(e)
+multihost.barrier("done")
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def test_helpers_across_two_real_processes():
+    """The collectives of multihost.py in two real jax.distributed processes (CPU, gloo)."""
+    port = _free_port()
+    procs = []
+    for pid in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                   JAX_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu",
+                   XLA_FLAGS="--xla_force_host_platform_device_count=1",
+                   PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+        procs.append(subprocess.Popen([sys.executable, "-c", HELPERS_SCRIPT], env=env,
+                                      text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, cwd=REPO))
+    try:
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    res = []
+    for out, err in outs:
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert lines, err[-3000:]
+        res.append(json.loads(lines[0][7:]))
+    for p, r in enumerate(res):
+        assert r["primary"] == (p == 0)
+        assert r["json"] == [{"p": 0}, {"p": 1}]
+        assert r["all"] == [False, True] and r["any"] == [True, False]
+        assert r["data"]["process_count"] == 2
+        assert [d["replay"] for d in r["data"]["processes"]] == [[0], [1]]
+        assert r["mine"] == {"prompts": {"consumed": 10 + p}, "replay": [p]}
+        # interleaved: group j of process 0, group j of process 1, ...
+        assert r["union"] == ["p0g0", "p1g0", "p0g1", "p1g1"]
+        assert r["own_kept"]
+        assert r["global_sum"] == float((np.arange(24.0) ** 2).sum())
+        assert r["local_copy"] == [True, True] and r["globalized"]
+        assert "trainer.batch_groups=3" in r["error"] and "(2)" in r["error"]
 
 
 # ---------------------------------------------------------------- single-process helpers
