@@ -25,6 +25,11 @@ is not trained on and not checkpointed, and a dependency that is down for good (
 external tool server, a dead sampler) stops the run with :class:`DependencyDown` before
 any checkpoint of a degraded policy is written (``python -m verltool_jax.train`` exits 3).
 
+Several processes (multi-host; every host runs the same command): each rolls out and
+scores its share of the prompts, the scored groups are gathered into one global batch and
+the step runs over the global mesh; process 0 alone writes (see
+:mod:`verltool_jax.train.multihost`).
+
 Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves, and stops without the final
 evaluation (exit 130); a later run with the same ``trainer.out_dir`` resumes exactly
 (params, optimizer, step, rng, the data position including prompts in flight).
@@ -350,8 +355,9 @@ class RLLoop:
             before = await self.evaluate(client, "start" if start else "after-sft")
             if rc.stage == "rl" and start < rc.trainer.steps:
                 await self.rl(client)
-            # An interrupted run is not finished: no final evaluation.
-            after = {} if self.stop.set else await self.evaluate(client, "final")
+            # An interrupted run is not finished: no final evaluation (decided by every
+            # process together: a signal may reach one process after the last step).
+            after = {} if self.stopping() else await self.evaluate(client, "final")
         return {"eval_before": before.get("eval/acc"), "eval_after": after.get("eval/acc"),
                 "steps": self.step, "interrupted": self.stop.set}
 
