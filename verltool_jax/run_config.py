@@ -346,6 +346,9 @@ class LoggingSection(Checked):
     progress_bar: bool = True
     report_trajectories: int = spec(16, check=at_least(0))   # in the HTML report
     plot: bool = True
+    # <out_dir>/trained/step_<k>.jsonl: the trajectories each RL step trained on, in batch
+    # order (the multi-host test replays them on one process)
+    dump_trajectories: bool = False
 
 
 def _mesh_ok(v: Any) -> bool:

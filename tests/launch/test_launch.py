@@ -77,6 +77,23 @@ def test_gpu_slurm_tpu_dry_runs():
     assert "--config.tool_server.url=http://10.0.0.2:30888" in tpu[-1]
 
 
+def test_multiprocess_dry_run_gives_each_process_its_env():
+    lines = _script("multiprocess.sh", "--dry-run", "configs/tiny_math.py:smoke",
+                    "--config.mesh_shape=(1,-1,1)",
+                    env={"NUM_PROCESSES": "3", "DEVICES_PER_PROCESS": "2",
+                         "COORDINATOR_PORT": "40001", "OUT": "/tmp/x"})
+    assert lines[0].startswith("env ") and "PYTHONPATH=" in lines[0]
+    cmd = ("python -m verltool_jax.train --config configs/tiny_math.py:smoke "
+           "--config.mesh_shape=(1,-1,1)")
+    assert lines[1:] == [
+        f"JAX_COORDINATOR_ADDRESS=127.0.0.1:40001 JAX_NUM_PROCESSES=3 JAX_PROCESS_ID={i} "
+        f"JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=2 {cmd}"
+        + (" &" if i == 0 else f" > /tmp/x/process{i}.console &") for i in range(3)]
+    gpu = _script("multiprocess.sh", "--dry-run", "configs/tiny_math.py",
+                  env={"PLATFORM": "gpu", "DEVICES_PER_PROCESS": "4"})
+    assert "JAX_PROCESS_ID=1 CUDA_VISIBLE_DEVICES=4,5,6,7 python" in gpu[2]
+
+
 def test_placement_validation_names_the_field():
     assert PlacementSection().mode == "colocated"
     ok = PlacementSection(mode="disjoint", trainer_devices=(0, 1), sampler_devices=(2, 3))

@@ -230,6 +230,20 @@ def hf_export(model, tokenizer, path: Path) -> Path:
     return path
 
 
+class NullWriter:
+    """The metrics writer of a process other than 0 in a multi-host run: writes nothing
+    (``write`` returns the record it would have written)."""
+
+    def __init__(self, out_dir: Path):
+        self.jsonl_path = Path(out_dir) / "metrics.jsonl"
+
+    def write(self, step: int, metrics: dict) -> dict:
+        return {"step": int(step), **metrics}
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass
 class Run:
     """One run's components (see :func:`build_run`)."""
@@ -277,15 +291,26 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
     from verltool_jax.reporting.metrics_writer import MetricsWriter
     from verltool_jax.rewards.compute import RewardPool
     from verltool_jax.train.evaluate import prompt_items
+    from verltool_jax.train import multihost
     raw = None if isinstance(config, RunConfig) else config
     rc = config if isinstance(config, RunConfig) else run_config_from_dict(config)
     out = Path(out_dir or rc.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # Several processes: process 0 writes the shared files (config, task data, the tiny
+    # model) and the metrics; the others wait for it, reuse the model it built and write
+    # their task data into out/process<i>/ (the same rows: prepare_task is deterministic).
+    primary = multihost.is_primary()
+    write_metrics = write_metrics and primary
     if raw is not None and write_metrics:
         (out / "config.json").write_text(raw.to_json(indent=2))
+    if not primary:
+        multihost.barrier("build_run:prepared")
+    data_dir = out if primary else out / f"process{multihost.process_index()}"
     # Data first: a bad question file or retrieval index fails before any model work.
-    files = prepare_task_files(rc, out)
+    files = prepare_task_files(rc, data_dir)
     model_dir = prepare_model_dir(rc, out)
+    if primary:
+        multihost.barrier("build_run:prepared")
     tokenizer = load_tokenizer(rc, model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
@@ -308,9 +333,12 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
                                          image_processor=image_processor)
         eval_items = prompt_items(pipe.next_batch(rc.data.max_eval_examples), "eval")
     lg = rc.logging
-    writer = MetricsWriter(out, tensorboard=lg.tensorboard and write_metrics,
-                           wandb=lg.wandb and write_metrics, wandb_project=lg.wandb_project,
-                           config=json.loads(raw.to_json()) if raw is not None else None)
+    if primary:
+        writer = MetricsWriter(out, tensorboard=lg.tensorboard and write_metrics,
+                               wandb=lg.wandb and write_metrics, wandb_project=lg.wandb_project,
+                               config=json.loads(raw.to_json()) if raw is not None else None)
+    else:
+        writer = NullWriter(out)
     with contextlib.ExitStack() as stack:
         stack.callback(writer.close)
         reward_pool = RewardPool.from_config(rc.reward)

@@ -64,10 +64,17 @@ def tail(path: Path, n: int = TAIL_LINES) -> str:
     return "\n".join(lines[-n:])
 
 
+def log_name(env=None) -> str:
+    """``run.log``, or ``run.process<i>.log`` for process i > 0 of a multi-host run."""
+    pid = int((os.environ if env is None else env).get("JAX_PROCESS_ID") or 0)
+    return "run.log" if pid == 0 else f"run.process{pid}.log"
+
+
 def run_logged(config, fn: Callable[[], T]) -> T:
     """Run ``fn`` with library output in ``<trainer.out_dir>/run.log``; on failure print
-    the log's last lines and the error to the console, then re-raise."""
-    log_path = Path(config.trainer.out_dir) / "run.log"
+    the log's last lines and the error to the console, then re-raise. Process i > 0 of a
+    multi-host run (``JAX_PROCESS_ID``) logs to ``run.process<i>.log``."""
+    log_path = Path(config.trainer.out_dir) / log_name()
     with library_output_to(log_path) as term:
         print(f"[trainer] library logs (vLLM, XLA, tool server) go to {log_path}", file=term)
         try:

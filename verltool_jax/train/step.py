@@ -242,6 +242,12 @@ def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformati
             compiled[key] = jax.jit(step, in_shardings=(state_sh, batch_sh),
                                     out_shardings=(state_sh, replicated),
                                     donate_argnums=donate_args)
+        if jax.process_count() > 1:
+            # Several processes: every process holds the whole (same) host batch and
+            # places its own rows (jit would not place host arrays across processes).
+            batch = {k: v if isinstance(v, jax.Array) else
+                     jax.device_put(v, batch_sharding(mesh, jnp.ndim(v)))
+                     for k, v in batch.items()}
         with jax.set_mesh(mesh):
             return compiled[key](state, batch)
 

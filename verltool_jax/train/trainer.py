@@ -25,6 +25,11 @@ is not trained on and not checkpointed, and a dependency that is down for good (
 external tool server, a dead sampler) stops the run with :class:`DependencyDown` before
 any checkpoint of a degraded policy is written (``python -m verltool_jax.train`` exits 3).
 
+Several processes (multi-host; every host runs the same command): each rolls out and
+scores its share of the prompts, the scored groups are gathered into one global batch and
+the step runs over the global mesh; process 0 alone writes (see
+:mod:`verltool_jax.train.multihost`).
+
 Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves, and stops without the final
 evaluation (exit 130); a later run with the same ``trainer.out_dir`` resumes exactly
 (params, optimizer, step, rng, the data position including prompts in flight).
@@ -55,7 +60,7 @@ from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.run_config import RunConfig
 from verltool_jax.tools_client import ToolClient
-from verltool_jax.train import build
+from verltool_jax.train import build, multihost
 from verltool_jax.train.batch import (batch_from_trajectories, include_observations,
                                       observation_targets, shift_targets)
 from verltool_jax.train.checkpoint import Checkpointer
@@ -209,7 +214,14 @@ def _fmt(x: Optional[float]) -> str:
 
 
 def train(config: Any, echo: bool = True) -> TrainResult:
-    """Run one experiment from its config (a ``ConfigDict`` or a ``RunConfig``)."""
+    """Run one experiment from its config (a ``ConfigDict`` or a ``RunConfig``).
+
+    In a multi-host run (``JAX_COORDINATOR_ADDRESS`` & co. set, see
+    :mod:`verltool_jax.train.multihost`) every process calls this with the same config; it
+    joins the jax.distributed cluster first, and only process 0 prints."""
+    multihost.start()
+    echo = echo and multihost.is_primary()
+
     def say(msg: str) -> None:
         print(msg, file=console(), flush=True) if echo else log.info(msg)
 
@@ -225,12 +237,14 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
     t_start = time.perf_counter()
     with build.build_run(config) as run:
         rc = run.config
+        multihost.check_supported(rc, run.mesh)
         algo = rc.algo_for_run()
         optimizer = make_optimizer(rc.optimizer_for_run())
 
         def new_state(model) -> TrainState:
-            return TrainState.create(model, optimizer, seed=rc.trainer.seed,
-                                     with_reference=algo.kl_coef > 0)
+            return multihost.globalize(
+                TrainState.create(model, optimizer, seed=rc.trainer.seed,
+                                  with_reference=algo.kl_coef > 0), run.mesh)
 
         # ckpt_every = 0: only the final save (forced at the end, and on Ctrl-C).
         ckpt = Checkpointer(run.out / "checkpoints",
@@ -241,6 +255,7 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
         resume_data: dict = {}
         if latest is not None:
             state, resume_data = ckpt.restore(new_state(run.model))
+            resume_data = multihost.my_data_state(resume_data)
             if prompts is not None and "prompts" in resume_data:
                 prompts.set_state(resume_data["prompts"])
             say(f"[trainer] resumed from {ckpt.directory} at step {latest}")
@@ -253,16 +268,21 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
         train_step = make_train_step(algo, state.graphdef, optimizer, mesh=run.mesh,
                                      donate=build.sampler_backend(rc)[0] != "jax")
         publisher = PolicyPublisher(run.open_sampler())
-        publisher.publish_now(state.sampler_params(), int(jax.device_get(state.step)))
+        publisher.publish_now(multihost.local_copy(state.sampler_params()),
+                              int(jax.device_get(state.step)))
         loop = RLLoop(run, algo, state, train_step, publisher, ckpt, prompts, resume_data,
                       stop, say)
         result = asyncio.run(loop.run())
         state = loop.state
-        finish_reports(run, loop.last_trajs, loop.eval_trajs, say)
+        if multihost.is_primary():
+            finish_reports(run, loop.last_trajs, loop.eval_trajs, say)
         if rc.checkpoint.export_hf:
-            build.hf_export(state.model(), run.tokenizer, run.out / "hf_model")
+            params = multihost.to_host(state.params)      # every process takes part
+            if multihost.is_primary():
+                build.hf_export(state.model(params), run.tokenizer, run.out / "hf_model")
     result["wall_s"] = time.perf_counter() - t_start
-    (run.out / "summary.json").write_text(json.dumps(result, indent=2))
+    if multihost.is_primary():
+        (run.out / "summary.json").write_text(json.dumps(result, indent=2))
     if result["interrupted"]:
         say(f"[trainer] interrupted at step {result['steps']} after {result['wall_s']:.0f}s; "
             f"checkpoint saved in {run.out}; run the same command to resume")
@@ -303,9 +323,16 @@ class RLLoop:
         if not run.eval_items:
             return {}
         t0 = time.perf_counter()
-        m, trajs = await evaluate(run.sampler, run.eval_items, client, run.tokenizer,
+        # Several processes: each evaluates its strided share of the items, the results
+        # are gathered (in item order) and the metrics taken over all of them.
+        items = run.eval_items[multihost.process_index()::multihost.process_count()]
+        m, trajs = await evaluate(run.sampler, items, client, run.tokenizer,
                                   self.rc.rollout.rollout_config(), run.reward_pool,
                                   image_processor=run.image_processor)
+        if multihost.is_multi():
+            gathered = await asyncio.to_thread(multihost.gather_groups, [[t] for t in trajs])
+            trajs = [g[0] for g in gathered]
+            m = summarize(trajs, "eval")
         m["time/eval_s"] = time.perf_counter() - t0
         h = batch_health(trajs)
         if h.rate > self.rc.trainer.max_error_rate:
@@ -328,24 +355,33 @@ class RLLoop:
             before = await self.evaluate(client, "start" if start else "after-sft")
             if rc.stage == "rl" and start < rc.trainer.steps:
                 await self.rl(client)
-            # An interrupted run is not finished: no final evaluation.
-            after = {} if self.stop.set else await self.evaluate(client, "final")
+            # An interrupted run is not finished: no final evaluation (decided by every
+            # process together: a signal may reach one process after the last step).
+            after = {} if self.stopping() else await self.evaluate(client, "final")
         return {"eval_before": before.get("eval/acc"), "eval_after": after.get("eval/acc"),
                 "steps": self.step, "interrupted": self.stop.set}
 
     async def rl(self, client) -> None:
         rc, run = self.rc, self.run_
         # Prompts that were in flight at the checkpoint are rolled out again first.
-        replay = [(i, prompt_item(e, prefix="r-"))
+        # Several processes: group ids carry the process (groups meet in one batch), and
+        # each process takes its share of the shared prompt stream (strided by process
+        # index; the position is the pipeline's count of prompts handed out, which its
+        # state saves, so a resumed process keeps its share).
+        tag = f"p{multihost.process_index()}" if multihost.is_multi() else ""
+        replay = [(i, prompt_item(e, prefix=f"{tag}r-"))
                   for i, e in ((i, self.prompts.example_at(i))
                                for i in self.resume_data.get("replay", [])) if e is not None]
         serial = iter(range(1, 1 << 62))
-        fresh = ((e.index, prompt_item(e, prefix=f"s{next(serial)}-")) for e in self.prompts)
+        fresh = ((e.index, prompt_item(e, prefix=f"{tag}s{next(serial)}-"))
+                 for e in self.prompts
+                 if not tag or multihost.my_share(self.prompts.consumed - 1))
+        groups_per_step = multihost.check_batch_groups(rc.trainer.batch_groups)
         queue = None
         if rc.rollout.mode == "async":
             queue = TrajectoryQueue(max_groups=max(4, 4 * rc.trainer.batch_groups),
                                     max_staleness=rc.rollout.max_staleness,
-                                    groups_per_batch=rc.trainer.batch_groups,
+                                    groups_per_batch=groups_per_step,
                                     start_version=self.step)
             self.publisher.queue = queue
         producer = RolloutProducer(fresh, n_samples=rc.rollout.n_samples, sampler=run.sampler,
@@ -353,20 +389,24 @@ class RLLoop:
                                    cfg=rc.rollout.rollout_config(), queue=queue, replay=replay,
                                    image_processor=run.image_processor)
         producing = asyncio.create_task(producer.run()) if queue is not None else None
-        bar = ProgressBar(rc.trainer.steps, initial=self.step, enabled=rc.logging.progress_bar,
+        bar = ProgressBar(rc.trainer.steps, initial=self.step,
+                          enabled=rc.logging.progress_bar and multihost.is_primary(),
                           file=console())
         t_last = time.perf_counter()
         try:
-            while self.step < rc.trainer.steps and not self.stop.set:
+            while self.step < rc.trainer.steps and not self.stopping():
                 await self.health.before_step()
                 t0 = time.perf_counter()
                 if queue is not None:
-                    groups = await queue.get_batch(rc.trainer.batch_groups)
+                    groups = await queue.get_batch(groups_per_step)
                 else:
-                    groups = await producer.next_groups(rc.trainer.batch_groups)
+                    groups = await producer.next_groups(groups_per_step)
                 t_wait = time.perf_counter() - t0
                 producer.consumed(groups)
                 t_reward = await self.score(groups)
+                # Several processes: every process gets every process's scored groups and
+                # trains on the same global batch (each places its own rows).
+                groups = await asyncio.to_thread(multihost.gather_groups, groups)
                 if not await self.health.admit([t for g in groups for t in g], self.step):
                     continue                  # not trained on, not checkpointed
                 metrics = await self.rl_step(groups, t_wait, t_reward, t_last)
@@ -403,11 +443,20 @@ class RLLoop:
         assign_rewards(trajs, await run.reward_pool.score_async(trajs, run.tokenizer))
         return time.perf_counter() - t0
 
+    def stopping(self) -> bool:
+        """Whether to stop before the next step: a signal arrived (on any process, so all
+        processes stop at the same step)."""
+        if multihost.is_multi():
+            self.stop.set = multihost.any_true(self.stop.set)
+        return self.stop.set
+
     def data_state(self, producer: RolloutProducer) -> dict:
         """The data position to checkpoint: the pipeline plus prompts started but not yet
-        trained on (they are rolled out again first on resume)."""
-        return {"prompts": self.prompts.get_state(),
+        trained on (they are rolled out again first on resume). Several processes: every
+        process's position, under ``processes`` in process order (a collective)."""
+        mine = {"prompts": self.prompts.get_state(),
                 "replay": sorted(set(producer.in_flight_keys())), "sft_done": True}
+        return multihost.data_state(mine)
 
     async def rl_step(self, groups: list[list[Trajectory]], t_wait: float, t_reward: float,
                       t_last: float) -> dict:
@@ -423,8 +472,11 @@ class RLLoop:
         self.state, metrics = await asyncio.to_thread(train_on, rc, self.state,
                                                       self.train_step, trajs, run.pad_id)
         t_train = time.perf_counter() - t1
-        t_sync = await self.publisher.publish(self.state.sampler_params(), self.step)
+        params = await asyncio.to_thread(multihost.local_copy, self.state.sampler_params())
+        t_sync = await self.publisher.publish(params, self.step)
         self.last_trajs = trajs
+        if rc.logging.dump_trajectories and multihost.is_primary():
+            dump_trajectories(run.out / "trained" / f"step_{self.step:05d}.jsonl", trajs)
         sampled = sum(int(sum(t.loss_mask)) for t in trajs)
         metrics.update(rollout_metrics(trajs, version))
         metrics.update(parity)
@@ -434,6 +486,21 @@ class RLLoop:
                         "policy/version": self.publisher.version,
                         names.TOKENS_PER_S: sampled / max(1e-9, time.perf_counter() - t_last)})
         return metrics
+
+
+def dump_trajectories(path, trajs: list[Trajectory]) -> None:
+    """Write ``trajs`` (every field but images and extras) as JSON lines to ``path``;
+    ``load_trajectories`` reads them back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for t in trajs:
+            f.write(json.dumps(multihost.trajectory_json(t)) + "\n")
+
+
+def load_trajectories(path) -> list[Trajectory]:
+    """The trajectories ``dump_trajectories`` wrote to ``path``."""
+    with open(path) as f:
+        return [Trajectory(**json.loads(line)) for line in f if line.strip()]
 
 
 def finish_reports(run, last_trajs: list, eval_trajs: list, say) -> None:
