@@ -74,6 +74,18 @@ def test_seeded_requests_repeat_and_tokens_are_in_vocab(vllm_sampler):
     assert all(0 <= t < vllm_sampler.vocab_size for c in a for t in c.token_ids)
 
 
+def test_seeded_requests_whose_prompts_overflow_one_engine_step_complete(vllm_sampler):
+    """More seeded prompt tokens than one engine step takes (2048): with chunked prefill,
+    vLLM 0.32 on CPU rewinds a seeded request's generator and its engine dies ("CPU
+    Generator does not use offset"); the sampler turns chunked prefill off on CPU."""
+    rng = np.random.default_rng(0)
+    n = min(200, vllm_sampler.max_model_len - 8)
+    prompts = [rng.integers(20, 200, n).tolist() for _ in range(2048 // n + 4)]
+    out = _gather(vllm_sampler, prompts, SamplingParams(max_tokens=4, temperature=1.0, seed=7))
+    assert len(out) == len(prompts) and all(1 <= len(c.token_ids) <= 4 for c in out)
+    assert vllm_sampler._engine_args["enable_chunked_prefill"] is False
+
+
 def test_stop_string_is_kept_and_reported(vllm_sampler, sampler_tokenizer):
     free = SamplingParams(max_tokens=40, temperature=1.0, seed=3)
     c0 = asyncio.run(vllm_sampler.generate(PROMPTS[0], free))

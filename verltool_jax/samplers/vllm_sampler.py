@@ -122,6 +122,11 @@ class VLLMSampler:
                 trainer_overlaps=trainer_overlaps, max_model_len=self.max_model_len,
                 max_num_seqs_cap=self._engine_args["max_num_seqs"])
             self._engine_args["max_num_seqs"] = self.placement.max_num_seqs
+            # vLLM 0.32 on CPU kills its engine ("CPU Generator does not use offset") when a
+            # request with its own seed (rollout.seed) is prefilled in chunks: it rewinds
+            # the request's torch generator, which CPU generators cannot do. Whole-prompt
+            # prefill never takes that path (tests/samplers: test_seeded_requests_...).
+            self._engine_args["enable_chunked_prefill"] = False
         self._engine_args.update(engine_kwargs or {})
         self._model_config = None          # models.ModelConfig, loaded on first update
         # "auto": in place where it applies, else vLLM's reload; "reload" forces the latter
