@@ -60,6 +60,7 @@ def test_server_command_and_a_missing_server_is_a_clear_error():
     for flag in ("--logprobs-mode", "processed_logprobs", "--worker-extension-cls",
                  "--generation-config", "--port", "8123"):
         assert flag in argv
+    assert "--no-enable-chunked-prefill" in argv      # this is a CPU host (docs/samplers.md)
     t0 = time.monotonic()
     with pytest.raises(SamplerDeadError, match="no vLLM server answers"):
         RemoteVLLMSampler(f"http://127.0.0.1:{free_port()}", connect_timeout_s=1)
