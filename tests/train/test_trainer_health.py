@@ -281,3 +281,14 @@ def test_batches_over_the_error_rate_are_skipped_then_the_run_stops():
     assert mon.metrics()["health/skipped_steps"] == 5
     assert said[0].startswith("[health] step 2: 2/4 trajectories failed (2x ToolServerError: "
                               "boom), more than trainer.max_error_rate=0.25: not training")
+
+
+def test_a_replica_list_is_healthy_while_any_replica_answers():
+    """``tool_server.url`` may list replicas; the guard probed the whole comma-separated
+    string as one URL and stopped every multi-replica run (launch/local_cluster.sh)."""
+    from verltool_jax.samplers.remote_vllm import free_port
+    dead = f"http://127.0.0.1:{free_port()}"
+    with run_server(["python_code"], timeout=5) as live:
+        both = asyncio.run(ToolServerGuard(f"{dead},{live}", None, down_grace_s=0).healthy())
+        assert both is True
+    assert asyncio.run(ToolServerGuard(f"{dead},{live}", None, down_grace_s=0).healthy()) is False

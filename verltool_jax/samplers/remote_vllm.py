@@ -278,13 +278,22 @@ def vllm_serve_argv(model_path: str, port: int, *, host: str = "127.0.0.1",
             "--worker-extension-cls", WORKER_EXTENSION, "--disable-log-stats"]
     if enforce_eager:
         argv.append("--enforce-eager")
-    from .vllm_sampler import _on_cpu
-    if _on_cpu():
+    if _cpu_host():
         # seeded requests prefilled in chunks kill vLLM 0.32's CPU engine (docs/samplers.md)
         argv.append("--no-enable-chunked-prefill")
     if gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
     return argv + list(extra)
+
+
+def _cpu_host() -> bool:
+    """Whether vLLM on this host runs on its CPU backend (False where vLLM is not
+    installed: a launch host only printing the command)."""
+    try:
+        from .vllm_sampler import _on_cpu
+        return _on_cpu()
+    except ImportError:
+        return False
 
 
 def vllm_serve_env(base: Optional[dict] = None) -> dict:

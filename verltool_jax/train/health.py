@@ -50,9 +50,14 @@ def failure_reason(t: Trajectory) -> str:
 
 
 def http_healthy(url: str, timeout_s: float = 2.0) -> bool:
-    """True if ``GET <url>/health`` answers 200 within ``timeout_s``."""
+    """True if ``GET <url>/health`` answers 200 within ``timeout_s``. ``url`` may list
+    tool-server replicas separated by commas (``tool_server.url``): True if any of them
+    answers, since the tool client routes around dead replicas."""
+    if "," in url:
+        return any(http_healthy(u, timeout_s) for u in url.split(",") if u.strip())
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s) as r:
+        with urllib.request.urlopen(url.strip().rstrip("/") + "/health",
+                                    timeout=timeout_s) as r:
             return r.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
