@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from support.experiment_scripts import load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / ".." / "shared" / "data"
@@ -17,11 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("math_smollm2",
-                                                  REPO / "experiments" / "math_smollm2.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_experiment("math_smollm2")
 
 
 def test_math_smollm2_smoke_runs_and_resumes(tmp_path, capsys):

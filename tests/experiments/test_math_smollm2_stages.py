@@ -3,21 +3,18 @@ interrupted training stage records nothing (the full smoke run is in
 test_math_smollm2_smoke.py, slow)."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from support.experiment_scripts import load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / ".." / "shared" / "data"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("math_smollm2",
-                                                  REPO / "experiments" / "math_smollm2.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_experiment("math_smollm2")
 
 
 @pytest.mark.parametrize("stages", ["sft", "grpo"])
