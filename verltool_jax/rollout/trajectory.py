@@ -1,7 +1,8 @@
 """The record of one finished (or failed) trajectory, as the trainer consumes it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 
@@ -72,8 +73,32 @@ class Trajectory:
                                  f"{placeholder_runs(ids, tok)} differ from the images' "
                                  f"(offset, tokens) {want}")
 
+    # fields a JSON record leaves out: image patches and observation payloads
+    JSON_SKIPS = ("images", "extras")
+
+    def to_json(self) -> dict:
+        """Every field but ``images`` and ``extras`` as plain JSON values (numpy arrays and
+        scalars converted); :meth:`from_json` rebuilds the trajectory."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.JSON_SKIPS}
+        return json.loads(json.dumps(d, default=_json_value))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Trajectory":
+        """The trajectory :meth:`to_json` recorded (without images and extras)."""
+        return cls(**d)
+
     @property
     def min_version(self) -> int:
         """Oldest policy version that sampled any token (-1 if none were sampled)."""
         sampled = [v for v, m in zip(self.versions, self.loss_mask) if m]
         return min(sampled) if sampled else -1
+
+
+def _json_value(x: Any) -> Any:
+    """numpy arrays and scalars as lists and numbers; anything else as its string."""
+    import numpy as np
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    return str(x)

@@ -36,7 +36,6 @@ therefore behaves exactly as before. Collectives (every ``gather_*``, :func:`all
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any, Optional, Sequence
 
@@ -82,7 +81,7 @@ def check_batch_groups(batch_groups: int, count: Optional[int] = None) -> int:
         raise ValueError(f"trainer.batch_groups={batch_groups} is the global number of "
                          f"prompt groups per step and must be a multiple of the number of "
                          f"processes ({count}); set trainer.batch_groups to a multiple of "
-                         f"{count} or run {batch_groups} processes' worth")
+                         f"{count}, or change the number of processes")
     return batch_groups // count
 
 
@@ -139,23 +138,6 @@ def gather_json(obj: Any) -> list:
     return out
 
 
-# Trajectory fields that travel between processes (images do not: see gather_groups).
-_TRAJ_SKIP = ("images", "extras")
-
-
-def _traj_to_json(t) -> dict:
-    d = {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name not in _TRAJ_SKIP}
-    return json.loads(json.dumps(d, default=_json_default))
-
-
-def _json_default(x):
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    return str(x)
-
-
 def gather_groups(groups: Sequence[list]) -> list[list]:
     """All processes' scored groups, on every process, interleaved by position (group j of
     process 0, group j of process 1, ..., then group j+1), which with the strided prompt
@@ -172,8 +154,8 @@ def gather_groups(groups: Sequence[list]) -> list[list]:
         raise ValueError("multi-host training of vision-language policies (trajectories with "
                          "images) is not supported; run one process")
     me = process_index()
-    every = gather_json([[_traj_to_json(t) for t in g] for g in groups])
-    per_proc = [groups if p == me else [[Trajectory(**d) for d in g] for g in gs]
+    every = gather_json([[t.to_json() for t in g] for g in groups])
+    per_proc = [groups if p == me else [[Trajectory.from_json(d) for d in g] for g in gs]
                 for p, gs in enumerate(every)]
     out = []
     for j in range(max(len(g) for g in per_proc)):
@@ -264,8 +246,3 @@ def my_data_state(saved: dict) -> dict:
                          f"start a new trainer.out_dir")
     return dict(parts[me])
 
-
-def trajectory_json(t) -> dict:
-    """A ``Trajectory`` as a JSON-able dict (every field but ``images`` and ``extras``);
-    ``Trajectory(**d)`` rebuilds it."""
-    return _traj_to_json(t)

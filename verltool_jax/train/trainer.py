@@ -494,13 +494,13 @@ def dump_trajectories(path, trajs: list[Trajectory]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for t in trajs:
-            f.write(json.dumps(multihost.trajectory_json(t)) + "\n")
+            f.write(json.dumps(t.to_json()) + "\n")
 
 
 def load_trajectories(path) -> list[Trajectory]:
     """The trajectories ``dump_trajectories`` wrote to ``path``."""
     with open(path) as f:
-        return [Trajectory(**json.loads(line)) for line in f if line.strip()]
+        return [Trajectory.from_json(json.loads(line)) for line in f if line.strip()]
 
 
 def finish_reports(run, last_trajs: list, eval_trajs: list, say) -> None:
