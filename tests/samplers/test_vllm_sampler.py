@@ -310,8 +310,14 @@ def test_a_payload_the_inplace_plan_does_not_cover_falls_back_to_vllms_reload(
 
 
 def test_request_timeout_raises_instead_of_hanging(vllm_sampler):
+    """A stalled engine (its scheduler paused: nothing advances, nothing finishes) makes a
+    generate raise SamplerTimeoutError after request_timeout_s instead of hanging. The
+    stall is real and deterministic: a running engine could finish a short answer (an
+    early EOS) inside any timeout small enough for a test."""
     old = vllm_sampler.request_timeout_s
-    vllm_sampler.request_timeout_s = 0.05
+    engine = vllm_sampler._engine
+    vllm_sampler._call(engine.pause_generation(mode="keep", clear_cache=False), 30)
+    vllm_sampler.request_timeout_s = 0.3
     try:
         t = time.monotonic()
         with pytest.raises(SamplerTimeoutError, match="request_timeout_s"):
@@ -320,6 +326,7 @@ def test_request_timeout_raises_instead_of_hanging(vllm_sampler):
         assert time.monotonic() - t < 5
     finally:
         vllm_sampler.request_timeout_s = old
+        vllm_sampler._call(engine.resume_generation(), 30)
     # the engine is fine afterwards
     c = asyncio.run(vllm_sampler.generate(PROMPTS[0], SamplingParams(max_tokens=3)))
     assert len(c.token_ids) == 3
