@@ -295,4 +295,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from verltool_jax.malloc_tuning import reexec_with_hugepages
+    reexec_with_hugepages()   # VERLTOOL_MALLOC_HUGEPAGES=0: without
     sys.exit(main())

@@ -33,4 +33,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from verltool_jax.malloc_tuning import reexec_with_hugepages
+    reexec_with_hugepages()
     sys.exit(main())
