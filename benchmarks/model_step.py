@@ -7,9 +7,14 @@ and peak memory of chunked vs naive token log-probabilities.
 Both frameworks run the same random checkpoint (Qwen2-style at the tiny size, or the
 SmolLM2-135M Llama shape from its config.json with ``--model smollm2``; written by
 transformers and loaded with ``load_hf``) and the same loss: the summed log-probability of
-the next token, chunked as the trainer computes it. The two sides are interleaved (JAX,
-PyTorch, JAX, PyTorch, ...) in one process pinned to ``--threads`` cores, so a busy machine
-slows both alike; the load average is printed beside every figure. Peak memory per token:
+the next token, chunked as the trainer computes it. Each framework runs in its own worker
+process (a trainer never shares its process with the other framework: in one process,
+PyTorch's steps slowed the JAX steps after them by about a quarter), both pinned to the
+same ``--threads`` cores, and the parent makes them step in turn (JAX, PyTorch, JAX, ...;
+one runs while the other waits), so a busy machine slows both alike; the load average is
+printed beside every figure. The command-line entry re-executes itself with glibc's
+huge-page tunable (``verltool_jax.malloc_tuning``; ``VERLTOOL_MALLOC_HUGEPAGES=0`` to
+measure without), which both workers inherit. Peak memory per token:
 measured in a fresh process per framework (allocators keep freed memory, so it cannot be
 measured after the other side ran): the highest resident-set size seen during the first
 step (sampled every 2 ms; for JAX after compilation) above the size just before it
@@ -161,6 +166,56 @@ def first_step_memory(path, ids, chunk, framework) -> int:
     return mem.delta
 
 
+class StepWorker:
+    """One framework's train step in its own process (``--worker``), stepped on request."""
+
+    def __init__(self, framework: str, ckpt: str):
+        import subprocess
+        import sys
+        self.proc = subprocess.Popen([sys.executable, *sys.argv, "--worker", framework,
+                                      "--ckpt", ckpt], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.setup_s = float(self._reply("ready"))
+
+    def _reply(self, tag: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(f"@@{tag} "):
+                return line.split(" ", 1)[1].strip()
+        raise RuntimeError(f"the step worker (pid {self.proc.pid}) exited with "
+                           f"{self.proc.wait()} before answering {tag!r}; its stderr is above")
+
+    def step(self) -> tuple[float, float]:
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        dt, load = self._reply("step").split()
+        return float(dt), float(load)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def worker(a) -> None:
+    """``--worker``: build the step from ``--ckpt`` (JAX: compile it; PyTorch: one warm-up
+    step), print ``@@ready <seconds>``, then time one step per ``step`` line on stdin."""
+    import sys
+    from transformers import AutoConfig
+    V = AutoConfig.from_pretrained(a.ckpt).vocab_size
+    ids = np.random.default_rng(0).integers(0, V, (a.batch, a.seq + 1))
+    t0 = time.perf_counter()
+    if a.worker == "jax":
+        step, setup_s = make_jax(a.ckpt, ids, a.chunk)
+    else:
+        step = make_torch(a.ckpt, ids)
+        setup_s = time.perf_counter() - t0
+    print(f"@@ready {setup_s:.3f}", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "step":
+            dt, load = timed(step)
+            print(f"@@step {dt:.6f} {load:.2f}", flush=True)
+
+
 def memory_in_subprocess(framework: str) -> int:
     import subprocess
     import sys
@@ -206,6 +261,8 @@ def main():
                          "(0: every core)")
     ap.add_argument("--skip-memory-table", action="store_true")
     ap.add_argument("--memory-of", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    ap.add_argument("--ckpt", help=argparse.SUPPRESS)
     a = ap.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     if a.threads:
@@ -223,7 +280,10 @@ def main():
     print(f"machine: {os.cpu_count()} CPUs, pinned to {cores}, jax {jax.__version__} "
           f"({jax.devices()[0].platform}), torch {torch.__version__} ({torch.get_num_threads()} "
           f"threads), XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
+          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, "
           f"load average {os.getloadavg()[0]:.1f}")
+    if a.worker:
+        return worker(a)
     with tempfile.TemporaryDirectory() as d:
         cfg = build_checkpoint(d, a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate,
                                a.vocab, like)
@@ -238,15 +298,21 @@ def main():
         if a.memory_of:
             print(first_step_memory(d, ids, a.chunk, a.memory_of))
             return
-        jstep, cj = make_jax(d, ids, a.chunk)
-        tstep = make_torch(d, ids)
         res = {"JAX/Flax": [], "PyTorch": []}
-        for r in range(a.rounds):
-            for name, step in (("JAX/Flax", jstep), ("PyTorch", tstep)):
-                dt, load = timed(step)
-                res[name].append(dt)
-                print(f"  round {r} {name:9s} {dt * 1e3:8.1f} ms  {tokens / dt:8.0f} tokens/s  "
-                      f"load {load:.1f}", flush=True)
+        workers = {}
+        try:
+            for name, fw in (("JAX/Flax", "jax"), ("PyTorch", "torch")):   # one at a time
+                workers[name] = StepWorker(fw, d)
+            cj = workers["JAX/Flax"].setup_s
+            for r in range(a.rounds):
+                for name, w in workers.items():
+                    dt, load = w.step()
+                    res[name].append(dt)
+                    print(f"  round {r} {name:9s} {dt * 1e3:8.1f} ms  {tokens / dt:8.0f} "
+                          f"tokens/s  load {load:.1f}", flush=True)
+        finally:
+            for w in workers.values():
+                w.close()
     peaks = {"JAX/Flax": memory_in_subprocess("jax"), "PyTorch": memory_in_subprocess("torch")}
     med = {k: (float(np.median(v)), peaks[k]) for k, v in res.items()}
     for name, (t, mem) in med.items():
@@ -266,4 +332,6 @@ def main():
 
 
 if __name__ == "__main__":
+    from verltool_jax.malloc_tuning import reexec_with_hugepages
+    reexec_with_hugepages()   # VERLTOOL_MALLOC_HUGEPAGES=0: without
     main()
