@@ -103,32 +103,23 @@ class LlamaCppServer:
 
     def __init__(self, binary: str, gguf: str, slots: int, max_len: int, threads: int):
         import subprocess
-        import socket
 
-        import httpx
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.log = open(tempfile.mktemp(prefix="llama_server_", suffix=".log"), "w")
+        from verltool_jax.samplers.remote_vllm import free_port
+        from verltool_jax.train.health import http_healthy
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile("w", prefix="llama_server_", suffix=".log",
+                                               delete=False)
         self.proc = subprocess.Popen(
             [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port),
              "-t", str(threads), "-tb", str(threads), "-np", str(slots),
              "-c", str(slots * max_len), "--no-webui"],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see "
-                                   f"{self.log.name}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+        while not http_healthy(f"http://127.0.0.1:{self.port}"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"llama-server did not become healthy; see {self.log.name}")
             time.sleep(0.5)
-        else:
-            raise RuntimeError(f"llama-server did not become healthy; see {self.log.name}")
-        self.slots = slots
 
     async def generate(self, prompt, params, request_id=None):
         import types
@@ -143,11 +134,12 @@ class LlamaCppServer:
             r = await c.post(f"http://127.0.0.1:{self.port}/completion", json=body)
         r.raise_for_status()
         out = r.json()
-        return types.SimpleNamespace(token_ids=out.get("tokens") or [0] * out["tokens_predicted"])
+        return types.SimpleNamespace(token_ids=out["tokens"])
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
         self.log.close()
 
 

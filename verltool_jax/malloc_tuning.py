@@ -26,12 +26,16 @@ OPT_OUT_ENV = "VERLTOOL_MALLOC_HUGEPAGES"
 THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
+def tunable_names(current: str) -> set[str]:
+    """The names a ``GLIBC_TUNABLES`` value sets (``name=value`` items joined by ``:``)."""
+    return {t.split("=", 1)[0] for t in current.split(":") if t}
+
+
 def tunables_with(current: str, tunable: str) -> str:
-    """``current`` (a ``GLIBC_TUNABLES`` value, ``name=value`` items joined by ``:``) plus
-    ``tunable``, unless ``current`` already sets that name (the user's value wins)."""
-    name = tunable.split("=", 1)[0]
+    """``current`` (a ``GLIBC_TUNABLES`` value) plus ``tunable``, unless ``current`` already
+    sets that name (the user's value wins); empty items dropped."""
     items = [t for t in current.split(":") if t]
-    if any(t.split("=", 1)[0] == name for t in items):
+    if tunable.split("=", 1)[0] in tunable_names(current):
         return ":".join(items)
     return ":".join([*items, tunable])
 
@@ -64,8 +68,8 @@ def wants_reexec(env: Mapping[str, str], mode: Optional[str], glibc_ok: bool) ->
     opted out, glibc has it, the kernel's mode is ``madvise``, and not set yet."""
     if env.get(OPT_OUT_ENV, "1") == "0" or not glibc_ok or mode != "madvise":
         return False
-    current = env.get("GLIBC_TUNABLES", "")
-    return tunables_with(current, HUGETLB_TUNABLE) != ":".join(t for t in current.split(":") if t)
+    name = HUGETLB_TUNABLE.split("=", 1)[0]
+    return name not in tunable_names(env.get("GLIBC_TUNABLES", ""))
 
 
 def reexec_with_hugepages() -> None:
