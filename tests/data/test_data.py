@@ -134,3 +134,31 @@ def test_sft_pipeline_masks_observations(tmp_path):
     write_rows([bad], tmp_path / "bad.jsonl")
     with pytest.raises(DataRowError, match=r"row 0: field 'response_segments\[0\].loss'"):
         SFTPipeline.from_files([tmp_path / "bad.jsonl"], tok)
+
+
+def test_sft_observation_segments_are_formatted_as_the_rollout_formats_them(tmp_path):
+    """An ``observation`` segment holds the raw tool answer; SFT tokenizes it with the
+    rollout's ObservationFormatter (template around it, truncation), mixed in one parquet
+    file with plain segments; without a formatter, or trained on, it is an error."""
+    from verltool_jax.rollout.observation import ObservationFormatter
+    tok = tiny_tokenizer()
+    fmt = ObservationFormatter(tok, "<result>\n{obs}\n</result>", max_obs_tokens=3, side="head",
+                               marker="")
+    obs = "1 2 3 4 5 6"
+    row = _row(1, response_segments=[{"text": "<python>print(1)</python>", "loss": True},
+                                     {"text": obs, "loss": False, "observation": True},
+                                     {"text": "<answer>6</answer>", "loss": True}])
+    path = write_rows([row, _row(2, response_segments=[{"text": "x", "loss": True}])],
+                      tmp_path / "sft.parquet")
+    ex = next(SFTPipeline.from_files([path], tok, shuffle=False, observation_ids=fmt))
+    want = fmt(obs)[0]
+    assert fmt(obs)[1] and len(want) < len(tok.encode(f"<result>\n{obs}\n</result>"))
+    masked = [i for i, m in zip(ex.response_ids, ex.loss_mask) if m == 0]
+    assert masked == want                                      # exactly the rollout's ids
+    assert sum(ex.loss_mask) == len(ex.response_ids) - len(want)
+    with pytest.raises(ValueError, match="observation formatter"):
+        next(SFTPipeline.from_files([path], tok, shuffle=False))
+    bad = dict(row, response_segments=[{"text": obs, "loss": True, "observation": True}])
+    write_rows([bad], tmp_path / "bad.jsonl")
+    with pytest.raises(DataRowError, match=r"response_segments\[0\].loss"):
+        SFTPipeline.from_files([tmp_path / "bad.jsonl"], tok)

@@ -23,7 +23,7 @@ import grain
 from verltool_jax.data.images import multimodal_prompt
 from verltool_jax.data.readers import read_files
 from verltool_jax.data.rows import validate_sft_row
-from verltool_jax.data.sft import SFTExample, tokenize_sft_row
+from verltool_jax.data.sft import ObservationIds, SFTExample, tokenize_sft_row
 from verltool_jax.data.templating import prompt_token_ids
 
 
@@ -179,9 +179,11 @@ class SFTPipeline(RowPipeline):
     """Tokenized demonstrations (rows with ``response_segments``), see ``data/sft.py``."""
 
     def __init__(self, rows: Sequence[dict], tokenizer, *, seed: int = 0, shuffle: bool = True,
-                 num_epochs: Optional[int] = None, append_eos: bool = True):
+                 num_epochs: Optional[int] = None, append_eos: bool = True,
+                 observation_ids: Optional[ObservationIds] = None):
         def transform(index: int, row: dict) -> SFTExample:
-            return tokenize_sft_row(tokenizer, row, index=index, append_eos=append_eos)
+            return tokenize_sft_row(tokenizer, row, index=index, append_eos=append_eos,
+                                    observation_ids=observation_ids)
         super().__init__(rows, transform, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
 
     @classmethod

@@ -92,7 +92,15 @@ def validate_sft_row(row: Any, index: int, where: str = "data") -> dict:
         if not isinstance(seg.get("loss"), bool):
             _fail(where, index, f"response_segments[{j}].loss", "must be true/false "
                   "(false for tool observations)")
-        out.append({"text": seg["text"], "loss": seg["loss"]})
+        observation = seg.get("observation", False)
+        if observation not in (True, False, None):
+            _fail(where, index, f"response_segments[{j}].observation", "must be true/false "
+                  "(true: a raw tool answer, formatted as the rollout formats observations)")
+        if observation and seg["loss"]:
+            _fail(where, index, f"response_segments[{j}].loss", "must be false for an "
+                  "observation segment (tool output is never trained on)")
+        out.append({"text": seg["text"], "loss": seg["loss"]}
+                   | ({"observation": True} if observation else {}))
     row["response_segments"] = out
     return row
 

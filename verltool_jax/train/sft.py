@@ -102,8 +102,10 @@ def run_sft(run, say) -> nnx.Module:
                                      schedule="constant", weight_decay=0.0, max_grad_norm=1.0))
     state = TrainState.create(run.model, opt, seed=c.trainer.seed)
     step_fn = make_sft_step(state.graphdef, opt)
+    from verltool_jax.rollout.agent_loop import make_formatter
     pipe = SFTPipeline.from_files(run.files["sft"], run.tokenizer, fmt=c.data.format,
-                                  seed=c.data.seed)
+                                  seed=c.data.seed, observation_ids=make_formatter(
+                                      run.tokenizer, c.rollout.rollout_config()))
     t0 = time.perf_counter()
     for i in range(steps):
         batch = sft_batch(pipe.next_batch(c.sft.batch_size), run.pad_id, c.model.max_seq_len)
