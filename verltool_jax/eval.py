@@ -155,7 +155,9 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
              echo: bool = True) -> dict:
     """Evaluate ``checkpoint`` on ``config``'s test sets; returns
     ``{"what", "overall" (greedy summary), "modes": {mode: {set: metrics}}}`` with modes
-    ``greedy`` and, for ``samples`` > 0, ``T=<temperature>,n=<samples>``."""
+    ``greedy`` and, for ``samples`` > 0, ``T=<temperature>,n=<samples>``; retrieval QA
+    adds ``"search"`` (:func:`~verltool_jax.reporting.search_metrics.search_qa_metrics`
+    of the greedy run), SWE tasks ``"swe"``."""
     from verltool_jax.models.lora import sampler_params
 
     from verltool_jax.reporting.pass_at_k import format_set_table, set_metrics
@@ -211,11 +213,12 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
         errors = error_summary(trajs + ([t for g in sampled for t in g] if sampled else []))
         if errors:
             say("[eval] WARNING: trajectories ended by an error (they score 0):\n" + errors)
+        search = None
         if run.config.task is not None and run.config.task.name == "search_qa":
             from verltool_jax.reporting.search_metrics import (format_search_metrics,
                                                                search_qa_metrics)
-            say("[eval] retrieval QA by data set:\n"
-                + format_search_metrics(search_qa_metrics(trajs, tokenizer=run.tokenizer)))
+            search = search_qa_metrics(trajs, tokenizer=run.tokenizer)
+            say("[eval] retrieval QA by data set:\n" + format_search_metrics(search))
         swe = swe_results(trajs, walls["greedy"], rcfg.max_concurrency or len(trajs))
         if swe is not None:
             say("[eval] SWE tasks (greedy):\n" + swe.pop("table"))
@@ -229,6 +232,8 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
                                     tokenizer=run.tokenizer)
             say(f"[eval] trajectories: {report}")
     out = {"what": what, "overall": overall, "modes": modes}
+    if search is not None:
+        out["search"] = search          # greedy: EM, F1, searches, gold retrieved per set
     if swe is not None:
         out["swe"] = swe
     return out

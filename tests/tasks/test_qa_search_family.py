@@ -407,6 +407,58 @@ def test_started_tool_server_searches_the_configured_index(data, tmp_path):
     assert body["valids"] == [True, False]
 
 
+def test_demonstration_segments_answer_only_from_their_evidence():
+    from verltool_jax.tasks.search_qa import demonstration_segments
+    obs = "<information>Doc 1 (Title: Paris) Paris is the capital of France.</information>"
+    segs = demonstration_segments("  What is the  capital\nof France? ", ["Lyon", "paris"], obs)
+    assert segs == [{"text": "<search> What is the capital of France? </search>", "loss": True},
+                    {"text": obs, "loss": False, "observation": True},
+                    {"text": "<answer> paris </answer>", "loss": True}]
+    # whole tokens after normalisation, as exact match compares: "Pari" is not in it
+    assert demonstration_segments("q", ["Pari", "Germany"], obs) is None
+
+
+def test_demonstrations_show_what_the_search_tool_answers(data, tmp_path):
+    """Every demonstration searches its own question, its observation is exactly what the
+    started tool server answers to that action (same index, topk and format), and its
+    answer is a gold answer found in that observation. Bad settings are clear errors."""
+    from tool_server.launcher import post_json
+    from tool_server.retrieval.answers import contains_answer
+    from verltool_jax.data import read_rows
+    from verltool_jax.tasks import prepare_task
+    from verltool_jax.train import build
+    cfg = _cfg("vt_search.py:tiny", data, "task.num_train=0", "task.num_eval=4",
+               "task.num_demos=6")
+    files = prepare_task(cfg, tmp_path / "data")
+    demos, train = read_rows(files.sft), read_rows(files.train)
+    assert 1 <= len(demos) <= 6
+    train_ids = {r["extra_info"]["id"] for r in train}
+    actions = []
+    for d in demos:
+        assert d["extra_info"]["id"] in train_ids
+        search, obs, answer = d["response_segments"]
+        assert [search["loss"], obs["loss"], answer["loss"]] == [True, False, True]
+        assert obs["observation"] and not search.get("observation")
+        q = " ".join(d["extra_info"]["question"].split())
+        assert search["text"] == f"<search> {q} </search>"
+        gold = list(d["reward_model"]["ground_truth"]["target"])
+        said = answer["text"].removeprefix("<answer> ").removesuffix(" </answer>")
+        assert said in gold and contains_answer(obs["text"], [said])
+        actions.append(search["text"])
+    with build.tool_server(cfg) as (url, _):
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": [f"t{i}" for i in range(len(actions))], "actions": actions,
+            "extra_fields": [{}] * len(actions)})
+    assert status == 200, body
+    assert [d["response_segments"][1]["text"] for d in demos] == body["observations"]
+    with pytest.raises(ValueError, match="num_demos"):
+        prepare_task(_cfg("vt_search.py:tiny", data, "task.num_demos=-1"), tmp_path / "neg")
+    with pytest.raises(ValueError, match="retrieval_index"):
+        prepare_task(_cfg("vt_search.py:tiny", data, "task.num_demos=2",
+                          "tool_server.url=http://127.0.0.1:9",
+                          "tool_server.tool_opt.retrieval_index="), tmp_path / "remote")
+
+
 @pytest.mark.slow
 def test_vt_search_tiny_trains_one_step(data, tmp_path):
     """configs/vt_search.py:tiny through the real trainer (vLLM CPU sampler, the started

@@ -20,6 +20,14 @@ Each generated row::
 
 Before any data is written, :func:`check_retrieval` makes sure the index the tool server
 will search exists and was built from ``task.corpus_files`` (same fingerprint).
+
+SFT demonstrations (``task.num_demos`` > 0; Search-R1 itself trains from the instruct
+model without them, a 135M model needs them to learn the format at all): for training
+questions whose gold answer appears in the top ``topk`` passages of the question itself,
+the response ``<search> QUESTION </search>`` | the tool's real observation (the same
+index, ``topk`` and format as ``search_retrieval``; an ``observation`` segment, so SFT
+wraps and truncates it as a rollout would; loss 0) | ``<answer> ANSWER </answer>``,
+written to ``sft.parquet`` (see :func:`demonstration_segments`).
 """
 from __future__ import annotations
 
@@ -30,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from tool_server.retrieval.answers import contains_normalized, normalize_answer
+from tool_server.retrieval.format import format_information
 from tool_server.retrieval.index import RetrievalIndexError, build_command, check_index, read_meta
 from tool_server.retrieval.questions import Question, QuestionError, read_questions
 from verltool_jax.data.readers import write_rows
@@ -137,6 +147,7 @@ class SearchQATask:
     answerable_ids: str = ""                # JSON of `build --answerable-out`: only those
     corpus_files: tuple[str, ...] = ()      # the corpus the index must have been built from
     f1_threshold: float = 0.0               # qa_correct: EM or F1 >= this (0: EM only)
+    num_demos: int = 0                      # SFT demonstrations (search, then answer); 0: none
     seed: int = 0
 
 
@@ -163,9 +174,63 @@ def check_retrieval(config) -> Optional[dict]:
     return check_index(index, corpus)
 
 
+def demonstration_segments(question: str, answers: Sequence[str], observation: str
+                           ) -> Optional[list[dict]]:
+    """The demonstrated response for one question: search for the question as asked,
+    read ``observation`` (what the search tool answered; an observation segment, loss 0),
+    answer with the first gold answer the observation contains (normalised, whole tokens,
+    as exact match compares). None when it contains none: a demonstration never answers
+    from outside its evidence."""
+    text = normalize_answer(observation)
+    answer = next((a for a in answers if contains_normalized(text, [normalize_answer(a)])),
+                  None)
+    if answer is None:
+        return None
+    return [{"text": f"<search> {' '.join(question.split())} </search>", "loss": True},
+            {"text": observation, "loss": False, "observation": True},
+            {"text": f"<answer> {answer} </answer>", "loss": True}]
+
+
+def demonstrations(config, questions: Sequence[Question], rows: Sequence[dict],
+                   num_demos: int, seed: int) -> list[dict]:
+    """SFT rows (``rows[i]`` plus ``response_segments``) for up to ``num_demos`` of
+    ``questions``, taken in an order shuffled by ``seed`` (so every question file is
+    represented), their observations retrieved from the configured local index with the
+    tool's ``topk`` and formatted as the tool formats them."""
+    from tool_server.retrieval.options import RetrievalOptions
+    from tool_server.retrieval.service import RetrievalService
+    opts = dict(config.tool_server.tool_opt)
+    ropts = RetrievalOptions.from_extra(opts)
+    if not ropts.index_dir:
+        raise ValueError("task.num_demos > 0 needs the local index the demonstrations search: "
+                         "set tool_server.tool_opt.retrieval_index (or task.num_demos=0)")
+    topk = int(opts.get("topk", 3))
+    service = RetrievalService(ropts.index_dir, ropts.encoder)
+    try:
+        hits = service.search_batch([q.question for q in questions], topk)
+    finally:
+        service.close()
+    order = list(range(len(questions)))
+    random.Random(seed).shuffle(order)
+    out = []
+    for i in order:
+        if len(out) >= num_demos:
+            break
+        q, row, hs = questions[i], rows[i], hits[i]
+        obs = format_information([(h.title, h.contents) for h in hs])
+        segs = demonstration_segments(q.question, q.answers, obs)
+        if segs is not None:
+            out.append({**row, "response_segments": segs})
+    if not out:
+        raise ValueError(f"task.num_demos={num_demos} but no training question has its "
+                         f"answer in the top {topk} passages; set task.num_demos=0")
+    return out
+
+
 def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     """Check the retrieval index, read and split the questions of ``config.task`` and write
-    ``train.parquet`` / ``eval.parquet`` under ``out_dir``."""
+    ``train.parquet`` / ``eval.parquet`` (and ``sft.parquet`` with ``task.num_demos``)
+    under ``out_dir``."""
     t = config.task
     check_retrieval(config)
     prompt_name = t.prompt
@@ -181,11 +246,15 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     threshold = t.f1_threshold
     prompt = PROMPTS[prompt_name]
     out = Path(out_dir)
+    if t.num_demos < 0:
+        raise ValueError(f"task.num_demos={t.num_demos} must be >= 0 (0: no demonstrations)")
+    rows = [make_row(q, prompt, "train", i, threshold) for i, q in enumerate(train)]
+    sft = demonstrations(config, train, rows, t.num_demos, t.seed) if t.num_demos else []
     return TaskFiles(
-        train=write_rows([make_row(q, prompt, "train", i, threshold) for i, q in enumerate(train)],
-                         out / "train.parquet"),
-        eval=write_rows([make_row(q, prompt, "eval", i, threshold) for i, q in enumerate(evals)],
-                        out / "eval.parquet"))
+        train=write_rows(rows, out / "train.parquet"),
+        eval=write_rows([make_row(q, prompt, "eval", i, threshold)
+                         for i, q in enumerate(evals)], out / "eval.parquet"),
+        sft=write_rows(sft, out / "sft.parquet") if sft else None)
 
 
 TASK_CONFIG = SearchQATask
