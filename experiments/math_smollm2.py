@@ -7,291 +7,39 @@ accuracy before training, after the SFT warm start, and after GRPO.
 On CPU the ``smol`` stages use the vLLM CPU sampler (set ``VLLM_ENABLE_V1_MULTIPROCESSING=0
 VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false`` as ``scripts/test.sh`` does).
 
-Stages (``configs/vt_math.py:smol``; ``--smoke``: ``:tiny``, seconds):
-
-1. ``base``: the untrained model (``model.path``, greedy, once: it has no seed);
-2. ``sft`` per seed: the SFT warm start alone (``stage=sft``) on the GSM8K
-   demonstrations, exported as an HF checkpoint, then evaluated;
-3. ``grpo`` per seed: GRPO from that checkpoint (``model.path`` = the SFT export,
-   ``sft.steps=0``), with the sandboxed python tool, exported and evaluated.
-
-Evaluation is ``verltool_jax.eval.run_eval`` on the task's test sets (GSM8K test, SVAMP,
-MAWPS: ``task.num_eval`` problems of each, 300 in ``smol``), one table row per (stage,
-seed, test set). The training runs themselves evaluate nothing (their ``task.eval_files``
-is empty), so every evaluation happens once, here.
-
-They run per seed (sft, grpo), then base; ``--stages grpo,base`` runs only those (a
-stage not named is read back if done). Resumable: each finished stage leaves ``<out>/<stage>[_seed<s>].json`` (metrics and
-wall time) and is not run again; an interrupted training run (a signal) records
-nothing, stops the experiment, and resumes from its own checkpoint next time. Outputs: ``results.csv``, ``results.md`` (mean and spread over seeds) and
-``accuracy.png`` under ``--out``. ``--set key=value`` overrides any config key (e.g.
-``--set trainer.steps=20``) in every stage.
+``configs/vt_math.py:smol`` (``--smoke``: ``:tiny``, seconds): the SFT warm start trains on
+the GSM8K demonstrations (calculator annotations turned into python calls), GRPO on GSM8K
+training problems; evaluation on GSM8K test, SVAMP and MAWPS (``task.num_eval`` problems of
+each, 300 / 150 / 150 in ``smol``). Stages, resumption, outputs and options: see
+``experiments/sft_grpo_stages.py`` (base; per seed sft, grpo; ``--stages``, ``--set``).
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import json
 import sys
-import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Optional, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
-STAGES = ("base", "sft", "grpo")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def stage_config(variant: str, data_dir: str, out: Path, overrides: Sequence[tuple[str, str]],
-                 *, smoke: bool):
-    """The vt_math config of ``variant`` with the data dir, the run dir ``out`` and the
-    overrides applied (validated)."""
-    from verltool_jax.cli import apply_overrides, load_config, validate_config
-    c = load_config(str(REPO / "configs" / "vt_math.py") + f":{variant}")
-    base = [("task.data_dir", data_dir), ("trainer.out_dir", str(out)),
-            ("logging.progress_bar", "false")]
-    if smoke:
-        base += [("sampler.backend", "jax")]
-    apply_overrides(c, base + list(overrides))
-    validate_config(c)
-    return c
+from sft_grpo_stages import STAGES, Recipe, main as run_stages  # noqa: E402,F401
 
 
-class StageInterrupted(RuntimeError):
-    """A training stage stopped before its last step (a signal, Ctrl-C)."""
+def _check_data(data_dir: str) -> Optional[str]:
+    if not (Path(data_dir) / "gsm8k" / "train.jsonl").is_file():
+        return "no gsm8k/train.jsonl there"
+    return None
 
 
-def stage_done(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def run_stage(name: str, result_path: Path, fn) -> dict:
-    """Run ``fn() -> dict`` unless ``result_path`` holds its result; records wall time."""
-    done = stage_done(result_path)
-    if done is not None:
-        print(f"[math_smollm2] {name}: done before ({done['wall_s']:.0f}s), skipped", flush=True)
-        return done
-    print(f"[math_smollm2] {name}: running", flush=True)
-    t0 = time.perf_counter()
-    res = fn()
-    res["wall_s"] = time.perf_counter() - t0
-    result_path.write_text(json.dumps(res, indent=2))
-    print(f"[math_smollm2] {name}: wall time {res['wall_s']:.1f}s", flush=True)
-    return res
-
-
-def rows_of(stage: str, seed: Any, res: dict) -> list[dict]:
-    out = []
-    for mode, sets in res["eval"]["modes"].items():
-        for name, m in sets.items():
-            out.append({"stage": stage, "seed": seed, "mode": mode, "set": name,
-                        **{k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()},
-                        "stage_wall_s": round(res["wall_s"], 1)})
-    return out
-
-
-def write_tables(rows: list[dict], out: Path, title: str) -> None:
-    """``results.csv`` (every row), ``results.md`` (accuracy mean ± half-range over seeds
-    per stage and set, greedy) and ``accuracy.png``."""
-    import numpy as np
-    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in (
-        "stage", "seed", "mode", "set"), k))
-    with (out / "results.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    greedy = [r for r in rows if r["mode"] == "greedy"]
-    sets = sorted({r["set"] for r in greedy})
-    stages = [s for s in STAGES if any(r["stage"] == s for r in greedy)]
-    table: dict[tuple[str, str], list[float]] = {}
-    for r in greedy:
-        table.setdefault((r["stage"], r["set"]), []).append(r["acc"])
-    md = ["| stage | " + " | ".join(sets) + " | seeds | wall s |",
-          "|---" * (len(sets) + 3) + "|"]
-    for s in stages:
-        cells = []
-        for name in sets:
-            v = table.get((s, name), [])
-            cells.append(f"{np.mean(v):.3f} ± {(max(v) - min(v)) / 2:.3f}" if v else "-")
-        wall = [w for _, w in sorted({str(r["seed"]): r["stage_wall_s"]
-                                       for r in greedy if r["stage"] == s}.items())]
-        seeds = sorted({str(r["seed"]) for r in greedy if r["stage"] == s})
-        md.append(f"| {s} | " + " | ".join(cells) + f" | {','.join(seeds)} | "
-                  f"{'/'.join(f'{x:.0f}' for x in wall)} |")
-    (out / "results.md").write_text(
-        "Greedy accuracy per test set (mean ± half the spread over seeds); wall s per "
-        "seed (training + evaluation).\n\n" + "\n".join(md) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    x = np.arange(len(stages))
-    for j, name in enumerate(sets):
-        means = [np.mean(table.get((s, name), [np.nan])) for s in stages]
-        lo = [means[i] - np.min(table.get((s, name), [np.nan])) for i, s in enumerate(stages)]
-        hi = [np.max(table.get((s, name), [np.nan])) - means[i] for i, s in enumerate(stages)]
-        ax.errorbar(x + 0.05 * j, means, yerr=[lo, hi], marker="o", capsize=3, label=name)
-    ax.set_xticks(x, stages)
-    ax.set_ylabel("greedy accuracy")
-    ax.set_title(title)
-    top = max([r["acc"] for r in greedy] + [0.05])
-    ax.set_ylim(0.0, min(1.0, top * 1.15) + 0.01)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "accuracy.png", dpi=120)
-    plt.close(fig)
-
-
-def write_experiment_summary(rows: list[dict], out: Path, config, seeds) -> None:
-    """``experiment.json``: the GRPO stage's config and a one-paragraph result (greedy
-    accuracy per set and stage, mean ± half-range over seeds, wall time), which
-    ``experiments/reproduce.py`` puts in the reproduction table."""
-    import numpy as np
-    greedy = [r for r in rows if r["mode"] == "greedy"]
-    parts = []
-    for name in sorted({r["set"] for r in greedy}):
-        cells = []
-        for stage in STAGES:
-            v = [r["acc"] for r in greedy if r["stage"] == stage and r["set"] == name]
-            if v:
-                cells.append(f"{stage} {100 * np.mean(v):.1f}%"
-                             + (f" ± {50 * (max(v) - min(v)):.1f}" if len(v) > 1 else ""))
-        n = next(r["problems"] for r in greedy if r["set"] == name)
-        parts.append(f"{name} ({n} problems): " + ", ".join(cells))
-    wall = sum({(r["stage"], str(r["seed"])): r["stage_wall_s"] for r in greedy}.values())
-    summary = (f"SmolLM2-135M-Instruct, greedy accuracy base -> SFT -> GRPO (mean ± half "
-               f"the spread over seeds {','.join(map(str, seeds))}): " + "; ".join(parts)
-               + f"; {wall / 60:.0f} min of training and evaluation on 2 CPU cores")
-    (out / "experiment.json").write_text(json.dumps(
-        {"experiment": "math_smollm2", "config": config.to_dict(), "summary": summary},
-        indent=2, default=str))
+RECIPE = Recipe(
+    name="math_smollm2", config_file="configs/vt_math.py",
+    title="SmolLM2-135M-Instruct + python tool", metric="accuracy",
+    data_help="directory with gsm8k/{train,test}.jsonl and math/*_test.jsonl",
+    check_data=_check_data,
+    data_overrides=lambda data_dir, out, smoke: [("task.data_dir", data_dir)])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", required=True,
-                    help="directory with gsm8k/{train,test}.jsonl and math/*_test.jsonl")
-    ap.add_argument("--out", default="runs/math_smollm2")
-    ap.add_argument("--seeds", default="1,2", help="comma-separated training seeds")
-    ap.add_argument("--smoke", action="store_true", help="configs/vt_math.py:tiny (seconds)")
-    ap.add_argument("--samples", type=int, default=0,
-                    help="also evaluate N samples per problem at T=1 (pass@1 mean, pass@N)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override for every stage (repeatable)")
-    ap.add_argument("--stages", default=",".join(STAGES),
-                    help="comma-separated stages to run now (default: all); the tables "
-                         "include every stage already done")
-    a = ap.parse_args(argv)
-    wanted = [x.strip() for x in a.stages.split(",") if x.strip()]
-    if not wanted or set(wanted) - set(STAGES):
-        ap.error(f"--stages={a.stages!r}: give a comma-separated subset of {','.join(STAGES)}")
-    try:
-        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
-    except ValueError:
-        ap.error(f"--seeds={a.seeds!r}: give comma-separated integers, e.g. 1,2")
-    if not seeds:
-        ap.error("--seeds: give at least one seed")
-    if a.samples < 0:
-        ap.error("--samples must be >= 0")
-    overrides = []
-    for kv in a.set:
-        if "=" not in kv:
-            ap.error(f"--set {kv!r}: give KEY=VALUE, e.g. trainer.steps=20")
-        overrides.append(tuple(kv.split("=", 1)))
-    if not (Path(a.data_dir) / "gsm8k" / "train.jsonl").is_file():
-        ap.error(f"--data-dir {a.data_dir}: no gsm8k/train.jsonl there")
-
-    from verltool_jax.eval import run_eval
-    from verltool_jax.run_config import run_config_from_dict
-    from verltool_jax.train import build
-    from verltool_jax.train.trainer import train
-    variant = "tiny" if a.smoke else "smol"
-    out = Path(a.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    data_dir = str(Path(a.data_dir).resolve())
-    t_all = time.perf_counter()
-
-    # One starting model for every stage (the tiny variant builds it once here).
-    c0 = stage_config(variant, data_dir, out / "base", overrides, smoke=a.smoke)
-    model_dir = build.prepare_model_dir(run_config_from_dict(c0), out / "base")
-    overrides = [("model.path", str(model_dir))] + overrides
-
-    def evaluate(run_dir: Path, checkpoint: str, seed: int) -> dict:
-        c = stage_config(variant, data_dir, run_dir, overrides
-                         + [("sampler.seed", str(seed))], smoke=a.smoke)
-        return run_eval(c, checkpoint, samples=a.samples, temperature=1.0)
-
-    def training(stage: str, seed: int, extra: list[tuple[str, str]]):
-        run_dir = out / f"{stage}_seed{seed}"
-
-        def go() -> dict:
-            c = stage_config(variant, data_dir, run_dir, overrides + [
-                ("trainer.seed", str(seed)), ("data.seed", str(seed)),
-                ("sampler.seed", str(seed)), ("task.eval_files", "()"),
-                ("checkpoint.export_hf", "true")] + extra, smoke=a.smoke)
-            done = run_dir / "summary.json"
-            if done.is_file() and (run_dir / "hf_model").is_dir() and \
-                    not json.loads(done.read_text()).get("interrupted"):
-                # trained before, interrupted while evaluating: evaluate only
-                summary = json.loads(done.read_text())
-                train_s = float(summary.get("wall_s", 0.0))
-                print(f"[math_smollm2] {stage} seed {seed}: trained before "
-                      f"({train_s:.0f}s), evaluating", flush=True)
-            else:
-                t0 = time.perf_counter()
-                summary = train(c).summary
-                train_s = time.perf_counter() - t0
-                if summary.get("interrupted"):
-                    # a stopped run is not a result: nothing is recorded or evaluated, and
-                    # the same command resumes it from its checkpoint
-                    raise StageInterrupted(f"{stage} seed {seed} was interrupted at step "
-                                           f"{summary.get('steps')}; run the same command "
-                                           f"to resume it")
-            res = evaluate(run_dir / "eval", str(run_dir / "hf_model"), seed)
-            return {"train": {k: v for k, v in summary.items()
-                              if isinstance(v, (int, float, str, bool))},
-                    "train_s": train_s, "eval": res}
-        return run_stage(f"{stage} seed {seed}", out / f"{stage}_seed{seed}.json", go)
-
-    def stage(name: str, result_path: Path, run):
-        """Run a wanted stage (or read its result); an unwanted one only if done."""
-        if name in wanted:
-            return run()
-        return stage_done(result_path)
-
-    rows: list[dict] = []
-    try:
-        for seed in seeds:
-            res = stage("sft", out / f"sft_seed{seed}.json",
-                        lambda seed=seed: training("sft", seed, [("stage", "sft")]))
-            rows += rows_of("sft", seed, res) if res else []
-            sft_model = out / f"sft_seed{seed}" / "hf_model"
-            if "grpo" in wanted and not (out / f"grpo_seed{seed}.json").is_file() \
-                    and not sft_model.is_dir():
-                ap.error(f"grpo seed {seed} starts from the SFT export {sft_model}, which "
-                         f"does not exist: run --stages sft (or all) first")
-            res = stage("grpo", out / f"grpo_seed{seed}.json",
-                        lambda seed=seed, sft_model=sft_model: training(
-                            "grpo", seed, [("stage", "rl"), ("sft.steps", "0"),
-                                           ("model.path", str(sft_model))]))
-            rows += rows_of("grpo", seed, res) if res else []
-        res = stage("base", out / "base.json", lambda: run_stage(
-            "base", out / "base.json",
-            lambda: {"eval": evaluate(out / "base", "base", seeds[0])}))
-        rows = (rows_of("base", "-", res) if res else []) + rows
-    except StageInterrupted as e:
-        print(f"[math_smollm2] {e}", flush=True)
-        return 130
-    if not rows:
-        print("[math_smollm2] no stage has a result yet", flush=True)
-        return 1
-    write_tables(rows, out, "vt_math:tiny smoke run (random tiny model)" if a.smoke
-                 else "SmolLM2-135M-Instruct + python tool")
-    write_experiment_summary(rows, out, stage_config(variant, data_dir, out / "grpo_summary",
-                                                     overrides, smoke=a.smoke), seeds)
-    print((out / "results.md").read_text())
-    print(f"[math_smollm2] all stages: {time.perf_counter() - t_all:.0f}s; "
-          f"results in {out}/results.{{csv,md}} and accuracy.png", flush=True)
-    return 0
+    return run_stages(RECIPE, argv, __doc__)
 
 
 if __name__ == "__main__":

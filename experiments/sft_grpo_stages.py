@@ -1,0 +1,321 @@
+"""The staged real-model experiment shared by ``math_smollm2.py`` and ``search_smollm2.py``:
+held-out metrics of a model before training, after an SFT warm start and after GRPO from
+it, per seed, resumable stage by stage.
+
+Stages (a :class:`Recipe` names the config file; ``--smoke`` uses its ``:tiny`` variant):
+
+1. ``base``: the untrained model (``model.path``, greedy, once: it has no seed);
+2. ``sft`` per seed: the SFT warm start alone (``stage=sft``) on the task's
+   demonstrations, exported as an HF checkpoint, then evaluated;
+3. ``grpo`` per seed: GRPO from that checkpoint (``model.path`` = the SFT export,
+   ``sft.steps=0``), with the task's tools, exported and evaluated.
+
+Evaluation is ``verltool_jax.eval.run_eval`` on the task's held-out sets, one table row
+per (stage, seed, test set); ``acc`` is the task's correctness (accuracy, exact match,
+execution match). The training runs evaluate nothing themselves (their
+``task.eval_files`` is empty), so every evaluation happens once, here.
+
+They run per seed (sft, grpo), then base; ``--stages grpo,base`` runs only those (a stage
+not named is read back if done). Resumable: each finished stage leaves
+``<out>/<stage>[_seed<s>].json`` (metrics and wall time) and is not run again; an
+interrupted training run (a signal) records nothing, stops the experiment, and resumes
+from its own checkpoint next time. Outputs under ``--out``: ``results.csv``,
+``results.md`` (mean and spread over seeds), ``accuracy.png`` and ``experiment.json``
+(for ``experiments/reproduce.py``). ``--set key=value`` overrides any config key in every
+stage.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ("base", "sft", "grpo")
+Overrides = list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What differs between experiments: the config, the data, the words."""
+    name: str                 # log prefix and experiment.json's "experiment"
+    config_file: str          # relative to the repository, e.g. "configs/vt_math.py"
+    title: str                # plot title of the real run
+    metric: str               # what "acc" means here, e.g. "accuracy", "exact match"
+    data_help: str            # --data-dir help
+    # data_dir -> an error message, or None when the data are there
+    check_data: Callable[[str], Optional[str]]
+    # (data_dir, out, smoke) -> the overrides that point the config at the data; may
+    # prepare things once under out (an index), printing what it does
+    data_overrides: Callable[[str, Path, bool], Overrides]
+
+
+def stage_config(recipe: Recipe, variant: str, data: Overrides, out: Path,
+                 overrides: Sequence[tuple[str, str]], *, smoke: bool):
+    """The recipe's config of ``variant`` with the data overrides, the run dir ``out``
+    and ``overrides`` applied (validated)."""
+    from verltool_jax.cli import apply_overrides, load_config, validate_config
+    c = load_config(str(REPO / recipe.config_file) + f":{variant}")
+    base = list(data) + [("trainer.out_dir", str(out)), ("logging.progress_bar", "false")]
+    if smoke:
+        base += [("sampler.backend", "jax")]
+    apply_overrides(c, base + list(overrides))
+    validate_config(c)
+    return c
+
+
+class StageInterrupted(RuntimeError):
+    """A training stage stopped before its last step (a signal, Ctrl-C)."""
+
+
+def stage_done(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def run_stage(prefix: str, name: str, result_path: Path, fn) -> dict:
+    """Run ``fn() -> dict`` unless ``result_path`` holds its result; records wall time."""
+    done = stage_done(result_path)
+    if done is not None:
+        print(f"[{prefix}] {name}: done before ({done['wall_s']:.0f}s), skipped", flush=True)
+        return done
+    print(f"[{prefix}] {name}: running", flush=True)
+    t0 = time.perf_counter()
+    res = fn()
+    res["wall_s"] = time.perf_counter() - t0
+    result_path.write_text(json.dumps(res, indent=2))
+    print(f"[{prefix}] {name}: wall time {res['wall_s']:.1f}s", flush=True)
+    return res
+
+
+def rows_of(stage: str, seed: Any, res: dict) -> list[dict]:
+    """One row per (mode, test set) of a stage's evaluation; the greedy rows also carry
+    the task's own per-set metrics (retrieval QA: ``em``, ``f1``, ``searches``, ...)."""
+    out = []
+    extra = res["eval"].get("search") or {}
+    for mode, sets in res["eval"]["modes"].items():
+        for name, m in sets.items():
+            more = extra.get(name, {}) if mode == "greedy" else {}
+            cells = {**m, **{k: v for k, v in more.items() if k != "n"}}
+            out.append({"stage": stage, "seed": seed, "mode": mode, "set": name,
+                        **{k: round(v, 4) if isinstance(v, float) else v
+                           for k, v in cells.items()},
+                        "stage_wall_s": round(res["wall_s"], 1)})
+    return out
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half the range) of ``values``: the spread the tables report over seeds."""
+    import numpy as np
+    return float(np.mean(values)), (max(values) - min(values)) / 2
+
+
+def write_tables(rows: list[dict], out: Path, title: str, metric: str) -> None:
+    """``results.csv`` (every row), ``results.md`` (``acc`` mean ± half-range over seeds
+    per stage and set, greedy) and ``accuracy.png``."""
+    import numpy as np
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in (
+        "stage", "seed", "mode", "set"), k))
+    with (out / "results.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    greedy = [r for r in rows if r["mode"] == "greedy"]
+    sets = sorted({r["set"] for r in greedy})
+    stages = [s for s in STAGES if any(r["stage"] == s for r in greedy)]
+    table: dict[tuple[str, str], list[float]] = {}
+    for r in greedy:
+        table.setdefault((r["stage"], r["set"]), []).append(r["acc"])
+    md = ["| stage | " + " | ".join(sets) + " | seeds | wall s |",
+          "|---" * (len(sets) + 3) + "|"]
+    for s in stages:
+        cells = []
+        for name in sets:
+            v = table.get((s, name), [])
+            cells.append("{:.3f} ± {:.3f}".format(*spread(v)) if v else "-")
+        wall = [w for _, w in sorted({str(r["seed"]): r["stage_wall_s"]
+                                       for r in greedy if r["stage"] == s}.items())]
+        seeds = sorted({str(r["seed"]) for r in greedy if r["stage"] == s})
+        md.append(f"| {s} | " + " | ".join(cells) + f" | {','.join(seeds)} | "
+                  f"{'/'.join(f'{x:.0f}' for x in wall)} |")
+    (out / "results.md").write_text(
+        f"Greedy {metric} per test set (mean ± half the spread over seeds); wall s per "
+        "seed (training + evaluation).\n\n" + "\n".join(md) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = np.arange(len(stages))
+    for j, name in enumerate(sets):
+        means = [np.mean(table.get((s, name), [np.nan])) for s in stages]
+        lo = [means[i] - np.min(table.get((s, name), [np.nan])) for i, s in enumerate(stages)]
+        hi = [np.max(table.get((s, name), [np.nan])) - means[i] for i, s in enumerate(stages)]
+        ax.errorbar(x + 0.05 * j, means, yerr=[lo, hi], marker="o", capsize=3, label=name)
+    ax.set_xticks(x, stages)
+    ax.set_ylabel(f"greedy {metric}")
+    ax.set_title(title)
+    top = max([r["acc"] for r in greedy] + [0.05])
+    ax.set_ylim(0.0, min(1.0, top * 1.15) + 0.01)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png", dpi=120)
+    plt.close(fig)
+
+
+def write_experiment_summary(recipe: Recipe, rows: list[dict], out: Path, config,
+                             seeds) -> None:
+    """``experiment.json``: the GRPO stage's config and a one-paragraph result (greedy
+    ``acc`` per set and stage, mean ± half-range over seeds, wall time), which
+    ``experiments/reproduce.py`` puts in the reproduction table."""
+    greedy = [r for r in rows if r["mode"] == "greedy"]
+    parts = []
+    for name in sorted({r["set"] for r in greedy}):
+        cells = []
+        for stage in STAGES:
+            v = [r["acc"] for r in greedy if r["stage"] == stage and r["set"] == name]
+            if v:
+                mean, half = spread(v)
+                cells.append(f"{stage} {100 * mean:.1f}%"
+                             + (f" ± {100 * half:.1f}" if len(v) > 1 else ""))
+        n = next(r["problems"] for r in greedy if r["set"] == name)
+        parts.append(f"{name} ({n} problems): " + ", ".join(cells))
+    wall = sum({(r["stage"], str(r["seed"])): r["stage_wall_s"] for r in greedy}.values())
+    summary = (f"SmolLM2-135M-Instruct, greedy {recipe.metric} base -> SFT -> GRPO (mean ± "
+               f"half the spread over seeds {','.join(map(str, seeds))}): " + "; ".join(parts)
+               + f"; {wall / 60:.0f} min of training and evaluation on 2 CPU cores")
+    (out / "experiment.json").write_text(json.dumps(
+        {"experiment": recipe.name, "config": config.to_dict(), "summary": summary},
+        indent=2, default=str))
+
+
+def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> int:
+    ap = argparse.ArgumentParser(description=(doc or __doc__).split("\n\n")[0])
+    ap.add_argument("--data-dir", required=True, help=recipe.data_help)
+    ap.add_argument("--out", default=f"runs/{recipe.name}")
+    ap.add_argument("--seeds", default="1,2", help="comma-separated training seeds")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"{recipe.config_file}:tiny (a tiny random model, seconds)")
+    ap.add_argument("--samples", type=int, default=0,
+                    help="also evaluate N samples per problem at T=1 (pass@1 mean, pass@N)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every stage (repeatable)")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help="comma-separated stages to run now (default: all); the tables "
+                         "include every stage already done")
+    a = ap.parse_args(argv)
+    wanted = [x.strip() for x in a.stages.split(",") if x.strip()]
+    if not wanted or set(wanted) - set(STAGES):
+        ap.error(f"--stages={a.stages!r}: give a comma-separated subset of {','.join(STAGES)}")
+    try:
+        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    except ValueError:
+        ap.error(f"--seeds={a.seeds!r}: give comma-separated integers, e.g. 1,2")
+    if not seeds:
+        ap.error("--seeds: give at least one seed")
+    if a.samples < 0:
+        ap.error("--samples must be >= 0")
+    overrides = []
+    for kv in a.set:
+        if "=" not in kv:
+            ap.error(f"--set {kv!r}: give KEY=VALUE, e.g. trainer.steps=20")
+        overrides.append(tuple(kv.split("=", 1)))
+    problem = recipe.check_data(a.data_dir)
+    if problem:
+        ap.error(f"--data-dir {a.data_dir}: {problem}")
+
+    from verltool_jax.eval import run_eval
+    from verltool_jax.run_config import run_config_from_dict
+    from verltool_jax.train import build
+    from verltool_jax.train.trainer import train
+    prefix = recipe.name
+    variant = "tiny" if a.smoke else "smol"
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    data = recipe.data_overrides(str(Path(a.data_dir).resolve()), out, a.smoke)
+    t_all = time.perf_counter()
+
+    def config(run_dir: Path, more: Overrides):
+        return stage_config(recipe, variant, data, run_dir, overrides + more, smoke=a.smoke)
+
+    # One starting model for every stage (the tiny variant builds it once here).
+    model_dir = build.prepare_model_dir(run_config_from_dict(config(out / "base", [])),
+                                        out / "base")
+    overrides = [("model.path", str(model_dir))] + overrides
+
+    def evaluate(run_dir: Path, checkpoint: str, seed: int) -> dict:
+        c = config(run_dir, [("sampler.seed", str(seed))])
+        return run_eval(c, checkpoint, samples=a.samples, temperature=1.0)
+
+    def training(stage: str, seed: int, extra: Overrides):
+        run_dir = out / f"{stage}_seed{seed}"
+
+        def go() -> dict:
+            c = config(run_dir, [("trainer.seed", str(seed)), ("data.seed", str(seed)),
+                                 ("sampler.seed", str(seed)), ("task.eval_files", "()"),
+                                 ("checkpoint.export_hf", "true")] + extra)
+            done = run_dir / "summary.json"
+            if done.is_file() and (run_dir / "hf_model").is_dir() and \
+                    not json.loads(done.read_text()).get("interrupted"):
+                # trained before, interrupted while evaluating: evaluate only
+                summary = json.loads(done.read_text())
+                train_s = float(summary.get("wall_s", 0.0))
+                print(f"[{prefix}] {stage} seed {seed}: trained before "
+                      f"({train_s:.0f}s), evaluating", flush=True)
+            else:
+                t0 = time.perf_counter()
+                summary = train(c).summary
+                train_s = time.perf_counter() - t0
+                if summary.get("interrupted"):
+                    # a stopped run is not a result: nothing is recorded or evaluated, and
+                    # the same command resumes it from its checkpoint
+                    raise StageInterrupted(f"{stage} seed {seed} was interrupted at step "
+                                           f"{summary.get('steps')}; run the same command "
+                                           f"to resume it")
+            res = evaluate(run_dir / "eval", str(run_dir / "hf_model"), seed)
+            return {"train": {k: v for k, v in summary.items()
+                              if isinstance(v, (int, float, str, bool))},
+                    "train_s": train_s, "eval": res}
+        return run_stage(prefix, f"{stage} seed {seed}", out / f"{stage}_seed{seed}.json", go)
+
+    def stage(name: str, result_path: Path, run):
+        """Run a wanted stage (or read its result); an unwanted one only if done."""
+        if name in wanted:
+            return run()
+        return stage_done(result_path)
+
+    rows: list[dict] = []
+    try:
+        for seed in seeds:
+            res = stage("sft", out / f"sft_seed{seed}.json",
+                        lambda seed=seed: training("sft", seed, [("stage", "sft")]))
+            rows += rows_of("sft", seed, res) if res else []
+            sft_model = out / f"sft_seed{seed}" / "hf_model"
+            if "grpo" in wanted and not (out / f"grpo_seed{seed}.json").is_file() \
+                    and not sft_model.is_dir():
+                ap.error(f"grpo seed {seed} starts from the SFT export {sft_model}, which "
+                         f"does not exist: run --stages sft (or all) first")
+            res = stage("grpo", out / f"grpo_seed{seed}.json",
+                        lambda seed=seed, sft_model=sft_model: training(
+                            "grpo", seed, [("stage", "rl"), ("sft.steps", "0"),
+                                           ("model.path", str(sft_model))]))
+            rows += rows_of("grpo", seed, res) if res else []
+        res = stage("base", out / "base.json", lambda: run_stage(
+            prefix, "base", out / "base.json",
+            lambda: {"eval": evaluate(out / "base", "base", seeds[0])}))
+        rows = (rows_of("base", "-", res) if res else []) + rows
+    except StageInterrupted as e:
+        print(f"[{prefix}] {e}", flush=True)
+        return 130
+    if not rows:
+        print(f"[{prefix}] no stage has a result yet", flush=True)
+        return 1
+    write_tables(rows, out, f"{recipe.config_file}:tiny smoke run (random tiny model)"
+                 if a.smoke else recipe.title, recipe.metric)
+    write_experiment_summary(recipe, rows, out, config(out / "grpo_summary", []), seeds)
+    print((out / "results.md").read_text())
+    print(f"[{prefix}] all stages: {time.perf_counter() - t_all:.0f}s; "
+          f"results in {out}/results.{{csv,md}} and accuracy.png", flush=True)
+    return 0
