@@ -301,7 +301,7 @@ class DataSection(Checked):
     format: str = spec("auto", choices=("auto", "parquet", "jsonl"))
     shuffle: bool = True
     seed: int = 0
-    max_eval_examples: int = spec(256, check=at_least(1))
+    max_eval_examples: int = spec(256, check=at_least(0, "0: no held-out evaluation"))
 
 
 @dataclass(frozen=True)

@@ -292,3 +292,35 @@ def test_a_replica_list_is_healthy_while_any_replica_answers():
         both = asyncio.run(ToolServerGuard(f"{dead},{live}", None, down_grace_s=0).healthy())
         assert both is True
     assert asyncio.run(ToolServerGuard(f"{dead},{live}", None, down_grace_s=0).healthy()) is False
+
+
+def test_sigterm_during_the_sft_warm_start_stops_it_and_keeps_nothing(tmp_path, monkeypatch,
+                                                                       capfd):
+    """A signal during SFT ends it after the step in progress (not after all of them); no
+    checkpoint is written (a resumed run would otherwise skip the unfinished warm start),
+    the summary says interrupted, and the same command runs SFT again from the start."""
+    from verltool_jax.train.__main__ import EXIT_INTERRUPTED, main
+    import verltool_jax.train.sft as sft_mod
+    out = tmp_path / "run"
+    orig = sft_mod.sft_batch
+    calls = []
+
+    def sft_batch(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)       # during the third step
+        return orig(*a, **kw)
+    monkeypatch.setattr(sft_mod, "sft_batch", sft_batch)
+    argv = _argv(out, "trainer.steps=2", "sft.steps=50", "sft.batch_size=2")
+    assert main(argv) == EXIT_INTERRUPTED
+    console = capfd.readouterr().out
+    assert "[sft] stopped before step 4/50" in console and len(calls) == 3
+    assert "interrupted during the SFT warm start" in console
+    assert _ckpt_steps(out) == [] and not (out / "hf_model").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["sft_interrupted"] is True
+    monkeypatch.setattr(sft_mod, "sft_batch", orig)
+    assert main(_argv(out, "trainer.steps=1", "sft.steps=2", "sft.batch_size=2")) == 0
+    console = capfd.readouterr().out
+    assert "[sft] step 2/2" in console and "resumed" not in console
+    assert _ckpt_steps(out) == [1]

@@ -326,7 +326,7 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
         from verltool_jax.models.image_inputs import ImageProcessor
         image_processor = ImageProcessor(model.config)
     eval_items = []
-    if files["eval"]:
+    if files["eval"] and rc.data.max_eval_examples:     # 0: no held-out evaluation
         pipe = PromptPipeline.from_files(files["eval"], tokenizer, fmt=rc.data.format,
                                          shuffle=False, num_epochs=1,
                                          max_prompt_tokens=rc.rollout.max_prompt_tokens,

@@ -9,7 +9,7 @@ marks as trained (model turns and EOS); observation tokens have mask 0.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -87,10 +87,11 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
     return jax.jit(step, donate_argnums=(0,))
 
 
-def run_sft(run, say) -> nnx.Module:
+def run_sft(run, say, should_stop: Optional[Callable[[], bool]] = None) -> nnx.Module:
     """The supervised warm start of a run (``sft`` section) on ``run.files["sft"]``:
     AdamW with linear warmup to ``sft.lr``, constant after, gradients clipped to norm 1;
-    progress every tenth of the steps. Returns the fine-tuned model."""
+    progress every tenth of the steps. ``should_stop()`` is asked before every step (a
+    signal): True ends the loop early. Returns the fine-tuned model (as far as it got)."""
     import time
 
     from verltool_jax.data.pipeline import SFTPipeline
@@ -108,6 +109,9 @@ def run_sft(run, say) -> nnx.Module:
                                       run.tokenizer, c.rollout.rollout_config()))
     t0 = time.perf_counter()
     for i in range(steps):
+        if should_stop is not None and should_stop():
+            say(f"[sft] stopped before step {i + 1}/{steps}")
+            break
         batch = sft_batch(pipe.next_batch(c.sft.batch_size), run.pad_id, c.model.max_seq_len)
         state, m = step_fn(state, batch)
         if (i + 1) % max(1, steps // 10) == 0 or i + 1 == steps:

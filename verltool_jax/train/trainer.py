@@ -84,7 +84,7 @@ class TrainResult:
     """What :func:`train` returns: the summary written to ``summary.json``, the final
     train state, and the policy version the samplers serve."""
     summary: dict
-    state: TrainState
+    state: Optional[TrainState]      # None when stopped during the SFT warm start
     policy_version: int
 
 
@@ -109,6 +109,13 @@ class StopFlag:
                 self._saved[sig] = signal.signal(sig, handler)
         except ValueError:       # not in the main thread (e.g. under a test runner thread)
             pass
+
+    def agreed(self) -> bool:
+        """Whether to stop before the next step: a signal arrived (on any process, so all
+        processes stop at the same step)."""
+        if multihost.is_multi():
+            self.set = multihost.any_true(self.set)
+        return self.set
 
     def uninstall(self) -> None:
         """Give the signals back to the handlers that were there before."""
@@ -261,7 +268,18 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             say(f"[trainer] resumed from {ckpt.directory} at step {latest}")
         else:
             if rc.sft.steps > 0:
-                run.model = run_sft(run, say)
+                run.model = run_sft(run, say, should_stop=stop.agreed)
+                if stop.set:
+                    # An unfinished warm start is not kept (no checkpoint: a resumed run
+                    # would skip it); the same command runs it again from the start.
+                    result = {"eval_before": None, "eval_after": None, "steps": 0,
+                              "interrupted": True, "sft_interrupted": True,
+                              "wall_s": time.perf_counter() - t_start}
+                    if multihost.is_primary():
+                        (run.out / "summary.json").write_text(json.dumps(result, indent=2))
+                    say("[trainer] interrupted during the SFT warm start; nothing saved; "
+                        "run the same command to start it again")
+                    return TrainResult(result, None, 0)
             state = new_state(run.model)
         # The JAX sampler serves the trainer's own param buffers (no copy), so they must
         # not be donated to the next step while rollouts still read them.
@@ -444,11 +462,8 @@ class RLLoop:
         return time.perf_counter() - t0
 
     def stopping(self) -> bool:
-        """Whether to stop before the next step: a signal arrived (on any process, so all
-        processes stop at the same step)."""
-        if multihost.is_multi():
-            self.stop.set = multihost.any_true(self.stop.set)
-        return self.stop.set
+        """Whether to stop before the next step (:meth:`StopFlag.agreed`)."""
+        return self.stop.agreed()
 
     def data_state(self, producer: RolloutProducer) -> dict:
         """The data position to checkpoint: the pipeline plus prompts started but not yet
