@@ -407,15 +407,14 @@ def test_started_tool_server_searches_the_configured_index(data, tmp_path):
     assert body["valids"] == [True, False]
 
 
-def test_demonstration_segments_answer_only_from_their_evidence():
-    from verltool_jax.tasks.search_qa import demonstration_segments
+def test_demonstrated_answers_come_only_from_their_evidence():
+    from verltool_jax.tasks.search_qa import answer_from, search_action
     obs = "<information>Doc 1 (Title: Paris) Paris is the capital of France.</information>"
-    segs = demonstration_segments("  What is the  capital\nof France? ", ["Lyon", "paris"], obs)
-    assert segs == [{"text": "<search> What is the capital of France? </search>", "loss": True},
-                    {"text": obs, "loss": False, "observation": True},
-                    {"text": "<answer> paris </answer>", "loss": True}]
+    assert search_action("  What is the  capital\nof France? ") == \
+        "<search> What is the capital of France? </search>"
+    assert answer_from(obs, ["Lyon", "paris"]) == "<answer> paris </answer>"
     # whole tokens after normalisation, as exact match compares: "Pari" is not in it
-    assert demonstration_segments("q", ["Pari", "Germany"], obs) is None
+    assert answer_from(obs, ["Pari", "Germany"]) is None
 
 
 def test_demonstrations_show_what_the_search_tool_answers(data, tmp_path):
@@ -453,7 +452,9 @@ def test_demonstrations_show_what_the_search_tool_answers(data, tmp_path):
     assert [d["response_segments"][1]["text"] for d in demos] == body["observations"]
     with pytest.raises(ValueError, match="num_demos"):
         prepare_task(_cfg("vt_search.py:tiny", data, "task.num_demos=-1"), tmp_path / "neg")
-    with pytest.raises(ValueError, match="retrieval_index"):
+    # with tool_server.url the demonstrations ask that server (here: none listening)
+    from verltool_jax.tools_client import ToolServerError
+    with pytest.raises(ToolServerError, match="127.0.0.1:9/get_observation unreachable"):
         prepare_task(_cfg("vt_search.py:tiny", data, "task.num_demos=2",
                           "tool_server.url=http://127.0.0.1:9",
                           "tool_server.tool_opt.retrieval_index="), tmp_path / "remote")

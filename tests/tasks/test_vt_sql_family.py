@@ -116,3 +116,46 @@ def test_registered_spider_task_writes_train_and_eval(tmp_path):
     c.task.spider_dir = ""
     with pytest.raises(ValueError, match="task.spider_dir"):
         prepare_task(c, tmp_path / "x")
+
+
+@pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(), reason=f"no Spider at {SPIDER}")
+def test_sql_demonstrations_run_the_gold_query_with_the_sql_tool(tmp_path):
+    """Each demonstration runs its row's gold query with the started sql tool (on the row's
+    own database), shows that result as the observation, and ends with the gold query as
+    the solution; the SFT tokenization wraps the observation as the rollout does."""
+    from tool_server.launcher import post_json
+    from verltool_jax.data.sft import tokenize_sft_row
+    from verltool_jax.rollout.agent_loop import make_formatter
+    from verltool_jax.run_config import run_config_from_dict
+    from verltool_jax.tasks.spider import solution_after
+    from verltool_jax.train import build
+    from verltool_jax.train.build import load_tokenizer, prepare_model_dir
+    c = load_config(f"{REPO}/configs/vt_sql.py:tiny", lock=False)
+    c.task.spider_dir = str(SPIDER)
+    c.task.num_demos = 5
+    files = prepare_task(c, tmp_path / "data")
+    demos, train = read_rows(files.sft), read_rows(files.train)
+    assert len(demos) == 5
+    by_q = {r["extra_info"]["question"]: r for r in train}
+    for d in demos:
+        gold = d["reward_model"]["ground_truth"]
+        assert d["extra_info"]["question"] in by_q
+        call, obs, final = d["response_segments"]      # parquet: absent keys read as None
+        assert (call["text"], call["loss"], call["observation"]) == (f"<sql>{gold}</sql>", True,
+                                                                      None)
+        assert obs["observation"] and not obs["loss"]
+        assert (final["text"], final["loss"]) == (f"<solution>{gold}</solution>", True)
+    rc = run_config_from_dict(c)
+    with build.tool_server(rc) as (url, _):
+        status, body = post_json(url + "/get_observation", {
+            "trajectory_ids": [f"t{i}" for i in range(len(demos))],
+            "actions": [d["response_segments"][0]["text"] for d in demos],
+            "extra_fields": [d["extra_info"] for d in demos]})
+    assert status == 200, body
+    assert [d["response_segments"][1]["text"] for d in demos] == body["observations"]
+    assert solution_after("SQL error: no such table: x", "SELECT 1") is None
+    tok = load_tokenizer(rc, prepare_model_dir(rc, tmp_path / "run"))
+    fmt = make_formatter(tok, rc.rollout.rollout_config())
+    ex = tokenize_sft_row(tok, demos[0], observation_ids=fmt)
+    masked = [i for i, m in zip(ex.response_ids, ex.loss_mask) if m == 0]
+    assert masked == fmt(demos[0]["response_segments"][1]["text"])[0]

@@ -25,6 +25,16 @@ def derive_seed(seed: int, trajectory_id: str, turn: int) -> int:
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
 
 
+def row_extra_field(row: dict) -> dict:
+    """What the tool server gets as a trajectory's ``extra_field``: the data row's
+    ``extra_fields`` / ``extra_field`` if given, else its ``extra_info`` (verl layout,
+    e.g. ``{"db_path": ...}`` for the sql tool)."""
+    for key in ("extra_fields", "extra_field", "extra_info"):
+        if isinstance(row.get(key), dict):
+            return dict(row[key])
+    return {}
+
+
 class TrajectoryBuilder:
     """Build one trajectory token by token (token-in, token-out).
 
@@ -84,14 +94,9 @@ class TrajectoryBuilder:
 
     @property
     def extra_field(self) -> dict:
-        """What the tool server gets as this trajectory's ``extra_field``: the data row's
-        ``extra_fields`` / ``extra_field`` if given, else its ``extra_info`` (verl layout,
-        e.g. ``{"db_path": ...}`` for the sql tool)."""
-        d = self.traj.data
-        for key in ("extra_fields", "extra_field", "extra_info"):
-            if isinstance(d.get(key), dict):
-                return dict(d[key])
-        return {}
+        """What the tool server gets as this trajectory's ``extra_field``
+        (:func:`row_extra_field` of its data row)."""
+        return row_extra_field(self.traj.data)
 
     def _end(self, reason: str) -> None:
         if not self.traj.termination:

@@ -23,11 +23,10 @@ will search exists and was built from ``task.corpus_files`` (same fingerprint).
 
 SFT demonstrations (``task.num_demos`` > 0; Search-R1 itself trains from the instruct
 model without them, a 135M model needs them to learn the format at all): for training
-questions whose gold answer appears in the top ``topk`` passages of the question itself,
-the response ``<search> QUESTION </search>`` | the tool's real observation (the same
-index, ``topk`` and format as ``search_retrieval``; an ``observation`` segment, so SFT
-wraps and truncates it as a rollout would; loss 0) | ``<answer> ANSWER </answer>``,
-written to ``sft.parquet`` (see :func:`demonstration_segments`).
+questions whose gold answer appears in what the search tool returns for the question
+itself, the response ``<search> QUESTION </search>`` | the tool's real observation |
+``<answer> ANSWER </answer>``, written to ``sft.parquet``
+(:mod:`verltool_jax.tasks.demonstrations`).
 """
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from tool_server.retrieval.answers import contains_normalized, normalize_answer
-from tool_server.retrieval.format import format_information
 from tool_server.retrieval.index import RetrievalIndexError, build_command, check_index, read_meta
 from tool_server.retrieval.questions import Question, QuestionError, read_questions
 from verltool_jax.data.readers import write_rows
@@ -174,57 +172,33 @@ def check_retrieval(config) -> Optional[dict]:
     return check_index(index, corpus)
 
 
-def demonstration_segments(question: str, answers: Sequence[str], observation: str
-                           ) -> Optional[list[dict]]:
-    """The demonstrated response for one question: search for the question as asked,
-    read ``observation`` (what the search tool answered; an observation segment, loss 0),
-    answer with the first gold answer the observation contains (normalised, whole tokens,
-    as exact match compares). None when it contains none: a demonstration never answers
-    from outside its evidence."""
+def search_action(question: str) -> str:
+    """The demonstrated tool call: search for the question as asked (one line)."""
+    return f"<search> {' '.join(question.split())} </search>"
+
+
+def answer_from(observation: str, answers: Sequence[str]) -> Optional[str]:
+    """``<answer> A </answer>`` for the first gold answer ``A`` that ``observation``
+    contains (normalised, whole tokens, as exact match compares); None when it contains
+    none: a demonstration never answers from outside its evidence."""
     text = normalize_answer(observation)
     answer = next((a for a in answers if contains_normalized(text, [normalize_answer(a)])),
                   None)
-    if answer is None:
-        return None
-    return [{"text": f"<search> {' '.join(question.split())} </search>", "loss": True},
-            {"text": observation, "loss": False, "observation": True},
-            {"text": f"<answer> {answer} </answer>", "loss": True}]
+    return None if answer is None else f"<answer> {answer} </answer>"
 
 
 def demonstrations(config, questions: Sequence[Question], rows: Sequence[dict],
                    num_demos: int, seed: int) -> list[dict]:
-    """SFT rows (``rows[i]`` plus ``response_segments``) for up to ``num_demos`` of
-    ``questions``, taken in an order shuffled by ``seed`` (so every question file is
-    represented), their observations retrieved from the configured local index with the
-    tool's ``topk`` and formatted as the tool formats them."""
-    from tool_server.retrieval.options import RetrievalOptions
-    from tool_server.retrieval.service import RetrievalService
-    opts = dict(config.tool_server.tool_opt)
-    ropts = RetrievalOptions.from_extra(opts)
-    if not ropts.index_dir:
-        raise ValueError("task.num_demos > 0 needs the local index the demonstrations search: "
-                         "set tool_server.tool_opt.retrieval_index (or task.num_demos=0)")
-    topk = int(opts.get("topk", 3))
-    service = RetrievalService(ropts.index_dir, ropts.encoder)
-    try:
-        hits = service.search_batch([q.question for q in questions], topk)
-    finally:
-        service.close()
+    """SFT rows for up to ``num_demos`` of ``questions`` (taken in an order shuffled by
+    ``seed``, so every question file is represented): search the question, the search
+    tool's real answer, :func:`answer_from` it (:mod:`verltool_jax.tasks.demonstrations`)."""
+    from verltool_jax.tasks.demonstrations import Proposal, demonstrate
     order = list(range(len(questions)))
     random.Random(seed).shuffle(order)
-    out = []
-    for i in order:
-        if len(out) >= num_demos:
-            break
-        q, row, hs = questions[i], rows[i], hits[i]
-        obs = format_information([(h.title, h.contents) for h in hs])
-        segs = demonstration_segments(q.question, q.answers, obs)
-        if segs is not None:
-            out.append({**row, "response_segments": segs})
-    if not out:
-        raise ValueError(f"task.num_demos={num_demos} but no training question has its "
-                         f"answer in the top {topk} passages; set task.num_demos=0")
-    return out
+    return demonstrate(config, [
+        Proposal(rows[i], search_action(questions[i].question),
+                 lambda obs, answers=questions[i].answers: answer_from(obs, answers))
+        for i in order], num_demos)
 
 
 def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:

@@ -576,6 +576,7 @@ class SpiderTask:
     eval_from: str = "test"                # test: Spider dev = eval | pool: mix, hold out
     num_train: int = 0                     # 0: all usable train questions
     num_eval: int = 0                      # 0: all usable Spider-dev questions
+    num_demos: int = 0                     # SFT demonstrations (run the gold query); 0: none
     seed: int = 0
 
 
@@ -588,7 +589,9 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     ``config.task.single_table``. ``eval_from="test"``: train rows from
     ``train_queries.csv``, eval rows from ``test_queries.csv`` (the Spider dev set, on
     other databases); ``"pool"``: both files mixed and shuffled, ``num_eval`` held out.
-    ``num_train`` / ``num_eval`` (> 0) subsample with ``config.task.seed``."""
+    ``num_train`` / ``num_eval`` (> 0) subsample with ``config.task.seed``;
+    ``num_demos`` > 0 writes that many SFT demonstrations from the train rows
+    (:func:`demonstrations`)."""
     t = config.task
     if not t.spider_dir:
         raise ValueError("task.spider_dir is empty: pass the Spider folder "
@@ -621,8 +624,36 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
                              f"(Spider's train and test databases are disjoint; "
                              f"eval_from='pool' splits one set of databases):\n{rep.summary()}")
         files[name] = write_rows(rows, out / f"{name}.parquet")
+        pools[name] = rows
     (out / "prepare_report.txt").write_text(rep.summary() + "\n")
-    return TaskFiles(train=files["train"], eval=files["eval"])
+    if t.num_demos < 0:
+        raise ValueError(f"task.num_demos={t.num_demos} must be >= 0 (0: no demonstrations)")
+    sft = demonstrations(config, pools["train"], t.num_demos, t.seed) if t.num_demos else []
+    return TaskFiles(train=files["train"], eval=files["eval"],
+                     sft=write_rows(sft, out / "sft.parquet") if sft else None)
+
+
+def solution_after(observation: str, gold: str) -> Optional[str]:
+    """``<solution>GOLD</solution>`` once the gold query's result came back; None when
+    the tool answered with an error (the query did not run there)."""
+    if observation.startswith(("SQL error", "Error")):
+        return None
+    return f"<solution>{gold}</solution>"
+
+
+def demonstrations(config, rows: Sequence[dict], num_demos: int, seed: int) -> list[dict]:
+    """SFT rows for up to ``num_demos`` training ``rows`` (in an order shuffled by
+    ``seed``): run the gold query with the sql tool, read its real result, give the gold
+    query as the solution (:mod:`verltool_jax.tasks.demonstrations`)."""
+    from verltool_jax.tasks.demonstrations import Proposal, demonstrate
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    proposals = []
+    for i in order:
+        gold = rows[i]["reward_model"]["ground_truth"]
+        proposals.append(Proposal(rows[i], f"<sql>{gold}</sql>",
+                                  lambda obs, gold=gold: solution_after(obs, gold)))
+    return demonstrate(config, proposals, num_demos)
 
 
 def main(argv=None) -> int:
