@@ -12,8 +12,8 @@ Stages (a :class:`Recipe` names the config file; ``--smoke`` uses its ``:tiny`` 
 
 Evaluation is ``verltool_jax.eval.run_eval`` on the task's held-out sets, one table row
 per (stage, seed, test set); ``acc`` is the task's correctness (accuracy, exact match,
-execution match). The training runs evaluate nothing themselves (their
-``task.eval_files`` is empty), so every evaluation happens once, here.
+execution match). The training runs evaluate nothing themselves
+(``data.max_eval_examples=0``), so every evaluation happens once, here.
 
 They run per seed (sft, grpo), then base; ``--stages grpo,base`` runs only those (a stage
 not named is read back if done). Resumable: each finished stage leaves
@@ -254,7 +254,7 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
 
         def go() -> dict:
             c = config(run_dir, [("trainer.seed", str(seed)), ("data.seed", str(seed)),
-                                 ("sampler.seed", str(seed)), ("task.eval_files", "()"),
+                                 ("sampler.seed", str(seed)), ("data.max_eval_examples", "0"),
                                  ("checkpoint.export_hf", "true")] + extra)
             done = run_dir / "summary.json"
             if done.is_file() and (run_dir / "hf_model").is_dir() and \
