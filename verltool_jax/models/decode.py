@@ -76,8 +76,17 @@ def _extend(model, cache: KVCache, input_ids, attention_mask, positions=None,
     return new, hidden
 
 
-def prefill(model, cache: KVCache, input_ids, attention_mask=None):
-    """Run the prompts ``input_ids [B,T]`` (left- or right-padded per ``attention_mask``).
+# Prompt tokens run through the model per prefill chunk: attention scores take
+# B x heads x PREFILL_CHUNK x cache length floats instead of B x heads x T x cache length
+# (a batch of 64 prompts of 4,096 tokens needed over 4 GiB per score tensor).
+PREFILL_CHUNK = 512
+
+
+def prefill(model, cache: KVCache, input_ids, attention_mask=None,
+            chunk: int = PREFILL_CHUNK):
+    """Run the prompts ``input_ids [B,T]`` (left- or right-padded per ``attention_mask``),
+    ``chunk`` tokens at a time (each chunk extends the cache the previous one left; the
+    result equals one pass over all ``T``).
 
     Returns ``(cache, last_logits [B,V])``: the float32 logits after each row's last real
     token. The cache must have room: ``cache.index + T <= max_len`` (not checked under jit).
@@ -85,8 +94,15 @@ def prefill(model, cache: KVCache, input_ids, attention_mask=None):
     input_ids = jnp.asarray(input_ids)
     if attention_mask is None:
         attention_mask = jnp.ones(input_ids.shape, jnp.int32)
-    cache, hidden = _extend(model, cache, input_ids, attention_mask)
+    if chunk < 1:
+        raise ValueError(f"prefill chunk must be >= 1, got {chunk}")
     T = input_ids.shape[1]
+    parts = []
+    for start in range(0, T, chunk):
+        cache, h = _extend(model, cache, input_ids[:, start:start + chunk],
+                           attention_mask[:, start:start + chunk])
+        parts.append(h)
+    hidden = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
     last = T - 1 - jnp.argmax(attention_mask.astype(bool)[:, ::-1], axis=1)
     h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
     return cache, model.project(h_last)
