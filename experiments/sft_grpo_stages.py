@@ -319,3 +319,13 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
     print(f"[{prefix}] all stages: {time.perf_counter() - t_all:.0f}s; "
           f"results in {out}/results.{{csv,md}} and accuracy.png", flush=True)
     return 0
+
+
+def run_script(recipe: Recipe, doc: str) -> None:
+    """An experiment script's ``__main__``: huge pages for XLA's buffers
+    (``verltool_jax.malloc_tuning``; ``VERLTOOL_MALLOC_HUGEPAGES=0``: without), then
+    :func:`main` on the command line, its return value the exit status."""
+    import sys
+    from verltool_jax.malloc_tuning import reexec_with_hugepages
+    reexec_with_hugepages()
+    sys.exit(main(recipe, None, doc))
