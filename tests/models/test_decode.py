@@ -70,6 +70,14 @@ def test_chunked_prefill_equals_one_pass(chunk):
         prefill(model, init_cache(model.config, B, T), jnp.asarray(ids), chunk=0)
 
 
+def test_prefill_chunk_keeps_the_scores_within_budget():
+    from verltool_jax.models.decode import PREFILL_SCORE_BUDGET, prefill_chunk
+    assert prefill_chunk(4, 2, 256) == 512                   # small: the largest chunk
+    c = prefill_chunk(64, 1, 8192)                           # the SQL smoke's JAX sampler
+    assert 64 * 8192 * c <= PREFILL_SCORE_BUDGET < 64 * 8192 * 2 * c and c & (c - 1) == 0
+    assert prefill_chunk(1024, 64, 1 << 20) == 16            # never below 16
+
+
 def test_finished_rows_do_not_advance():
     model = load_hf(tiny_ckpt("qwen3"))
     ids, mask = padded_batch(seed=7)
