@@ -89,6 +89,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # warm start on demonstrations (run the gold query, read its rows, give it as the
         # solution: the 135M model as it comes never writes the tags), then short GRPO.
         use_smollm2_lora(c, max_len=3072, num_demos=256, sft_steps=30)
+        # Schema prompts run to 3k tokens: without per-layer remat the backward pass keeps
+        # every trained layer's [B, heads, L, L] attention scores (78 GB asked for in the
+        # first SFT step of 8 rows); with it, one layer's at a time.
+        c.model.remat_policy = "full"
         c.task.single_table = True
         c.task.num_train = 1000
         c.task.num_eval = 200
