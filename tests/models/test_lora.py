@@ -121,3 +121,26 @@ def test_fold_is_exact_for_a_hand_computed_case():
     want = flat[p + ("kernel",)] + 2.0 * flat[p + ("lora_a",)] @ flat[p + ("lora_b",)]
     got = _flat(fold_lora(st, 2.0))[p + ("kernel",)]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_remat_with_adapters_gives_the_same_loss_and_gradient(policy):
+    """Per-layer remat with LoRA (adapters traced by grad, frozen weights by jit): the
+    SmolLM2 SQL recipe needs both, and nnx.remat refused the mix."""
+    def run(remat):
+        m = _lora_model(last_layers=1)
+        if remat != "none":
+            m2 = Transformer(m.config.replace(remat_policy=remat), nnx.Rngs(0))
+            nnx.update(m2, nnx.state(m))
+            m = m2
+        st = TrainState.create(m, optax.sgd(0.1))
+        tp, fr = st.split_trainable()
+        f = jax.jit(jax.value_and_grad(
+            lambda t: jnp.sum(st.model(st.join(t, fr))(IDS, MASK) * MASK[..., None])))
+        return f(tp)
+    (l0, g0), (l1, g1) = run("none"), run(policy)
+    np.testing.assert_allclose(float(l1), float(l0), rtol=1e-5)
+    leaves0, leaves1 = jax.tree.leaves(g0), jax.tree.leaves(g1)
+    assert leaves0 and any(np.abs(np.asarray(a)).max() > 0 for a in leaves0)
+    for a, b in zip(leaves0, leaves1):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)

@@ -28,6 +28,20 @@ REMAT_JAX_POLICIES = {
 }
 
 
+def remat_call(fn, module: nnx.Module, *args, policy: str):
+    """``fn(module, *args)`` rematerialised in the backward pass under ``policy`` (a key of
+    ``REMAT_JAX_POLICIES``): the module is split into its graph and state and the state goes
+    through ``jax.checkpoint`` as an argument, so parameters that are tracers of different
+    transforms (LoRA adapters under ``grad``, frozen base weights closed over by ``jit``)
+    are read, never written back (``nnx.remat`` writes them back and refuses that mix)."""
+    graphdef, state = nnx.split(module)
+
+    def pure(state, *args):
+        return fn(nnx.merge(graphdef, state), *args)
+
+    return jax.checkpoint(pure, policy=REMAT_JAX_POLICIES[policy])(state, *args)
+
+
 def default_positions(attention_mask: jnp.ndarray) -> jnp.ndarray:
     """``positions = max(cumsum(mask) - 1, 0)``: real tokens count 0, 1, 2, ... whatever the padding."""
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
@@ -82,8 +96,7 @@ class Transformer(nnx.Module):
                 if policy == "none":
                     x = _layer_call(layer, x, positions, mask)
                 else:
-                    x = nnx.remat(_layer_call, policy=REMAT_JAX_POLICIES[policy])(
-                        layer, x, positions, mask)
+                    x = remat_call(_layer_call, layer, x, positions, mask, policy=policy)
             else:
                 x, kv = layer(x, positions, mask, kv_caches[i], write_index)
                 new_caches.append(kv)

@@ -286,7 +286,7 @@ class VisionTower(nnx.Module):
         self.merger = PatchMerger(cfg, rngs)
 
     def __call__(self, images: ImageBatch) -> jnp.ndarray:
-        from .transformer import REMAT_JAX_POLICIES
+        from .transformer import remat_call
         x = self.patch_embed(images.pixel_values.astype(dtype_of(self.dtype)))
         pos = images.patch_positions
         for i, block in enumerate(self.blocks):
@@ -295,6 +295,5 @@ class VisionTower(nnx.Module):
             if self.remat_policy == "none":
                 x = _block_call(block, x, pos, groups)
             else:
-                x = nnx.remat(_block_call, policy=REMAT_JAX_POLICIES[self.remat_policy])(
-                    block, x, pos, groups)
+                x = remat_call(_block_call, block, x, pos, groups, policy=self.remat_policy)
         return self.merger(x)
