@@ -40,6 +40,30 @@ def test_parity_with_transformers_padding_both_sides(family, tie):
     np.testing.assert_allclose(alone[0], ours[1, -n:], atol=1e-4)
 
 
+def test_attention_in_query_chunks_is_the_one_pass_attention():
+    """Queries ``attention_query_chunk`` at a time (with a ragged last chunk) give the one
+    pass's logits against transformers and the same gradient; 0 is one pass."""
+    path = tiny_ckpt("llama")
+    ids, mask = padded_batch()                     # 12 positions, padded both sides
+    ref = hf_logits(hf_model(path), ids, mask)
+    real = mask.astype(bool)
+    one, chunked = load_hf(path, attention_query_chunk=0), load_hf(path, attention_query_chunk=5)
+    a, b = _flax_logits(one, ids, mask), _flax_logits(chunked, ids, mask)
+    assert np.abs(b - ref)[real].max() <= 1e-4
+    np.testing.assert_allclose(b[real], a[real], atol=1e-5, rtol=0)
+
+    def grad(model):
+        gd, p = nnx.split(model, nnx.Param)
+        f = lambda p: (nnx.merge(gd, p)(jnp.asarray(ids), jnp.asarray(mask))
+                       * jnp.asarray(mask)[..., None]).sum()
+        return jax.jit(jax.grad(f))(p)
+    for x, y in zip(jax.tree.leaves(grad(one)), jax.tree.leaves(grad(chunked))):
+        x, y = np.asarray(x), np.asarray(y)     # float32 sums in another order: relative
+        np.testing.assert_allclose(y, x, atol=1e-4 * np.abs(x).max(), rtol=0)
+    with pytest.raises(ValueError, match="attention_query_chunk"):
+        one.config.replace(attention_query_chunk=-1)
+
+
 @pytest.mark.parametrize("family,tie", FAMILIES)
 def test_float64_computes_what_transformers_computes(family, tie):
     """With every op in float64 on both sides the logits agree to rounding (float32 leaves

@@ -186,7 +186,9 @@ class ModelConfig:
     ``DTYPES``). ``remat_policy`` selects per-layer rematerialisation: ``none`` (store all
     activations), ``full`` (recompute the whole layer in the backward pass), ``dots``
     (save matmul outputs, recompute the rest), ``dots_no_batch`` (save only matmuls
-    without batch dimensions).
+    without batch dimensions). ``attention_query_chunk``: sequences longer than this many
+    tokens attend that many queries at a time (``layers.attention_weights_apply``; 0: all
+    at once), which bounds the attention scores' memory at long contexts.
 
     Vision-language models (``model_type`` in ``VL_MODEL_TYPES``) add ``vision`` (the
     tower), ``mrope_section`` (how many of the ``head_dim // 2`` RoPE frequencies follow
@@ -215,6 +217,7 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat_policy: str = "none"
+    attention_query_chunk: int = 512
     mrope_section: tuple[int, ...] = ()
     vision: Optional[VisionConfig] = None
     image_token_id: Optional[int] = None
@@ -255,6 +258,9 @@ class ModelConfig:
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig.remat_policy must be one of {REMAT_POLICIES}, "
                              f"got {self.remat_policy!r}")
+        if not isinstance(self.attention_query_chunk, int) or self.attention_query_chunk < 0:
+            raise ValueError(f"ModelConfig.attention_query_chunk must be an int >= 0 (0: all "
+                             f"queries in one pass), got {self.attention_query_chunk!r}")
         if self.lora_rank < 0 or self.lora_last_layers < 0:
             raise ValueError(f"ModelConfig.lora_rank ({self.lora_rank}) and lora_last_layers "
                              f"({self.lora_last_layers}) must be >= 0")

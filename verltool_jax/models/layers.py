@@ -47,14 +47,8 @@ class RMSNorm(nnx.Module):
         return self.weight[...].astype(self.dtype) * xf.astype(self.dtype)
 
 
-def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                            mask: jnp.ndarray) -> jnp.ndarray:
-    """Grouped-query scaled dot-product attention.
-
-    ``q [B,T,N,D]``, ``k, v [B,S,K,D]`` with ``N = K * G``; ``mask [B,T,S]`` True where query
-    t may attend key s. ``out[b,t,n] = sum_s softmax_s(q.k / sqrt(D) | mask) v[b,s,n // G]``,
-    scores and softmax in float32 (float64 for float64 inputs), output in ``q.dtype``.
-    """
+def _attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    """One pass of :func:`attention_weights_apply` over all of ``q``'s positions."""
     B, T, N, D = q.shape
     K = k.shape[2]
     qg = q.reshape(B, T, K, N // K, D)
@@ -65,6 +59,35 @@ def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(B, T, N, D).astype(q.dtype)
+
+
+def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                            mask: jnp.ndarray, query_chunk: int = 0) -> jnp.ndarray:
+    """Grouped-query scaled dot-product attention.
+
+    ``q [B,T,N,D]``, ``k, v [B,S,K,D]`` with ``N = K * G``; ``mask [B,T,S]`` True where query
+    t may attend key s. ``out[b,t,n] = sum_s softmax_s(q.k / sqrt(D) | mask) v[b,s,n // G]``,
+    scores and softmax in float32 (float64 for float64 inputs), output in ``q.dtype``.
+
+    ``query_chunk > 0`` and ``T > query_chunk``: the queries go ``query_chunk`` at a time
+    through a ``lax.map`` whose body is rematerialised in the backward pass, so the score
+    tensor alive at once is ``[B, N, query_chunk, S]`` instead of ``[B, N, T, S]`` (each
+    query's softmax runs over the same keys in the same order, so the result is the one
+    pass's). Without it, the backward pass of a 3k-token batch kept several ``[B,N,T,S]``
+    tensors per trained layer, whatever the remat policy (XLA's CPU scheduler runs the
+    recomputed forward passes early).
+    """
+    B, T, N, D = q.shape
+    if query_chunk <= 0 or T <= query_chunk:
+        return _attend(q, k, v, mask)
+    c = int(query_chunk)
+    n = -(-T // c)
+    pad = n * c - T
+    qc = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(B, n, c, N, D)
+    mc = jnp.pad(mask, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, mask.shape[-1])
+    body = jax.checkpoint(lambda qm: _attend(qm[0], k, v, qm[1]))
+    out = jax.lax.map(body, (qc.transpose(1, 0, 2, 3, 4), mc.transpose(1, 0, 2, 3)))
+    return out.transpose(1, 0, 2, 3, 4).reshape(B, n * c, N, D)[:, :T]
 
 
 class Attention(nnx.Module):
@@ -82,6 +105,7 @@ class Attention(nnx.Module):
         self.shape = (N, K, D)
         self.rope = (D, cfg.rope_theta, cfg.rope_scaling)  # static, hashable
         self.rope_sections = tuple(cfg.mrope_section)
+        self.query_chunk = cfg.attention_query_chunk
 
     def __call__(self, x, positions, mask, kv_cache=None, write_index=0):
         """``x [B,T,H]`` -> ``(out [B,T,H], (k, v))``; ``positions [B,T]``, or ``[B,T,3]``
@@ -107,7 +131,8 @@ class Attention(nnx.Module):
             start = (0, write_index, 0, 0)
             k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), start)
             v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), start)
-        out = attention_weights_apply(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+        out = attention_weights_apply(q, k.astype(q.dtype), v.astype(q.dtype), mask,
+                                      self.query_chunk)
         return self.o_proj(out.reshape(B, T, N * D)), (k, v)
 
 

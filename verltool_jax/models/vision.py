@@ -212,6 +212,7 @@ class VisionAttention(nnx.Module):
         self.proj = _linear(cfg, v.hidden_size, v.hidden_size, True, rngs)
         self.heads = v.num_heads
         self.rope_theta = v.rope_theta
+        self.query_chunk = cfg.attention_query_chunk
 
     def __call__(self, x, positions, groups):
         """``x [N,W]``, ``positions [N,2]``, ``groups [G,L]`` (``attention_groups``) -> ``[N,W]``.
@@ -230,7 +231,8 @@ class VisionAttention(nnx.Module):
         valid = groups >= 0
         idx = jnp.where(valid, groups, 0)
         mask = valid[:, None, :] & valid[:, :, None]
-        out = attention_weights_apply(q[idx], k[idx], qkv[:, 2][idx], mask)   # [G,L,heads,D]
+        out = attention_weights_apply(q[idx], k[idx], qkv[:, 2][idx], mask,
+                                      self.query_chunk)   # [G,L,heads,D]
         # padding slots write to a spare row N, dropped
         y = jnp.zeros((N + 1, self.heads, D), out.dtype).at[jnp.where(valid, groups, N)].set(out)
         return self.proj(y[:N].reshape(N, W))
