@@ -119,6 +119,30 @@ def test_registered_spider_task_writes_train_and_eval(tmp_path):
 
 
 @pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(), reason=f"no Spider at {SPIDER}")
+def test_max_schema_chars_keeps_databases_with_a_short_schema(tmp_path):
+    from verltool_jax.tasks.spider import schema_text
+    c = load_config(f"{REPO}/configs/vt_sql.py:tiny", lock=False)
+    c.task.spider_dir = str(SPIDER)
+    c.task.num_train = c.task.num_eval = 0
+    every = prepare_task(c, tmp_path / "all")
+    rows = read_rows(every.train) + read_rows(every.eval)
+    size = {r["extra_info"]["db_id"]: len(schema_text(r["extra_info"]["db_path"])) for r in rows}
+    assert len(size) == 2 and len(set(size.values())) == 2
+    small = min(size, key=size.get)
+    c.task.max_schema_chars = size[small]           # the limit is inclusive
+    kept = prepare_task(c, tmp_path / "short")
+    rows_kept = read_rows(kept.train) + read_rows(kept.eval)
+    assert {r["extra_info"]["db_id"] for r in rows_kept} == {small}
+    assert len(rows_kept) == sum(r["extra_info"]["db_id"] == small for r in rows)
+    c.task.max_schema_chars = min(size.values()) - 1
+    with pytest.raises(ValueError, match="max_schema_chars"):
+        prepare_task(c, tmp_path / "none")
+    c.task.max_schema_chars = -1
+    with pytest.raises(ValueError, match="task.max_schema_chars"):
+        prepare_task(c, tmp_path / "bad")
+
+
+@pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(), reason=f"no Spider at {SPIDER}")
 def test_sql_demonstrations_run_the_gold_query_with_the_sql_tool(tmp_path):
     """Each demonstration runs its row's gold query with the started sql tool (on the row's
     own database), shows that result as the observation, and ends with the gold query as

@@ -577,6 +577,7 @@ class SpiderTask:
     num_train: int = 0                     # 0: all usable train questions
     num_eval: int = 0                      # 0: all usable Spider-dev questions
     num_demos: int = 0                     # SFT demonstrations (run the gold query); 0: none
+    max_schema_chars: int = 0              # only databases whose schema text is this short; 0: any
     seed: int = 0
 
 
@@ -591,8 +592,13 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     other databases); ``"pool"``: both files mixed and shuffled, ``num_eval`` held out.
     ``num_train`` / ``num_eval`` (> 0) subsample with ``config.task.seed``;
     ``num_demos`` > 0 writes that many SFT demonstrations from the train rows
-    (:func:`demonstrations`)."""
+    (:func:`demonstrations`). ``max_schema_chars`` > 0 keeps only questions on databases
+    whose schema text (the prompt's ``CREATE TABLE`` statements) is at most that long:
+    for models with a short context, or a CPU budget, where prompt length is the cost."""
     t = config.task
+    if t.max_schema_chars < 0:
+        raise ValueError(f"task.max_schema_chars={t.max_schema_chars} must be >= 0 "
+                         f"(0: databases of any schema size)")
     if not t.spider_dir:
         raise ValueError("task.spider_dir is empty: pass the Spider folder "
                          "(test_queries.csv, train_queries.csv, databases/), e.g. "
@@ -613,6 +619,15 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
         raise ValueError(f"task.eval_from must be 'test' (train rows from train_queries.csv, "
                          f"eval rows from test_queries.csv) or 'pool' (both files mixed, "
                          f"num_eval held out), got {t.eval_from!r}")
+    if t.max_schema_chars:
+        sizes: dict[str, int] = {}
+
+        def fits(row: dict) -> bool:
+            path = row["extra_info"]["db_path"]
+            if path not in sizes:
+                sizes[path] = len(schema_text(path))
+            return sizes[path] <= t.max_schema_chars
+        pools = {name: [r for r in rows if fits(r)] for name, rows in pools.items()}
     files = {}
     for name, limit in (("train", t.num_train), ("eval", t.num_eval)):
         rows = pools[name]
@@ -621,6 +636,7 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
         if not rows:
             raise ValueError(f"Spider has no usable {name} question for databases={dbs} "
                              f"single_table={bool(t.single_table)} eval_from={t.eval_from!r} "
+                             f"max_schema_chars={t.max_schema_chars} "
                              f"(Spider's train and test databases are disjoint; "
                              f"eval_from='pool' splits one set of databases):\n{rep.summary()}")
         files[name] = write_rows(rows, out / f"{name}.parquet")
