@@ -21,8 +21,10 @@ not named is read back if done). Resumable: each finished stage leaves
 interrupted training run (a signal) records nothing, stops the experiment, and resumes
 from its own checkpoint next time. Outputs under ``--out``: ``results.csv``,
 ``results.md`` (mean and spread over seeds), ``accuracy.png`` and ``experiment.json``
-(for ``experiments/reproduce.py``). ``--set key=value`` overrides any config key in every
-stage.
+(for ``experiments/reproduce.py``); each evaluation's trajectories, every turn with its
+tool call, observation and reward, in ``base/trajectories.html``,
+``sft_seed<s>/eval/trajectories.html`` and ``grpo_seed<s>/eval/trajectories.html``.
+``--set key=value`` overrides any config key in every stage.
 """
 from __future__ import annotations
 
@@ -247,7 +249,8 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
 
     def evaluate(run_dir: Path, checkpoint: str, seed: int) -> dict:
         c = config(run_dir, [("sampler.seed", str(seed))])
-        return run_eval(c, checkpoint, samples=a.samples, temperature=1.0)
+        return run_eval(c, checkpoint, samples=a.samples, temperature=1.0,
+                        report=str(run_dir / "trajectories.html"))
 
     def training(stage: str, seed: int, extra: Overrides):
         run_dir = out / f"{stage}_seed{seed}"

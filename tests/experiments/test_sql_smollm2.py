@@ -43,5 +43,8 @@ def test_sql_smollm2_smoke_runs_and_resumes(tmp_path, capsys):
     assert "Greedy execution accuracy" in (out / "results.md").read_text()
     exp = json.loads((out / "experiment.json").read_text())
     assert exp["experiment"] == "sql_smollm2" and exp["config"]["task"]["name"] == "spider"
+    for report in ("base/trajectories.html", "sft_seed1/eval/trajectories.html",
+                   "grpo_seed1/eval/trajectories.html"):     # every evaluation's turns
+        assert "eval: " in (out / report).read_text()
     assert script.main(argv) == 0
     assert capsys.readouterr().out.count("done before") == 3
