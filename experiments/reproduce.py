@@ -11,6 +11,8 @@ finished run directory of the same task found under ``--runs`` (a ``summary.json
 held-out metric before and after RL, steps and wall time. Those runs are CPU-scale and say
 so; nothing in the "measured here" column is the paper's scale. A headline without a run
 says "not run yet". Runs of other tasks (e.g. the ablation sweeps) are listed below the table.
+A result of the previous ``--out`` file whose run directory is not found this time is kept,
+marked as such (run directories are not committed; a fresh machine has none).
 """
 from __future__ import annotations
 
@@ -197,11 +199,40 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+KEPT = " (kept from the previous REPRODUCE.md: its run directory is not on this machine)"
+OTHERS_HEADER = "| run | model | data | held-out acc before -> after | RL steps | wall (s) |"
+
+
+def previous_results(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """From an earlier REPRODUCE.md: each headline's "measured here" cell that holds a
+    result (not "not run yet"), and each row of the other-runs table by its run path.
+    A regeneration on a machine without those run directories keeps them, marked
+    (:data:`KEPT`), instead of erasing what was measured."""
+    names = {h.name for h in HEADLINES}
+    cells: dict[str, str] = {}
+    others: dict[str, str] = {}
+    in_others = False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            in_others = "Other finished runs" in line
+        if not line.startswith("| ") or line.startswith(("|---", OTHERS_HEADER)):
+            continue
+        parts = [p.strip() for p in line.strip().strip("|").split(" | ")]
+        if not in_others and parts[0] in names and len(parts) == 5 and \
+                parts[4] != "not run yet":
+            cells[parts[0]] = parts[4]
+        elif in_others and len(parts) == 6:
+            others[parts[0]] = line
+    return cells, others
+
+
 def render(runs: Sequence[RunRecord], repo: Path = REPO,
-           experiments: Sequence[dict] = ()) -> str:
+           experiments: Sequence[dict] = (), previous: str = "") -> str:
     """The REPRODUCE.md text for ``runs`` (newest first); an experiment of the same task
     (``find_experiments``, e.g. base -> SFT -> GRPO with seeds) is preferred to a single
-    run."""
+    run. ``previous`` (the file's earlier text) supplies the results whose run
+    directories are gone (:func:`previous_results`)."""
+    kept_cells, kept_others = previous_results(previous)
     lines = [
         "# Reproducing VerlTool's headline results",
         "",
@@ -233,22 +264,31 @@ def render(runs: Sequence[RunRecord], repo: Path = REPO,
                    f"{exp['summary']}")
         elif rec is None:
             got = "not run yet"
+            if h.name in kept_cells:
+                old_cell = kept_cells[h.name]
+                got = old_cell if old_cell.endswith(KEPT.strip()) else old_cell + KEPT
         else:
             used.add(rec.path)
             got = measured(rec)
+        cell = got if h.name in kept_cells and got.startswith(kept_cells[h.name]) else \
+            _cell(got)                       # a kept cell is escaped already
         lines.append(f"| {h.name} | {_cell(h.paper_result)} | {_cell(how)} | "
-                     f"{_cell(h.data)} | {_cell(got)} |")
+                     f"{_cell(h.data)} | {cell} |")
     others = [r for r in runs if r.path not in used]
+    here = {_cell(_rel(r.path)) for r in runs}
+    gone = [line for path, line in kept_others.items() if path not in here]
     lines += ["", "## Other finished runs found (CPU scale)", ""]
-    if not others:
+    if not others and not gone:
         lines.append("None.")
     else:
-        lines += ["| run | model | data | held-out acc before -> after | RL steps | wall (s) |",
-                  "|---|---|---|---|---|---|"]
+        lines += [OTHERS_HEADER, "|---|---|---|---|---|---|"]
         for r in others:
             lines.append(f"| {_cell(_rel(r.path))} | {_cell(model_of(r.config))} | "
                          f"{_cell(data_of(r.config))} | {_pct(r.eval_before)} -> "
                          f"{_pct(r.eval_after)} | {r.steps} | {r.wall_s or 0:.0f} |")
+        lines += gone
+        if gone:
+            lines += ["", f"The last {len(gone)} row(s) are{KEPT}."]
     return "\n".join(lines) + "\n"
 
 
@@ -260,8 +300,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     roots = [Path(r) for r in args.runs if Path(r).is_dir()]
     runs = find_runs(roots)
-    text = render(runs, experiments=find_experiments(roots))
-    Path(args.out).write_text(text)
+    out = Path(args.out)
+    previous = out.read_text() if out.is_file() else ""
+    text = render(runs, experiments=find_experiments(roots), previous=previous)
+    out.write_text(text)
     print(text)
     print(f"[reproduce] {len(runs)} finished run(s) found; wrote {args.out}")
     return 0

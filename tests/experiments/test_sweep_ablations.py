@@ -378,3 +378,35 @@ def test_reproduce_prefers_an_experiment_of_the_task(tmp_path):
     assert "runs/math_smollm2" in row or "math_smollm2" in row
     sql = next(line for line in md.splitlines() if line.startswith("| VT-SQL"))
     assert sql.endswith("| not run yet |")
+
+
+def test_reproduce_keeps_results_whose_run_directories_are_gone(tmp_path):
+    """Run directories are not committed: regenerating REPRODUCE.md on a machine without
+    them keeps the earlier results, marked, rather than erasing them; a run found again
+    replaces its kept cell."""
+    rep = _load("reproduce")
+    exp = tmp_path / "runs" / "math_smollm2"
+    exp.mkdir(parents=True)
+    (exp / "experiment.json").write_text(json.dumps({
+        "experiment": "math_smollm2", "config": {"task": {"name": "vt_math"}},
+        "summary": "gsm8k (300 problems): base 0.0%, sft 3.0% | 0.5, grpo 4.0%"}))
+    sweep_run = tmp_path / "runs" / "sweeps" / "s0"
+    _write_run(sweep_run, 0.5, 0.6, [0.3])
+    (sweep_run / "config.json").write_text(json.dumps({"task": {"name": "tiny_math"}}))
+    first = rep.render(rep.find_runs([tmp_path / "runs"]),
+                       experiments=rep.find_experiments([tmp_path / "runs"]))
+    row = lambda md, name: next(x for x in md.splitlines() if x.startswith(f"| {name} "))
+    assert rep.KEPT not in first
+    again = rep.render([], previous=first)               # a fresh machine: no runs
+    assert row(again, "VT-Math") == row(first, "VT-Math")[:-2] + rep.KEPT + " |"
+    assert row(again, "VT-SQL").endswith("| not run yet |")
+    others = [x for x in again.splitlines() if "sweeps/s0" in x]
+    assert len(others) == 1 and "50.0% -> 60.0%" in others[0]
+    assert "are" + rep.KEPT in again
+    third = rep.render([], previous=again)                # kept once, not twice
+    assert row(third, "VT-Math") == row(again, "VT-Math")
+    assert third.count("sweeps/s0") == 1
+    # the run found again: its fresh cell, no marker
+    fresh = rep.render([], experiments=rep.find_experiments([tmp_path / "runs"]),
+                       previous=again)
+    assert row(fresh, "VT-Math") == row(first, "VT-Math")
