@@ -95,9 +95,14 @@ def run_stage(prefix: str, name: str, result_path: Path, fn) -> dict:
 
 def rows_of(stage: str, seed: Any, res: dict) -> list[dict]:
     """One row per (mode, test set) of a stage's evaluation; the greedy rows also carry
-    the task's own per-set metrics (retrieval QA: ``em``, ``f1``, ``searches``, ...)."""
+    the task's own metrics (retrieval QA per set: ``em``, ``f1``, ``searches``, ...;
+    text-to-SQL, one set: ``sql_exec_acc_<level>``, ``sql_calls_per_question``, ...)."""
     out = []
-    extra = res["eval"].get("search") or {}
+    extra = dict(res["eval"].get("search") or {})
+    sql = res["eval"].get("sql")
+    greedy_sets = list(res["eval"]["modes"].get("greedy", {}))
+    if sql and len(greedy_sets) == 1:
+        extra[greedy_sets[0]] = {k.replace("/", "_"): v for k, v in sql.items()}
     for mode, sets in res["eval"]["modes"].items():
         for name, m in sets.items():
             more = extra.get(name, {}) if mode == "greedy" else {}

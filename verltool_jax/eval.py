@@ -6,7 +6,10 @@ mawps, aime24, amc23, ...), accuracy, tool-call rate, invalid-call rate, mean tu
 response length: greedy (one trajectory per problem) and, with ``--samples N``, also
 ``N`` samples per problem at ``--temperature T`` (pass@1 as the mean over samples and the
 unbiased pass@k, ``--k``, default N). For the retrieval-QA task also EM, F1, searches and
-gold-passage retrieval per data set. For SWE tasks (rows with hidden tests, e.g.
+gold-passage retrieval per data set. For text-to-SQL (``configs/vt_sql.py``) also
+:func:`~verltool_jax.tasks.eval_metrics.sql_eval_metrics` of the greedy run: execution
+accuracy overall and per Spider hardness level, SQL calls per question, SQL error rate,
+format and execution error rates. For SWE tasks (rows with hidden tests, e.g.
 ``configs/vt_swe.py`` on QuixBugs) also, of the greedy run, a line per task and
 :func:`~verltool_jax.tasks.eval_metrics.swe_eval_metrics`: resolve rate, tool calls per
 task, how trajectories ended, wall / sandbox time and generated tokens per task (mean,
@@ -157,7 +160,7 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
     ``{"what", "overall" (greedy summary), "modes": {mode: {set: metrics}}}`` with modes
     ``greedy`` and, for ``samples`` > 0, ``T=<temperature>,n=<samples>``; retrieval QA
     adds ``"search"`` (:func:`~verltool_jax.reporting.search_metrics.search_qa_metrics`
-    of the greedy run), SWE tasks ``"swe"``."""
+    of the greedy run), text-to-SQL ``"sql"`` (:func:`sql_results`), SWE tasks ``"swe"``."""
     from verltool_jax.models.lora import sampler_params
 
     from verltool_jax.reporting.pass_at_k import format_set_table, set_metrics
@@ -219,6 +222,11 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
                                                                search_qa_metrics)
             search = search_qa_metrics(trajs, tokenizer=run.tokenizer)
             say("[eval] retrieval QA by data set:\n" + format_search_metrics(search))
+        sql = sql_results(trajs) if (run.config.task is not None
+                                     and run.config.task.name == "spider") else None
+        if sql is not None:
+            say("[eval] text-to-SQL (greedy; execution accuracy by Spider hardness):\n"
+                + format_metrics(sql))
         swe = swe_results(trajs, walls["greedy"], rcfg.max_concurrency or len(trajs))
         if swe is not None:
             say("[eval] SWE tasks (greedy):\n" + swe.pop("table"))
@@ -234,9 +242,22 @@ def run_eval(config: Any, checkpoint: str, *, data: str = "", samples: int = 0,
     out = {"what": what, "overall": overall, "modes": modes}
     if search is not None:
         out["search"] = search          # greedy: EM, F1, searches, gold retrieved per set
+    if sql is not None:
+        out["sql"] = sql                # greedy: exec accuracy overall and per level, calls
     if swe is not None:
         out["swe"] = swe
     return out
+
+
+def sql_results(trajs: list) -> dict[str, float]:
+    """:func:`~verltool_jax.tasks.eval_metrics.sql_eval_metrics` of scored trajectories
+    (each trajectory's reward and ``reward_info``, as ``assign_rewards`` wrote them)."""
+    from verltool_jax.rewards.base import RewardResult
+    from verltool_jax.tasks.eval_metrics import sql_eval_metrics
+    rewards = [None if t.reward is None else
+               RewardResult(t.reward, bool(t.reward_info.get("acc")), dict(t.reward_info))
+               for t in trajs]
+    return sql_eval_metrics(trajs, rewards)
 
 
 def swe_results(trajs: list, wall_s: float, concurrency: int) -> Optional[dict]:

@@ -23,6 +23,20 @@ def test_data_check_names_what_is_missing(tmp_path, capsys):
     assert "missing train_queries.csv, test_queries.csv, databases" in err
 
 
+def test_result_rows_carry_the_sql_metrics_by_hardness():
+    stages = load_experiment("sft_grpo_stages")
+    res = {"wall_s": 12.0, "eval": {
+        "modes": {"greedy": {"spider": {"acc": 0.25, "problems": 4}},
+                  "T=1,n=2": {"spider": {"acc": 0.125, "problems": 4}}},
+        "sql": {"sql/exec_acc": 0.25, "sql/exec_acc/easy": 0.5, "sql/count/easy": 2.0,
+                "sql/calls_per_question": 1.5}}}
+    greedy, sampled = stages.rows_of("sft", 1, res)
+    assert greedy["mode"] == "greedy" and greedy["acc"] == 0.25
+    assert (greedy["sql_exec_acc_easy"], greedy["sql_count_easy"],
+            greedy["sql_calls_per_question"]) == (0.5, 2.0, 1.5)
+    assert not any(k.startswith("sql_") for k in sampled)     # greedy metrics only
+
+
 @pytest.mark.slow
 def test_sql_smollm2_smoke_runs_and_resumes(tmp_path, capsys):
     if not (SPIDER / "test_queries.csv").is_file():
@@ -43,6 +57,7 @@ def test_sql_smollm2_smoke_runs_and_resumes(tmp_path, capsys):
     assert "Greedy execution accuracy" in (out / "results.md").read_text()
     exp = json.loads((out / "experiment.json").read_text())
     assert exp["experiment"] == "sql_smollm2" and exp["config"]["task"]["name"] == "spider"
+    assert all("sql_exec_acc" in r and "sql_calls_per_question" in r for r in rows)
     for report in ("base/trajectories.html", "sft_seed1/eval/trajectories.html",
                    "grpo_seed1/eval/trajectories.html"):     # every evaluation's turns
         assert "eval: " in (out / report).read_text()

@@ -183,3 +183,34 @@ def test_sql_demonstrations_run_the_gold_query_with_the_sql_tool(tmp_path):
     ex = tokenize_sft_row(tok, demos[0], observation_ids=fmt)
     masked = [i for i, m in zip(ex.response_ids, ex.loss_mask) if m == 0]
     assert masked == fmt(demos[0]["response_segments"][1]["text"])[0]
+
+
+@pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(), reason=f"no Spider at {SPIDER}")
+def test_eval_prints_sql_metrics_by_hardness(tmp_path, capsys):
+    """``python -m verltool_jax.eval`` on vt_sql:tiny (untrained tiny model, real sql tool on
+    the built databases): the SQL lines are printed, the per-level counts cover every
+    evaluated question and the execution accuracy is the eval accuracy."""
+    import json
+
+    from verltool_jax import eval as eval_cli
+    out_json = tmp_path / "eval.json"
+    rc = eval_cli.main([
+        "--config", f"{REPO}/configs/vt_sql.py:tiny", "--checkpoint", "base",
+        f"--config.task.spider_dir={SPIDER}", f"--config.trainer.out_dir={tmp_path / 'run'}",
+        "--config.data.max_eval_examples=4", "--config.rollout.max_response_tokens=16",
+        "--config.sampler.backend=jax", "--config.logging.progress_bar=false",
+        "--json", str(out_json)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "[eval] text-to-SQL (greedy; execution accuracy by Spider hardness):" in out
+    for key in ("sql/exec_acc", "sql/count/easy", "sql/calls_per_question",
+                "sql/error_rate", "sql/format_error_rate"):
+        assert f"{key} = " in out, key
+    res = json.loads(out_json.read_text())
+    m = res["sql"]
+    assert sum(m[f"sql/count/{lv}"] for lv in ("easy", "medium", "hard", "extra")) == 4
+    assert m["sql/exec_acc"] == pytest.approx(res["overall"]["eval/acc"])
+    # a format error scores -1 and nothing else does: the rate follows from the mean reward
+    # when no row is correct (rewards are then -1 or 0)
+    if m["sql/exec_acc"] == 0:
+        assert m["sql/format_error_rate"] == pytest.approx(-res["overall"]["eval/reward"])
