@@ -359,15 +359,20 @@ def test_reproduce_table_from_run_dirs(tmp_path):
     assert "vt_sql_smol" not in md                     # interrupted: not a result
 
 
+def _write_math_experiment(runs: Path, summary: str) -> None:
+    exp = runs / "math_smollm2"
+    exp.mkdir(parents=True)
+    (exp / "experiment.json").write_text(json.dumps({
+        "experiment": "math_smollm2", "config": {"task": {"name": "vt_math"}},
+        "summary": summary}))
+
+
 def test_reproduce_prefers_an_experiment_of_the_task(tmp_path):
     """An experiment.json (base -> SFT -> GRPO with seeds) of a headline's task is shown
     instead of a single run; other headlines are unaffected."""
     rep = _load("reproduce")
-    exp = tmp_path / "runs" / "math_smollm2"
-    exp.mkdir(parents=True)
-    (exp / "experiment.json").write_text(json.dumps({
-        "experiment": "math_smollm2", "config": {"task": {"name": "vt_math"}},
-        "summary": "gsm8k (300 problems): base 0.0%, sft 3.0% ± 0.5, grpo 4.0% ± 0.5"}))
+    _write_math_experiment(tmp_path / "runs",
+                           "gsm8k (300 problems): base 0.0%, sft 3.0% ± 0.5, grpo 4.0% ± 0.5")
     (tmp_path / "runs" / "junk").mkdir()
     (tmp_path / "runs" / "junk" / "experiment.json").write_text("{not json")
     exps = rep.find_experiments([tmp_path / "runs"])
@@ -385,11 +390,8 @@ def test_reproduce_keeps_results_whose_run_directories_are_gone(tmp_path):
     them keeps the earlier results, marked, rather than erasing them; a run found again
     replaces its kept cell."""
     rep = _load("reproduce")
-    exp = tmp_path / "runs" / "math_smollm2"
-    exp.mkdir(parents=True)
-    (exp / "experiment.json").write_text(json.dumps({
-        "experiment": "math_smollm2", "config": {"task": {"name": "vt_math"}},
-        "summary": "gsm8k (300 problems): base 0.0%, sft 3.0% | 0.5, grpo 4.0%"}))
+    _write_math_experiment(tmp_path / "runs",
+                           "gsm8k (300 problems): base 0.0%, sft 3.0% | 0.5, grpo 4.0%")
     sweep_run = tmp_path / "runs" / "sweeps" / "s0"
     _write_run(sweep_run, 0.5, 0.6, [0.3])
     (sweep_run / "config.json").write_text(json.dumps({"task": {"name": "tiny_math"}}))
