@@ -48,6 +48,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.tool_server.tools = ("sql",)
     c.tool_server.timeout_s = 10.0
     c.rollout.action_stop_strings = ("</sql>",)
+    c.rollout.final_stop_strings = ("</solution>",)   # the answer ends the trajectory
     c.rollout.obs_template = OBS_TEMPLATE
     c.rollout.obs_truncate_side = "head"   # a long table keeps its first rows
     c.rollout.max_turns = 5

@@ -67,6 +67,31 @@ def test_two_turns_with_python_token_in_token_out(tok, tool_url):
     assert len(t.tool_latencies) == 1 and t.tool_latencies[0] > 0
 
 
+def test_final_stop_string_ends_the_trajectory_at_the_answer(tok, tool_url):
+    """A turn that closes the final answer stops there (the sampler is asked to stop on it)
+    and ends the trajectory; without it the same model runs on into another action."""
+    answer = "<solution>42</solution>"
+    script = {0: "<python>print(6*7)</python>", 1: answer + answer + "<python>1</python>",
+              2: "done"}
+    plain = RolloutConfig(max_turns=3, max_response_tokens=256)
+    (t0,), = rollout(tok, tool_url, lambda rid, k: script[k], plain)[0]
+    assert (t0.num_turns, t0.tool_calls) == (3, 2)             # ran on past its answer
+    cfg = RolloutConfig(max_turns=3, max_response_tokens=256,
+                        final_stop_strings=("</solution>",))
+    groups, sampler = rollout(tok, tool_url, lambda rid, k: script[k], cfg)
+    (t,), = groups
+    t.check()
+    assert (t.termination, t.num_turns, t.tool_calls) == ("eos", 2, 1)
+    assert tok.decode(t.response_ids).endswith(answer)
+    assert sampler.calls[0][2].stop == cfg.action_stop_strings + ("</solution>",)
+    with pytest.raises(ValueError, match="final_stop_strings"):
+        RolloutConfig(final_stop_strings=("</python>",))     # both a tool call and the end
+    with pytest.raises(ValueError, match="final_stop_strings"):
+        RolloutConfig(final_stop_strings="</solution>")
+    assert RolloutConfig.from_mapping({"final_stop_strings": ["</answer>"]}
+                                      ).final_stop_strings == ("</answer>",)
+
+
 def test_observation_truncated_in_tokens(tok, tool_url):
     script = {0: "<python>print('ab ' * 500)</python>", 1: "done"}
     for side in ("head", "tail"):

@@ -188,6 +188,7 @@ def _other_value(key, ft, current):
                "algo.kl_estimator": ("k1", "k1"),
                "algo.loss_agg_mode": ("seq-mean-token-mean", "seq-mean-token-mean"),
                "rollout.action_stop_strings": (("</a>", "</b>"), "</a>,</b>"),
+               "rollout.final_stop_strings": (("</c>",), "</c>"),
                "tool_server.tools": (("python_code", "sql"), "python_code,sql"),
                "data.train_files": (("a.parquet",), "a.parquet"),
                "data.eval_files": (("b.jsonl",), "b.jsonl"), "sft.files": (("c.parquet",), "c.parquet"),

@@ -23,6 +23,10 @@ class RolloutConfig:
       is truncated, keeping the ``obs_truncate_side`` ("head" or "tail") and inserting
       ``obs_truncate_marker``.
     * ``action_stop_strings``: a turn that ends on one of these is an action.
+    * ``final_stop_strings``: a turn that ends on one of these is the final answer: the
+      sampler stops there (as on EOS) and the trajectory ends with ``"eos"``, e.g.
+      ``("</solution>",)``. Without it a model that closed its answer may run on to the
+      token budget (repeating the answer, or opening another action).
     * ``obs_template``: wraps the observation; must contain ``{obs}`` once.
     * ``close_action_on_length``: if set (e.g. ``"</search>"``), a turn cut by
       ``max_action_tokens`` gets this closing text appended (loss mask 0) and counts as
@@ -39,6 +43,7 @@ class RolloutConfig:
     obs_truncate_side: str = "tail"
     obs_truncate_marker: str = "...[truncated]..."
     action_stop_strings: tuple[str, ...] = ("</python>", "</search>", "</sql>", "</tool_call>")
+    final_stop_strings: tuple[str, ...] = ()
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -63,6 +68,14 @@ class RolloutConfig:
         if isinstance(self.action_stop_strings, str) or not all(
                 isinstance(s, str) and s for s in self.action_stop_strings):
             bad("action_stop_strings", "must be a tuple of non-empty strings, e.g. ('</python>',)")
+        if isinstance(self.final_stop_strings, str) or not all(
+                isinstance(s, str) and s for s in self.final_stop_strings):
+            bad("final_stop_strings", "must be a tuple of non-empty strings, e.g. "
+                "('</solution>',), or () for none")
+        both = sorted(set(self.action_stop_strings) & set(self.final_stop_strings))
+        if both:
+            bad("final_stop_strings", f"and action_stop_strings share {both}: a stop string "
+                "either ends the trajectory or calls a tool; remove it from one of them")
         if self.obs_template.count("{obs}") != 1:
             bad("obs_template", f"must contain '{{obs}}' exactly once, got {self.obs_template!r}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -78,12 +91,14 @@ class RolloutConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown rollout config keys {unknown}; known: {sorted(known)}")
-        if "action_stop_strings" in d:
-            d["action_stop_strings"] = tuple(d["action_stop_strings"])
+        for key in ("action_stop_strings", "final_stop_strings"):
+            if key in d:
+                d[key] = tuple(d[key])
         return cls(**d)
 
     def sampling_params(self, max_tokens: int, seed: Optional[int] = None) -> SamplingParams:
         """The sampler request of one turn with ``max_tokens`` left."""
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature,
                               top_p=self.top_p, top_k=self.top_k,
-                              stop=tuple(self.action_stop_strings), seed=seed)
+                              stop=tuple(self.action_stop_strings) + tuple(self.final_stop_strings),
+                              seed=seed)
