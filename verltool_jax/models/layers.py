@@ -73,9 +73,9 @@ def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     through a ``lax.map`` whose body is rematerialised in the backward pass, so the score
     tensor alive at once is ``[B, N, query_chunk, S]`` instead of ``[B, N, T, S]`` (each
     query's softmax runs over the same keys in the same order, so the result is the one
-    pass's). Without it, the backward pass of a 3k-token batch kept several ``[B,N,T,S]``
-    tensors per trained layer, whatever the remat policy (XLA's CPU scheduler runs the
-    recomputed forward passes early).
+    pass's). Without it, XLA's CPU backend kept several ``[B,N,T,S]`` tensors per trained
+    layer in the backward pass of a 3k-token batch, whatever the remat policy (per-layer
+    remat does not lower its peak; README, Performance).
     """
     B, T, N, D = q.shape
     if query_chunk <= 0 or T <= query_chunk:

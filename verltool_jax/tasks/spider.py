@@ -495,6 +495,7 @@ class PrepareReport:
     rows: dict = field(default_factory=dict)        # split -> number of rows written
     files: dict = field(default_factory=dict)       # split -> path
     row_data: dict = field(default_factory=dict, repr=False)  # split -> rows
+    schema_chars: dict = field(default_factory=dict)  # db_id -> length of its prompt schema
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -545,7 +546,8 @@ def prepare(spider_dir: str | os.PathLike, out_dir: str | os.PathLike,
         empty[db] = r.missing_csv
         if r.path:
             schemas[db] = schema_text(r.path)
-    report = PrepareReport(reports, queries_total=len(queries))
+    report = PrepareReport(reports, queries_total=len(queries),
+                           schema_chars={db: len(text) for db, text in schemas.items()})
     rows: dict[str, list[dict]] = {s: [] for s in splits}
     for q in queries:
         why = check_gold(translate_gold_sql(q.sql, q.db_id), paths.get(q.db_id),
@@ -620,14 +622,9 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
                          f"eval rows from test_queries.csv) or 'pool' (both files mixed, "
                          f"num_eval held out), got {t.eval_from!r}")
     if t.max_schema_chars:
-        sizes: dict[str, int] = {}
-
-        def fits(row: dict) -> bool:
-            path = row["extra_info"]["db_path"]
-            if path not in sizes:
-                sizes[path] = len(schema_text(path))
-            return sizes[path] <= t.max_schema_chars
-        pools = {name: [r for r in rows if fits(r)] for name, rows in pools.items()}
+        pools = {name: [r for r in rows
+                        if rep.schema_chars[r["extra_info"]["db_id"]] <= t.max_schema_chars]
+                 for name, rows in pools.items()}
     files = {}
     for name, limit in (("train", t.num_train), ("eval", t.num_eval)):
         rows = pools[name]
