@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Optional
 import ml_collections
 from ml_collections import config_dict
 
+from verltool_jax.models.config import ModelConfig
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.train.config import AlgoConfig
 from verltool_jax.train.optimizer import OptimConfig
@@ -132,6 +133,8 @@ class ModelSection(Checked):
     dtype: str = spec("float32", choices=DTYPES)          # compute dtype
     param_dtype: str = spec("float32", choices=DTYPES)
     remat_policy: str = spec("none", choices=("none", "full", "dots", "dots_no_batch"))
+    # identical consecutive layers as one lax.scan in the train forward (models.transformer)
+    scan_layers: bool = ModelConfig.scan_layers
     max_seq_len: int = spec(2048, check=at_least(8))
     tiny: TinyModelSection = spec(default_factory=TinyModelSection)
     # LoRA (models.lora): rank 0 trains every weight; > 0 trains only adapters on

@@ -172,6 +172,69 @@ def test_remat_policies_give_the_same_gradient():
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
+def _scan_pair(policy: str, num_layers: int, hidden: int, lora_last: int = 0):
+    """The same weights in two models, layers unrolled and layers scanned."""
+    from verltool_jax.models.lora import with_lora
+    cfg = ModelConfig(vocab_size=64, hidden_size=hidden, num_layers=num_layers, num_heads=2,
+                      num_kv_heads=1, head_dim=hidden // 2, intermediate_size=2 * hidden,
+                      model_type="llama", remat_policy=policy)
+    models = []
+    for scan in (False, True):
+        m = Transformer(cfg.replace(scan_layers=scan), nnx.Rngs(0))
+        if lora_last:
+            m = with_lora(m, 4, 8.0, targets=("q_proj", "down_proj"), last_layers=lora_last)
+        models.append(m)
+    if lora_last:   # non-zero B, so the adapters change the function
+        for path, v in nnx.to_flat_state(nnx.state(models[0], nnx.LoRAParam)):
+            if path[-1] == "lora_b":
+                v.set_value(jax.random.normal(jax.random.PRNGKey(len(path)), v.shape) * 0.05)
+    nnx.update(models[1], nnx.state(models[0]))
+    return models
+
+
+def _loss_and_grad(model, ids, mask):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(p):
+        logits = nnx.merge(graphdef, p, rest)(ids, mask)
+        return (jax.nn.log_softmax(logits)[..., 1] * mask).sum()
+    f = jax.jit(jax.value_and_grad(loss))
+    return f(params), f.lower(params)
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_scanned_layers_compute_what_the_unrolled_layers_do(policy):
+    """``scan_layers``: runs of identical layers (here 4 plain, then 2 with LoRA adapters)
+    go through one ``lax.scan`` each; loss and every gradient equal the layer-by-layer
+    forward's, with and without remat."""
+    from verltool_jax.models.transformer import layer_runs
+    unrolled, scanned = _scan_pair(policy, num_layers=6, hidden=32, lora_last=2)
+    assert [len(states) for _, states in layer_runs(scanned.layers)] == [4, 2]
+    ids, mask = padded_batch(seed=5)
+    ids, mask = jnp.asarray(ids) % 64, jnp.asarray(mask)
+    (l0, g0), low0 = _loss_and_grad(unrolled, ids, mask)
+    (l1, g1), low1 = _loss_and_grad(scanned, ids, mask)
+    assert "while" in low1.as_text() and "while" not in low0.as_text()
+    np.testing.assert_allclose(float(l1), float(l0), rtol=1e-6)
+    leaves0, leaves1 = jax.tree.leaves(g0), jax.tree.leaves(g1)
+    assert len(leaves0) == len(leaves1) and all(np.abs(a).max() > 0 for a in leaves0)
+    for a, b in zip(leaves0, leaves1):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-5)
+
+
+def test_scanned_layers_make_remat_lower_the_peak():
+    """With remat, the scanned step keeps each layer's input, not the layer's inside: XLA's
+    own memory analysis of the compiled step shows the temporaries shrink (measured 4x at
+    8 layers x 4 x 512 tokens, hidden 256), where remat of unrolled layers saved nothing on
+    this backend."""
+    unrolled, scanned = _scan_pair("full", num_layers=4, hidden=64)
+    ids = jax.random.randint(jax.random.PRNGKey(0), (4, 256), 0, 64)
+    mask = jnp.ones_like(ids)
+    temps = [_loss_and_grad(m, ids, mask)[1].compile().memory_analysis().temp_size_in_bytes
+             for m in (unrolled, scanned)]
+    assert temps[1] < 0.5 * temps[0], temps      # 13.8 MB vs 37.9 MB when written
+
+
 def test_random_init_model_runs_and_bad_input_errors():
     cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                       head_dim=16, intermediate_size=64)
@@ -185,6 +248,8 @@ def test_random_init_model_runs_and_bad_input_errors():
         cfg.replace(num_kv_heads=3)
     with pytest.raises(ValueError, match="remat_policy"):
         cfg.replace(remat_policy="sometimes")
+    with pytest.raises(ValueError, match="scan_layers"):
+        cfg.replace(scan_layers="yes")
     with pytest.raises(ValueError, match="model_type"):
         ModelConfig.from_hf_dict({"model_type": "gpt2"})
 

@@ -188,7 +188,11 @@ class ModelConfig:
     (save matmul outputs, recompute the rest), ``dots_no_batch`` (save only matmuls
     without batch dimensions). ``attention_query_chunk``: sequences longer than this many
     tokens attend that many queries at a time (``layers.attention_weights_apply``; 0: all
-    at once), which bounds the attention scores' memory at long contexts.
+    at once), which bounds the attention scores' memory at long contexts. ``scan_layers``:
+    the plain forward (training, scoring) runs each run of identical consecutive layers as
+    one ``lax.scan`` over their stacked weights (``transformer.scan_run``): one layer to
+    compile instead of N, and with remat the backward pass keeps only each layer's input;
+    decoding with a KV cache always runs the layers one by one.
 
     Vision-language models (``model_type`` in ``VL_MODEL_TYPES``) add ``vision`` (the
     tower), ``mrope_section`` (how many of the ``head_dim // 2`` RoPE frequencies follow
@@ -218,6 +222,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat_policy: str = "none"
     attention_query_chunk: int = 512
+    scan_layers: bool = True
     mrope_section: tuple[int, ...] = ()
     vision: Optional[VisionConfig] = None
     image_token_id: Optional[int] = None
@@ -261,6 +266,9 @@ class ModelConfig:
         if not isinstance(self.attention_query_chunk, int) or self.attention_query_chunk < 0:
             raise ValueError(f"ModelConfig.attention_query_chunk must be an int >= 0 (0: all "
                              f"queries in one pass), got {self.attention_query_chunk!r}")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"ModelConfig.scan_layers must be True or False, "
+                             f"got {self.scan_layers!r}")
         if self.lora_rank < 0 or self.lora_last_layers < 0:
             raise ValueError(f"ModelConfig.lora_rank ({self.lora_rank}) and lora_last_layers "
                              f"({self.lora_last_layers}) must be >= 0")

@@ -64,6 +64,45 @@ def _layer_call(layer, x, positions, mask):
     return layer(x, positions, mask)[0]
 
 
+def layer_runs(layers: Sequence[nnx.Module]) -> list[tuple[nnx.GraphDef, list[nnx.State]]]:
+    """``layers`` split into runs of consecutive layers of one structure: the same graph
+    (so the same code, LoRA adapters in the same places) and parameters of the same shapes
+    and dtypes. Each run is ``(graphdef, [state of each layer])``."""
+    runs: list[tuple[nnx.GraphDef, list[nnx.State]]] = []
+    sig_of_last = None
+    for layer in layers:
+        graphdef, state = nnx.split(layer)
+        sig = (graphdef, jax.tree.structure(state),
+               tuple((a.shape, a.dtype) for a in jax.tree.leaves(state)))
+        if runs and sig == sig_of_last:
+            runs[-1][1].append(state)
+        else:
+            runs.append((graphdef, [state]))
+        sig_of_last = sig
+    return runs
+
+
+def scan_run(graphdef: nnx.GraphDef, states: Sequence[nnx.State], x, positions, mask,
+             policy: str):
+    """``x`` through the layers ``merge(graphdef, s) for s in states``, in order, as one
+    ``lax.scan`` over their stacked parameters (XLA compiles the layer once, not once per
+    layer). With a remat ``policy`` other than ``none`` the scanned body is checkpointed, so
+    the backward pass keeps only each layer's input ``[B,T,H]`` and recomputes the layer's
+    inside from it: on the CPU backend the per-layer ``jax.checkpoint`` of an unrolled loop
+    lowers no peak memory (XLA schedules the recomputation early), a loop's iterations it
+    cannot look across do. Same math as the unrolled loop; the stacking copies the run's
+    parameters once per call."""
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *states)
+
+    def body(h, state):
+        return constrain_activations(_layer_call(nnx.merge(graphdef, state), h, positions,
+                                                 mask)), None
+
+    if policy != "none":
+        body = jax.checkpoint(body, policy=REMAT_JAX_POLICIES[policy], prevent_cse=False)
+    return jax.lax.scan(body, x, stacked)[0]
+
+
 class Transformer(nnx.Module):
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         cfg = config
@@ -82,26 +121,40 @@ class Transformer(nnx.Module):
         """Embed, run every layer, final norm: ``-> (hidden [B,T,H], new_kv_caches)``.
 
         ``mask [B,T,S]`` (see ``Attention``); ``kv_caches`` is a per-layer sequence of
-        ``(k, v)`` caches or None (plain forward, with per-layer remat as configured).
+        ``(k, v)`` caches or None (plain forward, with per-layer remat as configured; with
+        ``config.scan_layers`` runs of identical layers go through ``scan_run``).
         ``inputs_embeds [B,T,H]`` replaces the token embeddings when given (a VL model
         passes the text embeddings with its image features scattered in).
         """
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         x = constrain_activations(inputs_embeds.astype(dtype_of(self.config.dtype)))
-        new_caches = []
         policy = self.config.remat_policy
+        if kv_caches is None and self.config.scan_layers:
+            for graphdef, states in layer_runs(self.layers):
+                if len(states) == 1:
+                    x = self._one_layer(nnx.merge(graphdef, states[0]), x, positions, mask)
+                else:
+                    x = scan_run(graphdef, states, x, positions, mask, policy)
+            return self.final_norm(x), None
+        new_caches = []
         for i, layer in enumerate(self.layers):
             if kv_caches is None:
-                if policy == "none":
-                    x = _layer_call(layer, x, positions, mask)
-                else:
-                    x = remat_call(_layer_call, layer, x, positions, mask, policy=policy)
+                x = self._one_layer(layer, x, positions, mask)
             else:
                 x, kv = layer(x, positions, mask, kv_caches[i], write_index)
                 new_caches.append(kv)
-            x = constrain_activations(x)
+                x = constrain_activations(x)
         return self.final_norm(x), (new_caches if kv_caches is not None else None)
+
+    def _one_layer(self, layer, x, positions, mask):
+        """One layer of the plain forward, rematerialised as ``config.remat_policy`` says."""
+        policy = self.config.remat_policy
+        if policy == "none":
+            x = _layer_call(layer, x, positions, mask)
+        else:
+            x = remat_call(_layer_call, layer, x, positions, mask, policy=policy)
+        return constrain_activations(x)
 
     def hidden_states(self, input_ids, attention_mask=None, positions=None,
                       inputs_embeds=None, images=None, row_images=None) -> jnp.ndarray:

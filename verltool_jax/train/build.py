@@ -316,7 +316,8 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
         else tokenizer.eos_token_id
     mesh = trainer_mesh(rc)
     model = load_hf(model_dir, mesh=mesh, dtype=rc.model.dtype,
-                    param_dtype=rc.model.param_dtype, remat_policy=rc.model.remat_policy)
+                    param_dtype=rc.model.param_dtype, remat_policy=rc.model.remat_policy,
+                    scan_layers=rc.model.scan_layers)
     if rc.model.lora_rank:
         from verltool_jax.models.lora import with_lora
         model = with_lora(model, rc.model.lora_rank, rc.model.lora_alpha,
