@@ -84,29 +84,35 @@ def flops_fwd_bwd(hidden, layers, heads, kv_heads, inter, vocab, B, T) -> float:
     return float(dense + attn)
 
 
-def make_jax(path, ids, chunk):
+def jax_model_options(a) -> dict:
+    """The ``ModelConfig`` overrides of ``--remat`` and ``--scan-layers``."""
+    return {"remat_policy": a.remat, "scan_layers": a.scan_layers == "on"}
+
+
+def make_jax(path, ids, chunk, options):
     import jax
     import jax.numpy as jnp
     from flax import nnx
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.models.logprobs import token_logprobs
 
-    model = load_hf(path)
+    model = load_hf(path, **options)
     graphdef, params = nnx.split(model, nnx.Param)
     x = jnp.asarray(ids[:, :-1])
     tgt = jnp.asarray(ids[:, 1:])
     mask = jnp.ones_like(x)
 
-    @jax.jit
     def step(p):
         def loss(p):
             return -token_logprobs(nnx.merge(graphdef, p), x, mask, tgt, 1.0, chunk).sum()
         return jax.value_and_grad(loss)(p)
 
     t0 = time.perf_counter()
-    jax.block_until_ready(step(params))
+    compiled = jax.jit(step).lower(params).compile()
     compile_s = time.perf_counter() - t0
-    return (lambda: jax.block_until_ready(step(params))), compile_s
+    jax.block_until_ready(compiled(params))
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    return (lambda: jax.block_until_ready(compiled(params))), compile_s, temp
 
 
 def make_torch(path, ids):
@@ -135,7 +141,7 @@ def timed(step):
     return time.perf_counter() - t0, load
 
 
-def first_step_memory(path, ids, chunk, framework) -> int:
+def first_step_memory(path, ids, chunk, framework, options) -> int:
     """Peak RSS above the loaded (and, for JAX, compiled) model during its first step."""
     if framework == "jax":
         import jax
@@ -143,7 +149,7 @@ def first_step_memory(path, ids, chunk, framework) -> int:
         from flax import nnx
         from verltool_jax.models.hf_io import load_hf
         from verltool_jax.models.logprobs import token_logprobs
-        graphdef, params = nnx.split(load_hf(path), nnx.Param)
+        graphdef, params = nnx.split(load_hf(path, **options), nnx.Param)
         x, tgt = jnp.asarray(ids[:, :-1]), jnp.asarray(ids[:, 1:])
 
         def loss(p):
@@ -175,7 +181,8 @@ class StepWorker:
         self.proc = subprocess.Popen([sys.executable, *sys.argv, "--worker", framework,
                                       "--ckpt", ckpt], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
-        self.setup_s = float(self._reply("ready"))
+        setup_s, temp = self._reply("ready").split()
+        self.setup_s, self.xla_temp = float(setup_s), int(temp)
 
     def _reply(self, tag: str) -> str:
         for line in self.proc.stdout:
@@ -204,12 +211,13 @@ def worker(a) -> None:
     V = AutoConfig.from_pretrained(a.ckpt).vocab_size
     ids = np.random.default_rng(0).integers(0, V, (a.batch, a.seq + 1))
     t0 = time.perf_counter()
+    temp = 0
     if a.worker == "jax":
-        step, setup_s = make_jax(a.ckpt, ids, a.chunk)
+        step, setup_s, temp = make_jax(a.ckpt, ids, a.chunk, jax_model_options(a))
     else:
         step = make_torch(a.ckpt, ids)
         setup_s = time.perf_counter() - t0
-    print(f"@@ready {setup_s:.3f}", flush=True)
+    print(f"@@ready {setup_s:.3f} {temp}", flush=True)
     for line in sys.stdin:
         if line.strip() == "step":
             dt, load = timed(step)
@@ -259,11 +267,20 @@ def main():
     ap.add_argument("--threads", type=int, default=0,
                     help="pin the process to this many cores; both frameworks use them all "
                          "(0: every core)")
+    ap.add_argument("--remat", choices=("none", "full", "dots", "dots_no_batch"),
+                    default="none", help="the JAX model's remat_policy (the trainer's default)")
+    ap.add_argument("--scan-layers", choices=("on", "off"), default="on",
+                    help="the JAX model's scan_layers (on: the model's default)")
+    ap.add_argument("--frameworks", default="jax,torch",
+                    help="which side(s) to run: jax, torch or both (comma-separated)")
     ap.add_argument("--skip-memory-table", action="store_true")
     ap.add_argument("--memory-of", choices=("jax", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--ckpt", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    unknown = set(a.frameworks.split(",")) - {"jax", "torch"}
+    if unknown:
+        ap.error(f"--frameworks: unknown {sorted(unknown)}; give jax, torch or jax,torch")
     cores = sorted(os.sched_getaffinity(0))
     if a.threads:
         cores = cores[:a.threads]
@@ -294,16 +311,19 @@ def main():
         tokens = a.batch * a.seq
         flops = flops_fwd_bwd(H, L, N, K, inter, V, a.batch, a.seq)
         print(f"model: {cfg.model_type} hidden={H} layers={L} heads={N}/{K} inter={inter} "
-              f"vocab={V}; batch {a.batch} x {a.seq} tokens, fp32, log-prob chunk {a.chunk}")
+              f"vocab={V}; batch {a.batch} x {a.seq} tokens, fp32, log-prob chunk {a.chunk}; "
+              f"JAX remat {a.remat}, scan_layers {a.scan_layers}")
         if a.memory_of:
-            print(first_step_memory(d, ids, a.chunk, a.memory_of))
+            print(first_step_memory(d, ids, a.chunk, a.memory_of, jax_model_options(a)))
             return
-        res = {"JAX/Flax": [], "PyTorch": []}
+        names = {"jax": "JAX/Flax", "torch": "PyTorch"}
+        frameworks = [f for f in ("jax", "torch") if f in a.frameworks.split(",")]
+        res = {names[f]: [] for f in frameworks}
         workers = {}
         try:
-            for name, fw in (("JAX/Flax", "jax"), ("PyTorch", "torch")):   # one at a time
-                workers[name] = StepWorker(fw, d)
-            cj = workers["JAX/Flax"].setup_s
+            for fw in frameworks:                                   # one at a time
+                workers[names[fw]] = StepWorker(fw, d)
+            jax_worker = workers.get("JAX/Flax")
             for r in range(a.rounds):
                 for name, w in workers.items():
                     dt, load = w.step()
@@ -313,15 +333,17 @@ def main():
         finally:
             for w in workers.values():
                 w.close()
-    peaks = {"JAX/Flax": memory_in_subprocess("jax"), "PyTorch": memory_in_subprocess("torch")}
+    peaks = {names[f]: memory_in_subprocess(f) for f in frameworks}
     med = {k: (float(np.median(v)), peaks[k]) for k, v in res.items()}
     for name, (t, mem) in med.items():
-        extra = f"  (compile {cj:.1f} s)" if name == "JAX/Flax" else ""
+        extra = (f"  (compile {jax_worker.setup_s:.1f} s, XLA temp "
+                 f"{jax_worker.xla_temp / 2**30:.2f} GiB)" if name == "JAX/Flax" else "")
         print(f"fwd+bwd {name:9s}: {t * 1e3:8.1f} ms/step  {tokens / t:9.0f} tokens/s  "
               f"{flops / t / 1e9:7.2f} GFLOP/s  peak {mem / tokens / 2**10:7.1f} KiB/token{extra}")
-    print(f"throughput ratio JAX / PyTorch ({len(cores)} thread(s)): "
-          f"{med['PyTorch'][0] / med['JAX/Flax'][0]:.2f}x   load average now "
-          f"{os.getloadavg()[0]:.1f}")
+    if len(med) == 2:
+        print(f"throughput ratio JAX / PyTorch ({len(cores)} thread(s)): "
+              f"{med['PyTorch'][0] / med['JAX/Flax'][0]:.2f}x   load average now "
+              f"{os.getloadavg()[0]:.1f}")
     if a.skip_memory_table:
         return
     for (B, T, H, V, c) in [(2, 1024, 896, 151936, 128)]:
