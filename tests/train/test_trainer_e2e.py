@@ -172,3 +172,23 @@ def test_console_shows_the_trainer_and_the_log_file_the_libraries(tmp_path):
     assert " INFO " not in console and "WARNING" not in console   # no library lines
     log = (out / "run.log").read_text()
     assert "vllm" in log.lower() and " INFO " in log             # they went to the log
+
+
+def test_sft_stage_evaluates_the_held_out_set_once(tmp_path, monkeypatch):
+    """``stage=sft`` trains no RL step, so the policy evaluated after the warm start is the
+    final one: one pass over the held-out set (it took two, doubling a 30-minute SmolLM2
+    evaluation), its figures reported as before and after."""
+    from verltool_jax.train import trainer as trainer_mod
+    calls = []
+    real = trainer_mod.evaluate
+
+    async def counting(*a, **kw):
+        calls.append(len(a[1]))
+        return await real(*a, **kw)
+
+    monkeypatch.setattr(trainer_mod, "evaluate", counting)
+    r = trainer_mod.train(_config(tmp_path / "sft", "stage=sft", "sampler.backend=jax"),
+                          echo=False)
+    assert calls == [8]                                      # data.max_eval_examples
+    assert r.summary["steps"] == 0 and r.summary["eval_after"] == r.summary["eval_before"]
+    assert r.summary["eval_before"] is not None

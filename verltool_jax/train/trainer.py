@@ -375,7 +375,14 @@ class RLLoop:
                 await self.rl(client)
             # An interrupted run is not finished: no final evaluation (decided by every
             # process together: a signal may reach one process after the last step).
-            after = {} if self.stopping() else await self.evaluate(client, "final")
+            # No RL step in this call (stage sft, or a finished run resumed): the policy is
+            # the one just evaluated, so its figures stand (no second pass over the set).
+            if self.stopping():
+                after = {}
+            elif self.step == start:
+                after = before
+            else:
+                after = await self.evaluate(client, "final")
         return {"eval_before": before.get("eval/acc"), "eval_after": after.get("eval/acc"),
                 "steps": self.step, "interrupted": self.stop.set}
 
