@@ -194,17 +194,39 @@ def write_report(sweep: Sweep, cwd: Path = REPO) -> dict[str, Path]:
     return paths
 
 
-def main_for(sweep: Sweep, dry_run: bool = False, report_only: bool = False) -> int:
-    """Run (unless ``report_only``) and report; prints the table. Exit code 1 if any run failed."""
-    statuses = [] if report_only else run_sweep(sweep, dry_run=dry_run)
+def failure_lines(sweep: Sweep, failed: Sequence[tuple[Arm, int]], cwd: Path = REPO) -> list[str]:
+    """One line per failed run: its console log and that log's last line (the error)."""
+    lines = []
+    for arm, seed in failed:
+        log = Path(cwd) / sweep.run_dir(arm, seed) / "console.log"
+        tail = [x for x in log.read_text(errors="replace").splitlines() if x.strip()] \
+            if log.is_file() else []
+        lines.append(f"  {arm.name}/seed{seed}: {log}"
+                     + (f": {tail[-1].strip()}" if tail else " (no log)"))
+    return lines
+
+
+def main_for(sweep: Sweep, dry_run: bool = False, report_only: bool = False,
+             cwd: Path = REPO, runner: Optional[Callable[[list[str], Path], int]] = None) -> int:
+    """Run (unless ``report_only``) and report; prints the table. Exit code 1 if any run
+    failed (each named with its log's last line), also when none finished."""
+    statuses = [] if report_only else run_sweep(sweep, cwd=cwd, dry_run=dry_run,
+                                                runner=runner)
     if dry_run:
         return 0
-    paths = write_report(sweep)
-    print(paths["md"].read_text())
-    print("[sweep] wrote " + ", ".join(str(p) for p in paths.values()))
-    failed = [f"{a.name}/seed{s}" for a, s, st in statuses if st.startswith("failed")]
+    failed = [(a, s) for a, s, st in statuses if st.startswith("failed")]
+    try:
+        paths = write_report(sweep, cwd)
+    except ValueError as e:
+        if not failed:
+            raise
+        print(f"[sweep] no report: {e}")
+    else:
+        print(paths["md"].read_text())
+        print("[sweep] wrote " + ", ".join(str(p) for p in paths.values()))
     if failed:
-        print(f"[sweep] failed runs: {failed} (see their console.log); re-run to retry")
+        print(f"[sweep] {len(failed)} run(s) failed; the same command retries them:")
+        print("\n".join(failure_lines(sweep, failed, cwd)))
         return 1
     return 0
 

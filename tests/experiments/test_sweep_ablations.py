@@ -134,6 +134,29 @@ def test_resume_skips_finished_runs_and_commands_parse(sweep_mod, tmp_path):
         sweep, cwd=REPO, dry_run=True, say=lambda m: None)[1:])
 
 
+def test_failed_runs_are_named_with_their_error(sweep_mod, tmp_path, capsys):
+    """Runs that fail (here: every one) give exit code 1 and, per run, its console log and
+    the log's last line, not a traceback about a missing report."""
+    Arm, Sweep = sweep_mod.Arm, sweep_mod.Sweep
+    sweep = Sweep("f", f"{TINY}:smoke", (Arm("a", ()), Arm("b", ())), seeds=(0,),
+                  root="sweeps")
+
+    def runner(cmd, cwd):                 # what a run without its packages leaves behind
+        d = Path(cwd) / cmd[cmd.index("--") + 1:][-1].split("=", 1)[1]
+        d.mkdir(parents=True)
+        (d / "console.log").write_text("Traceback ...\nModuleNotFoundError: No module "
+                                       "named 'ml_collections'\n\n")
+        return 1
+
+    assert sweep_mod.main_for(sweep, cwd=tmp_path, runner=runner) == 1
+    out = capsys.readouterr().out
+    assert "[sweep] no report: sweep 'f': no finished run" in out
+    assert "2 run(s) failed; the same command retries them" in out
+    for arm in ("a", "b"):
+        log = tmp_path / "sweeps" / "f" / arm / "seed0" / "console.log"
+        assert f"  {arm}/seed0: {log}: ModuleNotFoundError: No module named 'ml_collections'" in out
+
+
 def test_sweep_rejects_bad_names_and_overrides(sweep_mod):
     Arm, Sweep = sweep_mod.Arm, sweep_mod.Sweep
     with pytest.raises(ValueError, match="--config.a.b=value"):
