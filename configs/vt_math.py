@@ -44,6 +44,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.task = task_section("vt_math")
     c.tool_server.tools = ("python_code",)
     c.rollout.action_stop_strings = ("</python>",)
+    # the answer ends the trajectory: SmolLM2 after SFT went on to write a second
+    # <answer> (the reward reads the last) or ran to the budget (README, Task families)
+    c.rollout.final_stop_strings = ("</answer>",)
     c.reward.timeout_s = 10.0
     c.trainer.out_dir = f"runs/vt_math_{variant}"
 

