@@ -272,6 +272,9 @@ def test_observation_targets_and_include_observations():
         [0, -0.1, -0.2, -0.3, -5.0, -5.0, -0.4, 0])
     assert np.array_equal(nb["sampler_logprobs"], nb["old_logprobs"])
     assert b["loss_mask"][0].tolist() == [0, 1, 1, 1, 0, 0, 1, 0]     # input untouched
+    only_mask = include_observations(b, obs, None)      # nothing will read the logprobs
+    assert only_mask["loss_mask"][0].tolist() == nb["loss_mask"][0].tolist()
+    assert np.array_equal(only_mask["old_logprobs"], b["old_logprobs"])
     with pytest.raises(ValueError, match="obs_targets has shape"):
         include_observations(b, obs[:, :4], lp)
 
@@ -323,6 +326,18 @@ def test_train_on_trains_observation_tokens_only_when_unmasked():
         trainer.token_logprobs = orig
     assert seen[-1][0].sum() == 6 and m["batch/observation_tokens_trained"] == 4
     assert calls == [rc.rollout.temperature]
+    # The masking arms' setting: the step recomputes every old logprob and applies no
+    # truncated IS, so the observations' behaviour logprobs are read by nothing and the
+    # extra forward pass is skipped; the tool tokens are still trained on.
+    trainer.token_logprobs = lambda *a, **k: calls.append("forward")
+    try:
+        both = dataclasses.replace(unmasked, algo=dataclasses.replace(
+            unmasked.algo, old_logprobs="recompute", tis_cap=0.0))
+        _, m = trainer.train_on(both, _State(), step, trajs, pad_id=0)
+    finally:
+        trainer.token_logprobs = orig
+    assert calls == [rc.rollout.temperature]
+    assert seen[-1][0].sum() == 6 and m["batch/observation_tokens_trained"] == 4
 
 
 # ------------------------------------------------------------------ a real smoke sweep

@@ -38,7 +38,7 @@ attention_mask, targets)`` returns at position t.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -200,22 +200,26 @@ def observation_targets(trajs: Sequence, T: int) -> np.ndarray:
 
 
 def include_observations(batch: dict, obs_targets: np.ndarray,
-                         behaviour_logprobs: np.ndarray) -> dict:
+                         behaviour_logprobs: Optional[np.ndarray]) -> dict:
     """The batch with the observation tokens trained on as if sampled (the ablation of
     the observation mask; by default the framework never does this).
 
     ``loss_mask = max(loss_mask, obs)``; at the observation positions ``old_logprobs``
     and ``sampler_logprobs`` become ``behaviour_logprobs`` (the trainer's own logprobs
     before the update: no sampler ever scored those tokens, so their ratio starts at 1
-    and their truncated IS weight is 1). Other positions are unchanged. Returns a new dict.
+    and their truncated IS weight is 1). ``behaviour_logprobs=None``: only the loss mask
+    changes (for a step that recomputes ``old_logprobs`` and applies no truncated IS, which
+    then reads neither). Other positions are unchanged. Returns a new dict.
     """
     obs = np.asarray(obs_targets, np.float32)
     if obs.shape != batch["loss_mask"].shape:
         raise ValueError(f"obs_targets has shape {obs.shape}, the batch's loss_mask "
                          f"{batch['loss_mask'].shape}")
-    lp = np.asarray(behaviour_logprobs, np.float32)
     out = dict(batch)
     out["loss_mask"] = np.maximum(batch["loss_mask"], obs)
+    if behaviour_logprobs is None:
+        return out
+    lp = np.asarray(behaviour_logprobs, np.float32)
     for k in ("old_logprobs", "sampler_logprobs"):
         out[k] = np.where(obs > 0, lp, batch[k]).astype(np.float32)
     return out
