@@ -74,8 +74,8 @@ def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     tensor alive at once is ``[B, N, query_chunk, S]`` instead of ``[B, N, T, S]`` (each
     query's softmax runs over the same keys in the same order, so the result is the one
     pass's). Without it, XLA's CPU backend kept several ``[B,N,T,S]`` tensors per trained
-    layer in the backward pass of a 3k-token batch, whatever the remat policy (per-layer
-    remat does not lower its peak; README, Performance).
+    layer in the backward pass of a 3k-token batch, whatever the remat policy of unrolled
+    layers (per-layer remat lowers the peak only with ``scan_layers``; README, Performance).
     """
     B, T, N, D = q.shape
     if query_chunk <= 0 or T <= query_chunk:

@@ -77,6 +77,13 @@ class AlgoConfig:
                                 self.dual_clip_c or None, self.loss_agg_mode,
                                 self.loss_norm_constant)
 
+    @property
+    def reads_behaviour_logprobs(self) -> bool:
+        """Whether the train step reads the batch's ``old_logprobs`` / ``sampler_logprobs``:
+        not when it recomputes the old logprobs (``old_logprobs="recompute"``) and applies
+        no truncated IS (``tis_cap`` 0/None), the two uses in ``train.step``."""
+        return self.old_logprobs != "recompute" or bool(self.tis_cap)
+
     def split_sizes(self, batch_size: int) -> tuple[int, int, int]:
         """``(num_mini, num_micro, micro)`` for a batch of ``batch_size``; ValueError if uneven."""
         mini = self.mini_batch_size or batch_size

@@ -187,15 +187,14 @@ def train_on(rc: RunConfig, state: TrainState, train_step, trajs: list[Trajector
     obs_trained = 0
     if not rc.rollout.mask_observations:
         # The observation-mask ablation: tool tokens are trained on, with the trainer's
-        # own logprobs as their behaviour logprobs (the sampler never scored them). When
-        # the step recomputes every old logprob and no truncated-IS weight reads the
-        # sampler's, nothing reads them: no extra forward pass over the batch (it cost
-        # ~80 s a step on SmolLM2 in the masking ablation).
+        # own logprobs as their behaviour logprobs (the sampler never scored them), unless
+        # the step reads no behaviour logprobs: then no extra forward pass over the batch
+        # (it cost ~80 s a step on SmolLM2 in the masking ablation).
         obs = observation_targets(use + use[:pad], batch["input_ids"].shape[1])
         if obs.any():
             algo = rc.algo_for_run()
             lp = None
-            if algo.old_logprobs != "recompute" or algo.tis_cap:
+            if algo.reads_behaviour_logprobs:
                 lp = np.asarray(token_logprobs(
                     state.model(), batch["input_ids"], batch["attention_mask"],
                     shift_targets(batch["input_ids"]), temperature=algo.temperature))
