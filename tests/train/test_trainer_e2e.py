@@ -174,6 +174,34 @@ def test_console_shows_the_trainer_and_the_log_file_the_libraries(tmp_path):
     assert "vllm" in log.lower() and " INFO " in log             # they went to the log
 
 
+def test_sft_stage_without_a_held_out_set_starts_no_sampler(tmp_path, monkeypatch):
+    """An SFT-only stage with nothing to evaluate (the experiments' warm starts, evaluated
+    separately) samples nothing: no sampler is started (a vLLM engine costs a minute and
+    gigabytes), yet the warm start is trained, checkpointed and exported."""
+    from flax import nnx
+
+    from verltool_jax.models.hf_io import load_hf
+    from verltool_jax.train import build, trainer as trainer_mod
+
+    def refuse(*a, **kw):
+        raise AssertionError("a sampler was started for a run that samples nothing")
+
+    monkeypatch.setattr(build, "make_sampler", refuse)
+    out = tmp_path / "sft"
+    r = trainer_mod.train(_config(out, "stage=sft", "data.max_eval_examples=0",
+                                  "checkpoint.export_hf=true"), echo=False)
+    assert r.summary["steps"] == 0 and not r.summary["interrupted"]
+    assert r.summary["eval_before"] is None and r.summary["eval_after"] is None
+    assert json.loads((out / "summary.json").read_text())["steps"] == 0
+    exported = load_hf(out / "hf_model")
+    got = _flat(nnx.state(exported, nnx.Param))
+    want = _flat(r.state.params)
+    assert got.keys() == want.keys()
+    assert all(np.array_equal(got[k], want[k]) for k in got)
+    init = _flat(nnx.state(load_hf(out / "init_model"), nnx.Param))
+    assert any(not np.array_equal(got[k], init[k]) for k in got)     # the warm start ran
+
+
 def test_sft_stage_evaluates_the_held_out_set_once(tmp_path, monkeypatch):
     """``stage=sft`` trains no RL step, so the policy evaluated after the warm start is the
     final one: one pass over the held-out set (it took two, doubling a 30-minute SmolLM2

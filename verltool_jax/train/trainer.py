@@ -288,17 +288,27 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             state = new_state(run.model)
         # The JAX sampler serves the trainer's own param buffers (no copy), so they must
         # not be donated to the next step while rollouts still read them.
-        train_step = make_train_step(algo, state.graphdef, optimizer, mesh=run.mesh,
-                                     donate=build.sampler_backend(rc)[0] != "jax")
-        publisher = PolicyPublisher(run.open_sampler())
-        publisher.publish_now(multihost.local_copy(state.sampler_params()),
-                              int(jax.device_get(state.step)))
-        loop = RLLoop(run, algo, state, train_step, publisher, ckpt, prompts, resume_data,
-                      stop, say)
-        result = asyncio.run(loop.run())
-        state = loop.state
+        step = int(jax.device_get(state.step))
+        if not run.eval_items and not (rc.stage == "rl" and step < rc.trainer.steps):
+            # Nothing to sample (an SFT-only stage without a held-out set, or a finished
+            # run resumed without one): no sampler is started (a vLLM engine takes a
+            # minute and gigabytes).
+            say("[trainer] no RL step to run and no held-out set: no sampler started")
+            result = {"eval_before": None, "eval_after": None, "steps": step,
+                      "interrupted": stop.set}
+            last_trajs, eval_trajs, version = [], [], step
+        else:
+            train_step = make_train_step(algo, state.graphdef, optimizer, mesh=run.mesh,
+                                         donate=build.sampler_backend(rc)[0] != "jax")
+            publisher = PolicyPublisher(run.open_sampler())
+            publisher.publish_now(multihost.local_copy(state.sampler_params()), step)
+            loop = RLLoop(run, algo, state, train_step, publisher, ckpt, prompts,
+                          resume_data, stop, say)
+            result = asyncio.run(loop.run())
+            state, last_trajs, eval_trajs = loop.state, loop.last_trajs, loop.eval_trajs
+            version = publisher.version
         if multihost.is_primary():
-            finish_reports(run, loop.last_trajs, loop.eval_trajs, say)
+            finish_reports(run, last_trajs, eval_trajs, say)
         if rc.checkpoint.export_hf:
             params = multihost.to_host(state.params)      # every process takes part
             if multihost.is_primary():
@@ -313,7 +323,7 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
         say(f"[trainer] done in {result['wall_s']:.0f}s: held-out accuracy "
             f"{_fmt(result['eval_before'])} -> {_fmt(result['eval_after'])} "
             f"after {result['steps']} RL steps; outputs in {run.out}")
-    return TrainResult(result, state, publisher.version)
+    return TrainResult(result, state, version)
 
 
 class RLLoop:
