@@ -85,8 +85,12 @@ def flops_fwd_bwd(hidden, layers, heads, kv_heads, inter, vocab, B, T) -> float:
 
 
 def jax_model_options(a) -> dict:
-    """The ``ModelConfig`` overrides of ``--remat`` and ``--scan-layers``."""
-    return {"remat_policy": a.remat, "scan_layers": a.scan_layers == "on"}
+    """The ``ModelConfig`` overrides of ``--remat``, ``--scan-layers`` and
+    ``--causal-block`` (None: the model's default)."""
+    options = {"remat_policy": a.remat, "scan_layers": a.scan_layers == "on"}
+    if a.causal_block is not None:
+        options["attention_causal_block"] = a.causal_block
+    return options
 
 
 def make_jax(path, ids, chunk, options):
@@ -271,6 +275,9 @@ def main():
                     default="none", help="the JAX model's remat_policy (the trainer's default)")
     ap.add_argument("--scan-layers", choices=("on", "off"), default="on",
                     help="the JAX model's scan_layers (on: the model's default)")
+    ap.add_argument("--causal-block", type=int, default=None,
+                    help="the JAX model's attention_causal_block (0: one pass over all "
+                         "keys; default: the model's default)")
     ap.add_argument("--frameworks", default="jax,torch",
                     help="which side(s) to run: jax, torch or both (comma-separated)")
     ap.add_argument("--skip-memory-table", action="store_true")
@@ -310,9 +317,11 @@ def main():
         ids = np.random.default_rng(0).integers(0, V, (a.batch, a.seq + 1))
         tokens = a.batch * a.seq
         flops = flops_fwd_bwd(H, L, N, K, inter, V, a.batch, a.seq)
+        from verltool_jax.models.config import ModelConfig
         print(f"model: {cfg.model_type} hidden={H} layers={L} heads={N}/{K} inter={inter} "
               f"vocab={V}; batch {a.batch} x {a.seq} tokens, fp32, log-prob chunk {a.chunk}; "
-              f"JAX remat {a.remat}, scan_layers {a.scan_layers}")
+              f"JAX remat {a.remat}, scan_layers {a.scan_layers}, attention_causal_block "
+              f"{ModelConfig.attention_causal_block if a.causal_block is None else a.causal_block}")
         if a.memory_of:
             print(first_step_memory(d, ids, a.chunk, a.memory_of, jax_model_options(a)))
             return

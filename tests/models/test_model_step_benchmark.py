@@ -29,12 +29,13 @@ def test_model_step_runs_each_framework_in_its_own_worker():
 
 
 def test_model_step_jax_alone_with_the_model_options():
-    """``--frameworks jax``: no PyTorch worker and no ratio; the JAX model's remat and
-    layer-scan settings are the ones asked for; a bad framework name is a clear error."""
+    """``--frameworks jax``: no PyTorch worker and no ratio; the JAX model's remat,
+    layer-scan and causal-block settings are the ones asked for; a bad framework name is
+    a clear error."""
     out = _run("--layers", "3", "--rounds", "1", "--frameworks", "jax", "--remat", "full",
-               "--scan-layers", "off")
+               "--scan-layers", "off", "--causal-block", "8")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "JAX remat full, scan_layers off" in out.stdout
+    assert "JAX remat full, scan_layers off, attention_causal_block 8" in out.stdout
     assert re.findall(r"round (\d) (JAX/Flax|PyTorch)", out.stdout) == [("0", "JAX/Flax")]
     assert "fwd+bwd PyTorch" not in out.stdout and "throughput ratio" not in out.stdout
     bad = _run("--frameworks", "jax,tensorflow")

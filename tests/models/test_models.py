@@ -64,6 +64,46 @@ def test_attention_in_query_chunks_is_the_one_pass_attention():
         one.config.replace(attention_query_chunk=-1)
 
 
+@pytest.mark.parametrize("query_chunk", [0, 4])
+def test_causal_blocks_skip_later_keys_and_keep_the_one_pass_result(query_chunk):
+    """Queries ``attention_causal_block`` at a time, each block scoring only the keys up to
+    its last query (a ragged last block; with and without the memory chunking that
+    rematerialises each block): the logits of real tokens match transformers and the one
+    pass, gradients match the one pass, and the blocked step's scores are smaller."""
+    path = tiny_ckpt("llama")
+    ids, mask = padded_batch()                     # 12 positions, padded both sides
+    ref = hf_logits(hf_model(path), ids, mask)
+    real = mask.astype(bool)
+    one = load_hf(path, attention_causal_block=0, attention_query_chunk=0)
+    blocked = load_hf(path, attention_causal_block=5, attention_query_chunk=query_chunk)
+    a, b = _flax_logits(one, ids, mask), _flax_logits(blocked, ids, mask)
+    assert np.abs(b - ref)[real].max() <= 1e-4
+    np.testing.assert_allclose(b[real], a[real], atol=1e-5, rtol=0)
+
+    def grads(model):
+        gd, p = nnx.split(model, nnx.Param)
+        f = lambda p: (nnx.merge(gd, p)(jnp.asarray(ids), jnp.asarray(mask))
+                       * jnp.asarray(mask)[..., None]).sum()
+        return jax.tree.leaves(jax.jit(jax.grad(f))(p))
+    for x, y in zip(grads(one), grads(blocked)):
+        x, y = np.asarray(x), np.asarray(y)
+        np.testing.assert_allclose(y, x, atol=1e-4 * np.abs(x).max(), rtol=0)
+    # the work skipped is visible in the compiled step: its largest score block is
+    # [B, N, 5, 12] at most, not [B, N, 12, 12]
+    from verltool_jax.models.layers import attention_weights_apply
+    B, T, N, K, D = 2, 12, 4, 2, 8
+    q = jnp.ones((B, T, N, D))
+    kv = jnp.ones((B, T, K, D))
+    causal = jnp.tril(jnp.ones((T, T), bool))[None].repeat(B, 0)
+    text = jax.jit(lambda q, k, v, m: attention_weights_apply(q, k, v, m, 0, 5)).lower(
+        q, kv, kv, causal).as_text()
+    assert "2x2x2x12x12" not in text and "2x2x2x5x5" in text and "2x2x2x2x12" in text
+    with pytest.raises(ValueError, match="attention_causal_block"):
+        one.config.replace(attention_causal_block=-1)
+    with pytest.raises(ValueError, match="S == T"):
+        attention_weights_apply(q, kv[:, :6], kv[:, :6], causal[:, :, :6], 0, 5)
+
+
 @pytest.mark.parametrize("family,tie", FAMILIES)
 def test_float64_computes_what_transformers_computes(family, tie):
     """With every op in float64 on both sides the logits agree to rounding (float32 leaves

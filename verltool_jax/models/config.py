@@ -188,7 +188,10 @@ class ModelConfig:
     (save matmul outputs, recompute the rest), ``dots_no_batch`` (save only matmuls
     without batch dimensions). ``attention_query_chunk``: sequences longer than this many
     tokens attend that many queries at a time (``layers.attention_weights_apply``; 0: all
-    at once), which bounds the attention scores' memory at long contexts. ``scan_layers``:
+    at once), which bounds the attention scores' memory at long contexts.
+    ``attention_causal_block``: without a KV cache (training, scoring) queries go this
+    many at a time and each block scores only the keys up to its last query (about half
+    the attention work of one pass at 512 tokens and more; 0: one pass). ``scan_layers``:
     the plain forward (training, scoring) runs each run of identical consecutive layers as
     one ``lax.scan`` over their stacked weights (``transformer.scan_run``): one layer to
     compile instead of N, and with remat the backward pass keeps only each layer's input;
@@ -222,6 +225,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat_policy: str = "none"
     attention_query_chunk: int = 512
+    attention_causal_block: int = 128
     scan_layers: bool = True
     mrope_section: tuple[int, ...] = ()
     vision: Optional[VisionConfig] = None
@@ -263,6 +267,9 @@ class ModelConfig:
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig.remat_policy must be one of {REMAT_POLICIES}, "
                              f"got {self.remat_policy!r}")
+        if not isinstance(self.attention_causal_block, int) or self.attention_causal_block < 0:
+            raise ValueError(f"ModelConfig.attention_causal_block must be an int >= 0 (0: all "
+                             f"queries in one pass), got {self.attention_causal_block!r}")
         if not isinstance(self.attention_query_chunk, int) or self.attention_query_chunk < 0:
             raise ValueError(f"ModelConfig.attention_query_chunk must be an int >= 0 (0: all "
                              f"queries in one pass), got {self.attention_query_chunk!r}")

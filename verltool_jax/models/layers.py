@@ -62,23 +62,48 @@ def _attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray) -
 
 
 def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                            mask: jnp.ndarray, query_chunk: int = 0) -> jnp.ndarray:
+                            mask: jnp.ndarray, query_chunk: int = 0,
+                            causal_block: int = 0) -> jnp.ndarray:
     """Grouped-query scaled dot-product attention.
 
     ``q [B,T,N,D]``, ``k, v [B,S,K,D]`` with ``N = K * G``; ``mask [B,T,S]`` True where query
     t may attend key s. ``out[b,t,n] = sum_s softmax_s(q.k / sqrt(D) | mask) v[b,s,n // G]``,
     scores and softmax in float32 (float64 for float64 inputs), output in ``q.dtype``.
 
-    ``query_chunk > 0`` and ``T > query_chunk``: the queries go ``query_chunk`` at a time
-    through a ``lax.map`` whose body is rematerialised in the backward pass, so the score
-    tensor alive at once is ``[B, N, query_chunk, S]`` instead of ``[B, N, T, S]`` (each
-    query's softmax runs over the same keys in the same order, so the result is the one
-    pass's). Without it, XLA's CPU backend kept several ``[B,N,T,S]`` tensors per trained
-    layer in the backward pass of a 3k-token batch, whatever the remat policy of unrolled
-    layers (per-layer remat lowers the peak only with ``scan_layers``; README, Performance).
+    ``causal_block > 0`` declares the mask causal over the call's own tokens (``S == T`` and
+    ``mask[b,t,s]`` False for every ``s > t``, as ``causal_padding_mask`` makes it): the
+    queries then go ``causal_block`` at a time and the block ending at query ``e`` scores
+    only keys ``0..e``, the keys after it being masked anyway. About half of the one pass's
+    score, softmax and value work at ``T >> causal_block``; each real query's softmax runs
+    over the same unmasked keys, so its output is the one pass's up to float32 summation
+    order (a fully masked query row, i.e. left padding, averages other keys: its output is
+    unused and differs).
+
+    ``query_chunk > 0`` and ``T > query_chunk``: at most ``query_chunk`` queries at a time,
+    each chunk rematerialised in the backward pass (``jax.checkpoint``; a ``lax.map`` when
+    the mask is not declared causal), so the score tensor alive at once is
+    ``[B, N, query_chunk, S]`` instead of ``[B, N, T, S]``. Without it, XLA's CPU backend
+    kept several ``[B,N,T,S]`` tensors per trained layer in the backward pass of a
+    3k-token batch, whatever the remat policy of unrolled layers (per-layer remat lowers
+    the peak only with ``scan_layers``; README, Performance).
     """
     B, T, N, D = q.shape
-    if query_chunk <= 0 or T <= query_chunk:
+    chunked = 0 < query_chunk < T
+    if causal_block > 0:
+        if k.shape[1] != T:
+            raise ValueError(f"causal_block needs the call's own keys (S == T), got "
+                             f"S={k.shape[1]}, T={T}")
+        c = min(causal_block, query_chunk) if chunked else causal_block
+        if c >= T:
+            return _attend(q, k, v, mask)
+
+        def block(qb, mb, k, v, e: int):   # e (static): one past the block's last query
+            return _attend(qb, k[:, :e], v[:, :e], mb[:, :, :e])
+        f = jax.checkpoint(block, static_argnums=(4,)) if chunked else block
+        outs = [f(q[:, a:a + c], mask[:, a:a + c], k, v, min(a + c, T))
+                for a in range(0, T, c)]
+        return jnp.concatenate(outs, axis=1)
+    if not chunked:
         return _attend(q, k, v, mask)
     c = int(query_chunk)
     n = -(-T // c)
@@ -106,12 +131,15 @@ class Attention(nnx.Module):
         self.rope = (D, cfg.rope_theta, cfg.rope_scaling)  # static, hashable
         self.rope_sections = tuple(cfg.mrope_section)
         self.query_chunk = cfg.attention_query_chunk
+        self.causal_block = cfg.attention_causal_block
 
     def __call__(self, x, positions, mask, kv_cache=None, write_index=0):
         """``x [B,T,H]`` -> ``(out [B,T,H], (k, v))``; ``positions [B,T]``, or ``[B,T,3]``
         (temporal, height, width) with multimodal RoPE (``ModelConfig.mrope_section``).
 
-        Without ``kv_cache`` the keys are this call's own tokens (``mask [B,T,T]``). With
+        Without ``kv_cache`` the keys are this call's own tokens and ``mask [B,T,T]`` is
+        causal (``transformer.causal_padding_mask``: no query attends a later key), which
+        lets the attention skip the keys after each query block. With
         ``kv_cache = (k_cache, v_cache)`` of shape ``[B,S,K,D]``, this call's keys/values
         are written at slots ``write_index .. write_index+T-1`` and queries attend over all
         S slots (``mask [B,T,S]``); the updated caches are returned.
@@ -132,7 +160,8 @@ class Attention(nnx.Module):
             k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), start)
             v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), start)
         out = attention_weights_apply(q, k.astype(q.dtype), v.astype(q.dtype), mask,
-                                      self.query_chunk)
+                                      self.query_chunk,
+                                      self.causal_block if kv_cache is None else 0)
         return self.o_proj(out.reshape(B, T, N * D)), (k, v)
 
 

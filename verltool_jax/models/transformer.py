@@ -120,7 +120,8 @@ class Transformer(nnx.Module):
                  write_index=0, inputs_embeds=None):
         """Embed, run every layer, final norm: ``-> (hidden [B,T,H], new_kv_caches)``.
 
-        ``mask [B,T,S]`` (see ``Attention``); ``kv_caches`` is a per-layer sequence of
+        ``mask [B,T,S]`` (see ``Attention``; causal when there are no caches);
+        ``kv_caches`` is a per-layer sequence of
         ``(k, v)`` caches or None (plain forward, with per-layer remat as configured; with
         ``config.scan_layers`` runs of identical layers go through ``scan_run``).
         ``inputs_embeds [B,T,H]`` replaces the token embeddings when given (a VL model
