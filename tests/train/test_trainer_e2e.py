@@ -174,6 +174,56 @@ def test_console_shows_the_trainer_and_the_log_file_the_libraries(tmp_path):
     assert "vllm" in log.lower() and " INFO " in log             # they went to the log
 
 
+def _rewards_by_batch(monkeypatch, mixed: list[bool]):
+    """Training batches get all-zero rewards, or mixed ones (0, 1, 0, 1 in each group),
+    batch by batch as ``mixed`` says (then mixed): a task whose difficulty the test sets."""
+    from verltool_jax.train import trainer as trainer_mod
+    real, calls = trainer_mod.assign_rewards, iter(mixed)
+
+    def assign(trajs, results):
+        real(trajs, results)
+        mix = next(calls, True)
+        for i, t in enumerate(trajs):
+            t.reward = float(mix and i % 2)
+    monkeypatch.setattr(trainer_mod, "assign_rewards", assign)
+
+
+def test_dynamic_sampling_samples_again_when_no_group_has_a_signal(tmp_path, monkeypatch):
+    """With ``algo.dynamic_sampling`` a batch whose groups all have equal rewards is not a
+    step: no metrics row, evaluation or checkpoint for it, no weight push; another batch
+    is sampled, and the step that follows says how many were dropped."""
+    from verltool_jax.train import trainer as trainer_mod
+    _rewards_by_batch(monkeypatch, [False, False, True])
+    out = tmp_path / "ds"
+    r = trainer_mod.train(_config(out, "algo.dynamic_sampling=true", "trainer.steps=2",
+                                  "trainer.eval_every=1", "rollout.mode=sync",
+                                  "sampler.backend=jax"), echo=False)
+    assert r.summary["steps"] == 2 and r.policy_version == 2
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "batch/uninformative_batches" in row]
+    assert [row["step"] for row in steps] == [1, 2]
+    assert [row["batch/uninformative_batches"] for row in steps] == [2, 0]
+    assert all(row["batch/informative_frac"] > 0 for row in steps)
+    evals = [row["step"] for row in rows if "eval/acc" in row]
+    assert evals == [0, 1, 2]                         # start, eval_every=1, final
+
+
+def test_dynamic_sampling_stops_after_its_limit_of_empty_batches(tmp_path, monkeypatch):
+    """``algo.dynamic_sampling_max_batches`` batches in a row with no signal stop the run
+    with an error naming the setting, the state saved."""
+    from verltool_jax.train import trainer as trainer_mod
+    from verltool_jax.train.checkpoint import Checkpointer
+    _rewards_by_batch(monkeypatch, [False] * 10)
+    out = tmp_path / "ds"
+    with pytest.raises(RuntimeError, match="dynamic_sampling_max_batches=2"):
+        trainer_mod.train(_config(out, "algo.dynamic_sampling=true",
+                                  "algo.dynamic_sampling_max_batches=2", "trainer.steps=2",
+                                  "rollout.mode=sync", "sampler.backend=jax"), echo=False)
+    assert Checkpointer(out / "checkpoints", save_every=1).all_steps() == [0]
+    with pytest.raises(ConfigError, match="dynamic_sampling_max_batches"):
+        _config(out, "algo.dynamic_sampling_max_batches=-1")
+
+
 def test_sft_stage_without_a_held_out_set_starts_no_sampler(tmp_path, monkeypatch):
     """An SFT-only stage with nothing to evaluate (the experiments' warm starts, evaluated
     separately) samples nothing: no sampler is started (a vLLM engine costs a minute and

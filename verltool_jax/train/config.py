@@ -44,6 +44,9 @@ class AlgoConfig:
     old_logprobs: str = "sampler"           # sampler | recompute (before the update)
     logprob_chunk_size: Optional[int] = None
     dynamic_sampling: bool = False          # DAPO: drop groups with all-equal rewards
+    # batches in a row with no group left before the run stops (0: no limit; verl's
+    # algorithm.filter_groups.max_num_gen_batches)
+    dynamic_sampling_max_batches: int = 0
     overlong_buffer_len: int = 0            # DAPO overlong penalty (0 = off)
     overlong_penalty_factor: float = 1.0
 
@@ -55,6 +58,9 @@ class AlgoConfig:
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(f"algo.old_logprobs must be one of {OLD_LOGPROB_SOURCES}, "
                              f"got {self.old_logprobs!r}")
+        if int(self.dynamic_sampling_max_batches) < 0:
+            raise ValueError(f"algo.dynamic_sampling_max_batches must be >= 0 (0: no limit), "
+                             f"got {self.dynamic_sampling_max_batches}")
         for name in ("ppo_epochs",):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")

@@ -337,6 +337,7 @@ class RLLoop:
         self.ckpt, self.prompts, self.resume_data = ckpt, prompts, resume_data
         self.stop, self.say = stop, say
         self.last_trajs: list[Trajectory] = []
+        self.uninformative = 0        # batches in a row that dynamic sampling dropped whole
         self.eval_trajs: list[Trajectory] = []
         ts = self.rc.tool_server
         self.tool_guard = ToolServerGuard(run.tool_url, run.tool_process,
@@ -450,6 +451,11 @@ class RLLoop:
                 if not await self.health.admit([t for g in groups for t in g], self.step):
                     continue                  # not trained on, not checkpointed
                 metrics = await self.rl_step(groups, t_wait, t_reward, t_last)
+                if metrics.get("batch/skipped"):
+                    self.nothing_to_train(producer)
+                    continue                  # not a step: sample another batch
+                metrics["batch/uninformative_batches"] = self.uninformative
+                self.uninformative = 0
                 metrics[names.TIME_STEP] = time.perf_counter() - t_last
                 t_last = time.perf_counter()
                 if queue is not None:
@@ -487,6 +493,26 @@ class RLLoop:
         """Whether to stop before the next step (:meth:`StopFlag.agreed`)."""
         return self.stop.agreed()
 
+    def nothing_to_train(self, producer: RolloutProducer) -> None:
+        """A batch with no trajectory left to train on (dynamic sampling dropped every
+        group: all rewards in each group equal): the step is not taken, nothing is logged,
+        evaluated or saved as a step, and another batch is sampled, up to
+        ``algo.dynamic_sampling_max_batches`` in a row (then the state is saved and the run
+        stops with an error)."""
+        self.uninformative += 1
+        limit = self.rc.algo.dynamic_sampling_max_batches
+        self.say(f"[trainer] step {self.step + 1}: no group in the batch has mixed rewards "
+                 f"(dynamic sampling): sampling another ({self.uninformative} in a row"
+                 + (f", at most {limit})" if limit else ")"))
+        if limit and self.uninformative >= limit:
+            self.ckpt.maybe_save(self.state, self.data_state(producer), force=True)
+            raise RuntimeError(
+                f"dynamic sampling: {self.uninformative} batches in a row had no group with "
+                f"mixed rewards (algo.dynamic_sampling_max_batches={limit}); the training "
+                f"problems are too hard (or too easy) for this policy: choose easier data, "
+                f"more samples per prompt (rollout.n_samples), or raise the limit (0: none). "
+                f"The state at step {self.step} is saved in {self.ckpt.directory}")
+
     def data_state(self, producer: RolloutProducer) -> dict:
         """The data position to checkpoint: the pipeline plus prompts started but not yet
         trained on (they are rolled out again first on resume). Several processes: every
@@ -509,6 +535,8 @@ class RLLoop:
         self.state, metrics = await asyncio.to_thread(train_on, rc, self.state,
                                                       self.train_step, trajs, run.pad_id)
         t_train = time.perf_counter() - t1
+        if metrics.get("batch/skipped"):
+            return metrics                # the policy did not change: nothing to publish
         params = await asyncio.to_thread(multihost.local_copy, self.state.sampler_params())
         t_sync = await self.publisher.publish(params, self.step)
         self.last_trajs = trajs
