@@ -40,43 +40,16 @@ def test_parity_with_transformers_padding_both_sides(family, tie):
     np.testing.assert_allclose(alone[0], ours[1, -n:], atol=1e-4)
 
 
-def test_attention_in_query_chunks_is_the_one_pass_attention():
-    """Queries ``attention_query_chunk`` at a time (with a ragged last chunk) give the one
-    pass's logits against transformers and the same gradient; 0 is one pass."""
+def _assert_attention_is_the_one_pass(**options) -> ModelConfig:
+    """A tiny Llama loaded with attention ``options`` gives the one pass's logits (real
+    tokens; also against transformers) and gradients; returns its config."""
     path = tiny_ckpt("llama")
     ids, mask = padded_batch()                     # 12 positions, padded both sides
     ref = hf_logits(hf_model(path), ids, mask)
     real = mask.astype(bool)
-    one, chunked = load_hf(path, attention_query_chunk=0), load_hf(path, attention_query_chunk=5)
-    a, b = _flax_logits(one, ids, mask), _flax_logits(chunked, ids, mask)
-    assert np.abs(b - ref)[real].max() <= 1e-4
-    np.testing.assert_allclose(b[real], a[real], atol=1e-5, rtol=0)
-
-    def grad(model):
-        gd, p = nnx.split(model, nnx.Param)
-        f = lambda p: (nnx.merge(gd, p)(jnp.asarray(ids), jnp.asarray(mask))
-                       * jnp.asarray(mask)[..., None]).sum()
-        return jax.jit(jax.grad(f))(p)
-    for x, y in zip(jax.tree.leaves(grad(one)), jax.tree.leaves(grad(chunked))):
-        x, y = np.asarray(x), np.asarray(y)     # float32 sums in another order: relative
-        np.testing.assert_allclose(y, x, atol=1e-4 * np.abs(x).max(), rtol=0)
-    with pytest.raises(ValueError, match="attention_query_chunk"):
-        one.config.replace(attention_query_chunk=-1)
-
-
-@pytest.mark.parametrize("query_chunk", [0, 4])
-def test_causal_blocks_skip_later_keys_and_keep_the_one_pass_result(query_chunk):
-    """Queries ``attention_causal_block`` at a time, each block scoring only the keys up to
-    its last query (a ragged last block; with and without the memory chunking that
-    rematerialises each block): the logits of real tokens match transformers and the one
-    pass, gradients match the one pass, and the blocked step's scores are smaller."""
-    path = tiny_ckpt("llama")
-    ids, mask = padded_batch()                     # 12 positions, padded both sides
-    ref = hf_logits(hf_model(path), ids, mask)
-    real = mask.astype(bool)
-    one = load_hf(path, attention_causal_block=0, attention_query_chunk=0)
-    blocked = load_hf(path, attention_causal_block=5, attention_query_chunk=query_chunk)
-    a, b = _flax_logits(one, ids, mask), _flax_logits(blocked, ids, mask)
+    one = load_hf(path, attention_query_chunk=0, attention_causal_block=0)
+    other = load_hf(path, **options)
+    a, b = _flax_logits(one, ids, mask), _flax_logits(other, ids, mask)
     assert np.abs(b - ref)[real].max() <= 1e-4
     np.testing.assert_allclose(b[real], a[real], atol=1e-5, rtol=0)
 
@@ -85,9 +58,29 @@ def test_causal_blocks_skip_later_keys_and_keep_the_one_pass_result(query_chunk)
         f = lambda p: (nnx.merge(gd, p)(jnp.asarray(ids), jnp.asarray(mask))
                        * jnp.asarray(mask)[..., None]).sum()
         return jax.tree.leaves(jax.jit(jax.grad(f))(p))
-    for x, y in zip(grads(one), grads(blocked)):
-        x, y = np.asarray(x), np.asarray(y)
+    for x, y in zip(grads(one), grads(other)):
+        x, y = np.asarray(x), np.asarray(y)     # float32 sums in another order: relative
         np.testing.assert_allclose(y, x, atol=1e-4 * np.abs(x).max(), rtol=0)
+    return other.config
+
+
+def test_attention_in_query_chunks_is_the_one_pass_attention():
+    """Queries ``attention_query_chunk`` at a time (with a ragged last chunk; the mapped
+    path a non-causal mask takes) give the one pass's logits against transformers and the
+    same gradient; 0 is one pass."""
+    cfg = _assert_attention_is_the_one_pass(attention_query_chunk=5, attention_causal_block=0)
+    with pytest.raises(ValueError, match="attention_query_chunk"):
+        cfg.replace(attention_query_chunk=-1)
+
+
+@pytest.mark.parametrize("query_chunk", [0, 4])
+def test_causal_blocks_skip_later_keys_and_keep_the_one_pass_result(query_chunk):
+    """Queries ``attention_causal_block`` at a time, each block scoring only the keys up to
+    its last query (a ragged last block; with and without the memory chunking that
+    rematerialises each block): the logits of real tokens match transformers and the one
+    pass, gradients match the one pass, and the blocked step's scores are smaller."""
+    cfg = _assert_attention_is_the_one_pass(attention_causal_block=5,
+                                            attention_query_chunk=query_chunk)
     # the work skipped is visible in the compiled step: its largest score block is
     # [B, N, 5, 12] at most, not [B, N, 12, 12]
     from verltool_jax.models.layers import attention_weights_apply
@@ -99,7 +92,7 @@ def test_causal_blocks_skip_later_keys_and_keep_the_one_pass_result(query_chunk)
         q, kv, kv, causal).as_text()
     assert "2x2x2x12x12" not in text and "2x2x2x5x5" in text and "2x2x2x2x12" in text
     with pytest.raises(ValueError, match="attention_causal_block"):
-        one.config.replace(attention_causal_block=-1)
+        cfg.replace(attention_causal_block=-1)
     with pytest.raises(ValueError, match="S == T"):
         attention_weights_apply(q, kv[:, :6], kv[:, :6], causal[:, :, :6], 0, 5)
 
