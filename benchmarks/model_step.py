@@ -321,7 +321,7 @@ def main():
         print(f"model: {cfg.model_type} hidden={H} layers={L} heads={N}/{K} inter={inter} "
               f"vocab={V}; batch {a.batch} x {a.seq} tokens, fp32, log-prob chunk {a.chunk}; "
               f"JAX remat {a.remat}, scan_layers {a.scan_layers}, attention_causal_block "
-              f"{ModelConfig.attention_causal_block if a.causal_block is None else a.causal_block}")
+              f"{jax_model_options(a).get('attention_causal_block', ModelConfig.attention_causal_block)}")
         if a.memory_of:
             print(first_step_memory(d, ids, a.chunk, a.memory_of, jax_model_options(a)))
             return

@@ -190,8 +190,8 @@ class ModelConfig:
     tokens attend that many queries at a time (``layers.attention_weights_apply``; 0: all
     at once), which bounds the attention scores' memory at long contexts.
     ``attention_causal_block``: without a KV cache (training, scoring) queries go this
-    many at a time and each block scores only the keys up to its last query (about half
-    the attention work of one pass at 512 tokens and more; 0: one pass). ``scan_layers``:
+    many at a time and each block scores only the keys up to its last query (5/8 of the
+    one pass's attention work at 512 tokens, nearer half beyond; 0: one pass). ``scan_layers``:
     the plain forward (training, scoring) runs each run of identical consecutive layers as
     one ``lax.scan`` over their stacked weights (``transformer.scan_run``): one layer to
     compile instead of N, and with remat the backward pass keeps only each layer's input;
