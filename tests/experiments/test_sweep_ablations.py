@@ -173,6 +173,15 @@ def test_sweep_rejects_bad_names_and_overrides(sweep_mod):
     assert arms == [Arm("x", ("--config.algo.kl_coef=0.1",)), Arm("y")]
 
 
+def test_a_spread_is_printed_as_precisely_as_its_mean():
+    from verltool_jax.reporting.sweep_report import Stat, _cell
+    assert _cell(Stat(588.4, 7.877, 2), False) == "588 ± 8"
+    assert _cell(Stat(15.0, 4.243, 2), True) == "**15 ± 4**"
+    assert _cell(Stat(0.782, 0.0321, 2), False) == "0.782 ± 0.032"
+    assert _cell(Stat(9.5, 12.3, 2), False) == "9.500 ± 12.300"
+    assert _cell(Stat(0.5, None, 1), False) == "0.500"
+
+
 def test_report_table_csv_and_plot(sweep_mod, tmp_path):
     Arm, Sweep = sweep_mod.Arm, sweep_mod.Sweep
     sweep = Sweep("rep", TINY, (Arm("base"), Arm("better"), Arm("same")), seeds=(0, 1),

@@ -74,16 +74,20 @@ def arm_rows(runs: Mapping[str, Sequence[RunRecord]],
     return rows
 
 
-def _fmt(x: Optional[float]) -> str:
+def _fmt(x: Optional[float], like: Optional[float] = None) -> str:
+    """Three decimals below 10, none from 10 on; ``like``: take the precision from that
+    number instead (a spread is printed as precisely as its mean: ``588 ± 8``, not
+    ``588 ± 7.877``)."""
     if x is None:
         return "-"
-    return f"{x:.3f}" if abs(x) < 10 else f"{x:.0f}"
+    scale = abs(x if like is None else like)
+    return f"{x:.3f}" if scale < 10 else f"{x:.0f}"
 
 
 def _cell(s: Stat, flag: Optional[bool]) -> str:
     if s.mean is None:
         return "-"
-    text = _fmt(s.mean) + (f" ± {_fmt(s.spread)}" if s.spread is not None else "")
+    text = _fmt(s.mean) + (f" ± {_fmt(s.spread, like=s.mean)}" if s.spread is not None else "")
     return f"**{text}**" if flag else text
 
 
