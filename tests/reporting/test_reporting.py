@@ -138,3 +138,20 @@ def test_html_report_structure_and_escaping(tmp_path):
     assert text.index("model turn 1") < text.index("observation 1") < text.index("model turn 2")
     assert "<answer>7</answer>" in text
     assert "mean reward 0.500" in text
+
+
+def test_trailing_mean_and_seed_mean_curve():
+    from verltool_jax.reporting.plots import seed_mean_curve, trailing_mean
+    assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert trailing_mean([2.0, 4.0], 5) == [2.0, 3.0]
+    assert trailing_mean([], 3) == []
+    with pytest.raises(ValueError, match="window"):
+        trailing_mean([1.0], 0)
+    # two seeds; the second stopped after step 2: the mean covers the common steps
+    a = ([0, 1, 2, 3], [10.0, 20.0, 30.0, 40.0], [0.0, 0.2, 0.4, 0.6])
+    b = ([0, 1, 2], [12.0, 22.0, 32.0], [0.2, 0.4, 0.6])
+    steps, secs, ys = seed_mean_curve([a, b, ([], [], [])])
+    assert steps == [0, 1, 2]
+    assert secs == [11.0, 21.0, 31.0]
+    assert ys == pytest.approx([0.1, 0.3, 0.5])
+    assert seed_mean_curve([]) == ([], [], [])

@@ -59,11 +59,44 @@ def plot_metrics(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
     return png_path
 
 
+def trailing_mean(ys: Sequence[float], window: int) -> list[float]:
+    """Trailing moving average: ``out[i] = mean(ys[max(0, i - window + 1) : i + 1])``
+    (the first points average what there is so far). ``window`` >= 1."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    out, total = [], 0.0
+    for i, y in enumerate(ys):
+        total += y
+        if i >= window:
+            total -= ys[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def seed_mean_curve(curves: Sequence[tuple[Sequence[int], Sequence[float], Sequence[float]]]
+                    ) -> tuple[list[int], list[float], list[float]]:
+    """An arm's curve over its seeds: at each step every seed logged, the mean value and
+    the mean wall time. ``curves``: ``(steps, seconds, values)`` per seed; steps a seed
+    lacks are left out (a run that stopped early shortens the mean curve)."""
+    curves = [c for c in curves if c[0]]
+    if not curves:
+        return [], [], []
+    common = set(curves[0][0]).intersection(*(set(c[0]) for c in curves[1:]))
+    steps = sorted(common)
+    per_seed = [{st: (sec, y) for st, sec, y in zip(*c)} for c in curves]
+    secs = [sum(d[st][0] for d in per_seed) / len(per_seed) for st in steps]
+    ys = [sum(d[st][1] for d in per_seed) / len(per_seed) for st in steps]
+    return steps, secs, ys
+
+
 def plot_sweep(runs: Mapping[str, Sequence], png_path: str | os.PathLike,
-               title: str = "") -> Path:
+               title: str = "", smooth: int = 5) -> Path:
     """One PNG for a sweep: held-out accuracy and train reward against step and against
-    wall time (seconds since each run's first logged record), one colour per arm (each
-    seed its own line in that colour; the arm is labelled once).
+    wall time (seconds since each run's first logged record), one colour per arm: a bold
+    line for the mean over the arm's seeds (at the steps all of them logged; wall time is
+    the seeds' mean), each seed a faint line of the same colour. Curves of 30 points or
+    more (the per-step train reward) are drawn as a ``smooth``-step trailing mean
+    (:func:`trailing_mean`), and the panel says so.
 
     ``runs``: ``{arm: [RunRecord, ...]}`` (:mod:`verltool_jax.reporting.run_dirs`).
     Raises ValueError if no run has a reward or held-out accuracy curve.
@@ -80,21 +113,29 @@ def plot_sweep(runs: Mapping[str, Sequence], png_path: str | os.PathLike,
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for row, (key, ylabel) in enumerate(keys):
+        smoothed = False
         for col, xlabel in enumerate(("step", "wall time (s)")):
             ax = axes[row][col]
             for i, (arm, recs) in enumerate(runs.items()):
-                labelled = False
-                for rec in recs:
-                    steps, secs, ys = rec.curves.get(key, ([], [], []))
+                colour = colours[i % len(colours)]
+                curves = [rec.curves.get(key, ([], [], [])) for rec in recs]
+
+                def draw(steps, secs, ys, **kw):
+                    nonlocal smoothed
                     if not ys:
-                        continue
-                    xs = steps if col == 0 else secs
-                    ax.plot(xs, ys, color=colours[i % len(colours)], alpha=0.8,
-                            marker="o" if len(xs) < 30 else None, markersize=3,
-                            label=None if labelled else arm)
-                    labelled = True
+                        return
+                    if len(ys) >= 30 and smooth > 1:
+                        ys, smoothed = trailing_mean(ys, smooth), True
+                    ax.plot(steps if col == 0 else secs, ys, color=colour,
+                            marker="o" if len(ys) < 30 else None, markersize=3, **kw)
+
+                for c in curves if len(recs) > 1 else ():
+                    draw(*c, alpha=0.25, linewidth=0.8)
+                n = sum(1 for c in curves if c[0])
+                draw(*seed_mean_curve(curves), linewidth=2.0,
+                     label=f"{arm} (mean of {n} seeds)" if n > 1 else arm)
             ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
+            ax.set_ylabel(ylabel + (f" ({smooth}-step trailing mean)" if smoothed else ""))
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
