@@ -89,6 +89,20 @@ def seed_mean_curve(curves: Sequence[tuple[Sequence[int], Sequence[float], Seque
     return steps, secs, ys
 
 
+def _draw_curve(ax, curve, col: int, smooth: int, **kw) -> bool:
+    """Plot ``curve`` = ``(steps, seconds, values)`` against steps (``col`` 0) or seconds;
+    30 points or more as a ``smooth``-step trailing mean. True if it was smoothed."""
+    steps, secs, ys = curve
+    if not ys:
+        return False
+    smoothed = len(ys) >= 30 and smooth > 1
+    if smoothed:
+        ys = trailing_mean(ys, smooth)
+    ax.plot(steps if col == 0 else secs, ys, marker="o" if len(ys) < 30 else None,
+            markersize=3, **kw)
+    return smoothed
+
+
 def plot_sweep(runs: Mapping[str, Sequence], png_path: str | os.PathLike,
                title: str = "", smooth: int = 5) -> Path:
     """One PNG for a sweep: held-out accuracy and train reward against step and against
@@ -119,21 +133,13 @@ def plot_sweep(runs: Mapping[str, Sequence], png_path: str | os.PathLike,
             for i, (arm, recs) in enumerate(runs.items()):
                 colour = colours[i % len(colours)]
                 curves = [rec.curves.get(key, ([], [], [])) for rec in recs]
-
-                def draw(steps, secs, ys, **kw):
-                    nonlocal smoothed
-                    if not ys:
-                        return
-                    if len(ys) >= 30 and smooth > 1:
-                        ys, smoothed = trailing_mean(ys, smooth), True
-                    ax.plot(steps if col == 0 else secs, ys, color=colour,
-                            marker="o" if len(ys) < 30 else None, markersize=3, **kw)
-
                 for c in curves if len(recs) > 1 else ():
-                    draw(*c, alpha=0.25, linewidth=0.8)
+                    smoothed |= _draw_curve(ax, c, col, smooth, color=colour, alpha=0.25,
+                                            linewidth=0.8)
                 n = sum(1 for c in curves if c[0])
-                draw(*seed_mean_curve(curves), linewidth=2.0,
-                     label=f"{arm} (mean of {n} seeds)" if n > 1 else arm)
+                smoothed |= _draw_curve(ax, seed_mean_curve(curves), col, smooth,
+                                        color=colour, linewidth=2.0,
+                                        label=f"{arm} (mean of {n} seeds)" if n > 1 else arm)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel + (f" ({smooth}-step trailing mean)" if smoothed else ""))
             ax.grid(alpha=0.3)
