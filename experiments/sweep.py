@@ -14,7 +14,7 @@ Resumable: a run whose ``summary.json`` exists (and is not marked interrupted) i
 run again; an interrupted one is re-launched with the same command, and the trainer
 resumes from its checkpoint. After the runs, :func:`write_report` reads every finished
 run directory and writes ``<root>/<sweep>/results.md``, ``results.csv`` and
-``sweep.png`` (held-out accuracy and reward vs step and vs wall time, one colour per arm).
+``sweep.png`` (held-out accuracy and reward vs step and vs wall time, one bold line per arm, the mean of its seeds, the seeds faint).
 
 Use it from an ablation script (``experiments/ablations.py``) or directly:
 
