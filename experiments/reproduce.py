@@ -10,7 +10,10 @@ finished run directory of the same task found under ``--runs`` (a ``summary.json
 ``config.json``, as ``python -m verltool_jax.train`` writes them): model, task data,
 held-out metric before and after RL, steps and wall time. Those runs are CPU-scale and say
 so; nothing in the "measured here" column is the paper's scale. A headline without a run
-says "not run yet". Runs of other tasks (e.g. the ablation sweeps) are listed below the table.
+says "not run yet". Below the table: each ablation sweep found (a folder with the
+``results.md`` that ``experiments/sweep.py`` writes above its ``<arm>/seed<k>`` runs), one
+row per sweep with its arms and the differences that exceed the seed spread; then the
+other finished runs, one row each.
 A result of the previous ``--out`` file whose run directory is not found this time is kept,
 marked as such (run directories are not committed; a fresh machine has none).
 """
@@ -143,6 +146,66 @@ def find_experiments(roots: Sequence[Path]) -> list[dict]:
     return out
 
 
+@dataclass(frozen=True)
+class SweepFound:
+    """A sweep folder: its ``results.md`` and the finished seeds per arm."""
+    path: Path
+    config: str                     # the "- config:" line's value
+    overrides: str                  # the "- shared overrides:" line's value
+    arms: dict                      # {arm: finished seeds}, in the results table's order
+    differences: tuple              # the "- a vs b: ..." lines below the table
+
+
+def read_sweep(results_md: Path) -> Optional[SweepFound]:
+    """The :class:`SweepFound` of a ``results.md`` written by ``experiments/sweep.py``, or
+    None if the file is not one (no ``| arm | seeds |`` table)."""
+    try:
+        text = results_md.read_text()
+    except OSError:
+        return None
+    config = overrides = ""
+    arms: dict = {}
+    diffs: list = []
+    in_table = False
+    for line in text.splitlines():
+        if line.startswith("- config: "):
+            config = line[len("- config: "):].strip().strip("`")
+        elif line.startswith("- shared overrides: "):
+            overrides = line[len("- shared overrides: "):].strip().strip("`")
+        elif line.startswith("| arm | seeds |"):
+            in_table = True
+        elif in_table and line.startswith("| ") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 2 and cells[1].isdigit():
+                arms[cells[0]] = int(cells[1])
+        elif in_table and line.startswith("- ") and " vs " in line:
+            diffs.append(line[2:].strip())
+    if not arms:
+        return None
+    return SweepFound(results_md.parent, config, overrides, arms, tuple(diffs))
+
+
+def find_sweeps(roots: Sequence[Path]) -> list[SweepFound]:
+    """Every sweep folder under ``roots``: a ``results.md`` beside ``<arm>/seed<k>`` run
+    folders (finished or not), sorted by path."""
+    out, seen = [], set()
+    for root in roots:
+        for md in sorted(Path(root).rglob("results.md")):
+            d = md.parent.resolve()
+            if d in seen or not any(p.is_dir() for p in d.glob("*/seed*")):
+                continue
+            sw = read_sweep(md)
+            if sw is not None:
+                seen.add(d)
+                out.append(sw)
+    return out
+
+
+def in_sweep(run: RunRecord, sweeps: Sequence[SweepFound]) -> bool:
+    """Whether ``run`` is one of the ``<arm>/seed<k>`` runs of one of ``sweeps``."""
+    return any(run.path.resolve().parent.parent == sw.path.resolve() for sw in sweeps)
+
+
 def model_of(cfg: dict) -> str:
     m = cfg.get("model") or {}
     if m.get("path"):
@@ -205,38 +268,55 @@ def _cell(text: str) -> str:
 
 KEPT = " (kept from the previous REPRODUCE.md: its run directory is not on this machine)"
 OTHERS_HEADER = "| run | model | data | held-out acc before -> after | RL steps | wall (s) |"
+SWEEPS_HEADER = ("| sweep | config and shared overrides | arms (finished seeds) | "
+                 "differences beyond the seed spread |")
+SWEEPS_SECTION = "Ablation sweeps found"
+OTHERS_SECTION = "Other finished runs"
 
 
-def previous_results(text: str) -> tuple[dict[str, str], dict[str, str]]:
+def previous_results(text: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """From an earlier REPRODUCE.md: each headline's "measured here" cell that holds a
-    result (not "not run yet"), and each row of the other-runs table by its run path.
-    A regeneration on a machine without those run directories keeps them, marked
-    (:data:`KEPT`), instead of erasing what was measured."""
+    result (not "not run yet"), each row of the sweeps table by its sweep path and each
+    row of the other-runs table by its run path. A regeneration on a machine without
+    those directories keeps them, marked (:data:`KEPT`), instead of erasing what was
+    measured."""
     names = {h.name for h in HEADLINES}
     cells: dict[str, str] = {}
+    sweeps: dict[str, str] = {}
     others: dict[str, str] = {}
-    in_others = False
+    section = ""
     for line in text.splitlines():
         if line.startswith("## "):
-            in_others = "Other finished runs" in line
-        if not line.startswith("| ") or line.startswith(("|---", OTHERS_HEADER)):
+            section = (OTHERS_SECTION if OTHERS_SECTION in line else
+                       SWEEPS_SECTION if SWEEPS_SECTION in line else "")
+        if not line.startswith("| ") or line.startswith(("|---", OTHERS_HEADER,
+                                                          SWEEPS_HEADER)):
             continue
         parts = [p.strip() for p in line.strip().strip("|").split(" | ")]
-        if not in_others and parts[0] in names and len(parts) == 5 and \
+        if not section and parts[0] in names and len(parts) == 5 and \
                 parts[4] != "not run yet":
             cells[parts[0]] = parts[4]
-        elif in_others and len(parts) == 6:
+        elif section == SWEEPS_SECTION and len(parts) == 4:
+            sweeps[parts[0]] = line
+        elif section == OTHERS_SECTION and len(parts) == 6:
             others[parts[0]] = line
-    return cells, others
+    return cells, sweeps, others
+
+
+def _kept_note(n: int) -> list[str]:
+    return ["", f"The last {n} row(s) are kept from the previous REPRODUCE.md: their "
+            "directories are not on this machine."] if n else []
 
 
 def render(runs: Sequence[RunRecord], repo: Path = REPO,
-           experiments: Sequence[dict] = (), previous: str = "") -> str:
+           experiments: Sequence[dict] = (), previous: str = "",
+           sweeps: Sequence[SweepFound] = ()) -> str:
     """The REPRODUCE.md text for ``runs`` (newest first); an experiment of the same task
     (``find_experiments``, e.g. base -> SFT -> GRPO with seeds) is preferred to a single
-    run. ``previous`` (the file's earlier text) supplies the results whose run
+    run. ``sweeps`` (:func:`find_sweeps`) get one row each, and their runs no row of
+    their own. ``previous`` (the file's earlier text) supplies the results whose
     directories are gone (:func:`previous_results`)."""
-    kept_cells, kept_others = previous_results(previous)
+    kept_cells, kept_sweeps, kept_others = previous_results(previous)
     lines = [
         "# Reproducing VerlTool's headline results",
         "",
@@ -277,10 +357,30 @@ def render(runs: Sequence[RunRecord], repo: Path = REPO,
             cell = old_cell if old_cell.endswith(KEPT.strip()) else old_cell + KEPT
         lines.append(f"| {h.name} | {_cell(h.paper_result)} | {_cell(how)} | "
                      f"{_cell(h.data)} | {cell} |")
-    others = [r for r in runs if r.path not in used]
+    lines += ["", f"## {SWEEPS_SECTION} (CPU scale)", ""]
+    here_sweeps = {_cell(_rel(sw.path)) for sw in sweeps}
+    gone_sweeps = [line for path, line in kept_sweeps.items() if path not in here_sweeps]
+    if not sweeps and not gone_sweeps:
+        lines.append("None.")
+    else:
+        lines += ["Each sweep's `results.md` (beside its runs) has the full table: held-out "
+                  "accuracy before and after RL, train reward, tokens/s, dropped groups, "
+                  "staleness and wall time per arm, mean ± spread over the seeds.", "",
+                  SWEEPS_HEADER, "|---|---|---|---|"]
+        for sw in sweeps:
+            arms = ", ".join(f"{a} ({n})" for a, n in sw.arms.items())
+            diffs = "; ".join(sw.differences) or "none"
+            lines.append(f"| {_cell(_rel(sw.path))} | {_cell(f'`{sw.config}` {sw.overrides}')} "
+                         f"| {_cell(arms)} | {_cell(diffs)} |")
+        lines += gone_sweeps + _kept_note(len(gone_sweeps))
+    others = [r for r in runs if r.path not in used and not in_sweep(r, sweeps)]
+    swept = {_cell(_rel(r.path)) for r in runs if in_sweep(r, sweeps)}
     here = {_cell(_rel(r.path)) for r in runs}
-    gone = [line for path, line in kept_others.items() if path not in here]
-    lines += ["", "## Other finished runs found (CPU scale)", ""]
+    gone = [line for path, line in kept_others.items()
+            if path not in here and not any(path.startswith(p + "/") for p in
+                                            here_sweeps | set(kept_sweeps))]
+    gone = [line for line in gone if line.split(" | ")[0].lstrip("| ") not in swept]
+    lines += ["", f"## {OTHERS_SECTION} found (CPU scale)", ""]
     if not others and not gone:
         lines.append("None.")
     else:
@@ -289,10 +389,7 @@ def render(runs: Sequence[RunRecord], repo: Path = REPO,
             lines.append(f"| {_cell(_rel(r.path))} | {_cell(model_of(r.config))} | "
                          f"{_cell(data_of(r.config))} | {_pct(r.eval_before)} -> "
                          f"{_pct(r.eval_after)} | {r.steps} | {r.wall_s or 0:.0f} |")
-        lines += gone
-        if gone:
-            lines += ["", f"The last {len(gone)} row(s) are kept from the previous "
-                      "REPRODUCE.md: their run directories are not on this machine."]
+        lines += gone + _kept_note(len(gone))
     return "\n".join(lines) + "\n"
 
 
@@ -306,10 +403,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     runs = find_runs(roots)
     out = Path(args.out)
     previous = out.read_text() if out.is_file() else ""
-    text = render(runs, experiments=find_experiments(roots), previous=previous)
+    sweeps = find_sweeps(roots)
+    text = render(runs, experiments=find_experiments(roots), previous=previous,
+                  sweeps=sweeps)
     out.write_text(text)
     print(text)
-    print(f"[reproduce] {len(runs)} finished run(s) found; wrote {args.out}")
+    print(f"[reproduce] {len(runs)} finished run(s) and {len(sweeps)} sweep(s) found; "
+          f"wrote {args.out}")
     return 0
 
 

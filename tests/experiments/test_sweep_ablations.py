@@ -462,3 +462,42 @@ def test_reproduce_keeps_results_whose_run_directories_are_gone(tmp_path):
     fresh = rep.render([], experiments=rep.find_experiments([tmp_path / "runs"]),
                        previous=again)
     assert row(fresh, "VT-Math") == row(first, "VT-Math")
+
+
+def test_reproduce_lists_a_sweep_once_with_its_differences(tmp_path):
+    """A sweep folder (results.md above <arm>/seed<k>) is one row with its arms, seeds and
+    the differences beyond the spread; its runs get no row of their own; on a machine
+    without it the row is kept, marked."""
+    rep, sweep_mod = _load("reproduce"), _load("sweep")
+    Arm, Sweep = sweep_mod.Arm, sweep_mod.Sweep
+    root = tmp_path / "runs"
+    sweep = Sweep("abl", TINY, (Arm("base"), Arm("better")), seeds=(0, 1),
+                  root=str(root), overrides=("--config.trainer.steps=3",))
+    for arm, accs in (("base", (0.60, 0.62)), ("better", (0.80, 0.82))):
+        for seed, a in zip(sweep.seeds, accs):
+            _write_run(Path(sweep.run_dir(Arm(arm), seed)), 0.5, a, [0.2, a])
+    sweep_mod.write_report(sweep, cwd=Path("/"))
+    lone = root / "lone"
+    _write_run(lone, 0.1, 0.2, [0.1])
+    (lone / "config.json").write_text(json.dumps({"task": {"name": "tiny_math"}}))
+
+    sweeps = rep.find_sweeps([root])
+    assert [sw.path.name for sw in sweeps] == ["abl"]
+    assert sweeps[0].arms == {"base": 2, "better": 2}
+    assert sweeps[0].config == TINY and sweeps[0].overrides == "--config.trainer.steps=3"
+    assert sweeps[0].differences[0] == (
+        "better vs base: held-out acc after 0.810 vs 0.610 (difference exceeds the summed "
+        "seed spreads)")
+    runs = rep.find_runs([root])
+    assert len(runs) == 5
+    md = rep.render(runs, sweeps=sweeps)
+    sweep_part = md.split("## Ablation sweeps found")[1].split("## Other finished runs")[0]
+    others = md.split("## Other finished runs found")[1]
+    row = next(x for x in sweep_part.splitlines() if x.startswith("| ") and "abl" in x)
+    assert "base (2), better (2)" in row and "0.810 vs 0.610" in row
+    assert "seed0" not in others and "lone" in others     # the sweep's runs: no own rows
+    again = rep.render([], previous=md)                  # a fresh machine
+    kept = [x for x in again.splitlines() if "base (2), better (2)" in x]
+    assert len(kept) == 1 and "seed0" not in again
+    assert again.count("are kept from the previous REPRODUCE.md") == 2   # sweep + lone
+    assert rep.render([], previous=again).count("base (2), better (2)") == 1
