@@ -16,8 +16,9 @@ Ablations (the first arm of each is its baseline; every arm runs every seed):
   (``drgrpo`` advantages, ``seq-mean-token-sum-norm``), RLOO, DAPO (clip-higher 0.28 +
   dynamic sampling + overlong penalty over the last quarter of the response budget),
   GSPO (sequence ratio, clip 3e-4 / 4e-4, ``seq-mean-token-mean``, as verl's GSPO recipe);
-* ``offpolicy``: truncated IS against the sampler on (cap 2) / off, behaviour logprobs
-  from the sampler vs recomputed by the trainer before the update;
+* ``offpolicy``: behaviour logprobs from the sampler, or recomputed by the trainer before
+  the update with truncated IS against the sampler (cap 2) or without (with the
+  sampler's logprobs the IS weight is 1 on every token, so that arm needs no IS pair);
 * ``masking``: ``rollout.mask_observations`` on / off (off trains on the tool's output
   tokens, the mistake the framework prevents by default); both arms recompute behaviour
   logprobs and turn truncated IS off, since the sampler has no logprobs for tool tokens;
@@ -75,9 +76,18 @@ def loss_arms(cfg) -> list[Arm]:
 
 
 def offpolicy_arms(cfg) -> list[Arm]:
-    return [Arm(f"tis{'on' if cap else 'off'}_{src}",
-                _o(algo__tis_cap=cap, algo__old_logprobs=src))
-            for src in ("sampler", "recompute") for cap in (2.0, 0.0)]
+    """Three arms, not the 2 x 2 grid: with the sampler's logprobs as the behaviour policy
+    the truncated IS weight is ``exp(old - sampler) = 1`` on every token (``old`` *is* the
+    sampler's), so "sampler, IS on" and "sampler, IS off" are the same computation. IS
+    corrects only recomputed behaviour logprobs, where it weighs each token by how much
+    more likely the trainer finds it than the sampler did."""
+    return [Arm("sampler", _o(algo__old_logprobs="sampler", algo__tis_cap=0.0),
+                note="the sampler's logprobs are the behaviour policy (no IS needed)"),
+            Arm("recompute_tis", _o(algo__old_logprobs="recompute", algo__tis_cap=2.0),
+                note="the trainer's logprobs before the update, IS against the sampler "
+                     "capped at 2"),
+            Arm("recompute", _o(algo__old_logprobs="recompute", algo__tis_cap=0.0),
+                note="the trainer's logprobs before the update, no correction")]
 
 
 def masking_arms(cfg) -> list[Arm]:
@@ -103,7 +113,9 @@ ABLATIONS: dict[str, tuple[str, Callable]] = {
                   "accuracy suffers, and what throughput does it buy?", staleness_arms),
     "loss": ("Which policy loss / advantage estimator learns best here: GRPO, Dr.GRPO, "
              "RLOO, DAPO or GSPO?", loss_arms),
-    "offpolicy": ("Do truncated IS and recomputed behaviour logprobs matter?", offpolicy_arms),
+    "offpolicy": ("Which behaviour logprobs should the PPO ratio use: the sampler's, or the "
+                  "trainer's recomputed ones with or without truncated IS against the "
+                  "sampler?", offpolicy_arms),
     "masking": ("What does training on tool-output tokens (no observation mask) do?",
                 masking_arms),
     "turns": ("How does the tool-call budget (max_turns 1/2/4) change accuracy?", turns_arms),

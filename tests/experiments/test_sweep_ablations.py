@@ -240,6 +240,9 @@ def test_every_ablation_arm_is_a_valid_run(ablations, name):
         assert configs["gspo"].algo.policy_loss == "gspo"
     if name == "masking":
         assert [c.rollout.mask_observations for c in configs.values()] == [True, False]
+    if name == "offpolicy":        # no "sampler + IS" arm: its IS weight is 1 everywhere
+        assert [(c.algo.old_logprobs, bool(c.algo.tis_cap)) for c in configs.values()] == \
+            [("sampler", False), ("recompute", True), ("recompute", False)]
 
 
 def test_default_ablation_config_is_the_smollm2_math_family(ablations):

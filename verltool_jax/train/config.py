@@ -25,6 +25,12 @@ class AlgoConfig:
     (one optimizer update each), each into ``mini_batch_size / micro_batch_size``
     micro-batches (gradient accumulation), for ``ppo_epochs`` passes. ``None`` means
     "the whole batch" / "the whole mini-batch".
+
+    Behaviour logprobs: ``old_logprobs="sampler"`` takes the ratio against the logprobs
+    the sampler reported for the tokens it drew; ``"recompute"`` against the trainer's own
+    logprobs before the update. ``tis_cap`` weighs each token by
+    ``min(exp(old - sampler), tis_cap)``, so it only acts with ``"recompute"``: with the
+    sampler's logprobs as ``old`` the weight is 1 on every token.
     """
     adv_estimator: str = "grpo"             # grpo | drgrpo | rloo
     policy_loss: str = "ppo"                # ppo (= grpo / dapo / vanilla) | gspo
