@@ -206,7 +206,7 @@ def test_queued_requests_wait_for_a_slot_before_their_timeout_starts(vllm_sample
 
     async def slow_generate(self, prompt, vparams, request_id, version):
         await asyncio.sleep(delay[0])
-        return len(prompt)
+        return len(prompt.ids)
 
     delay = [0.3]
     monkeypatch.setattr(vllm_sampler, "_generate_on_loop",
@@ -302,7 +302,7 @@ def test_a_payload_the_inplace_plan_does_not_cover_falls_back_to_vllms_reload(
         outs = _gather(vllm_sampler, PROMPTS, sp)
         par = logprob_parity(nnx.merge(graphdef, new), list(zip(PROMPTS, outs)), 0.8)
         assert par["mean_abs_diff"] < 1e-3, par
-        with pytest.raises(Exception, match="no such parameter"):
+        with pytest.raises(Exception, match="no such parameter|stacks it into"):
             vllm_sampler._load_rpc("verltool_load_shared", (manifest, "inplace"), buf.nbytes, 52)
     finally:
         buf.close()

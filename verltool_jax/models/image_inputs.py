@@ -46,6 +46,15 @@ class ImageInput:
     image: Any = field(repr=False)
     config: Any = field(default=None, repr=False)
 
+    def model_image(self):
+        """The image at the size the vision tower sees it, ``(grid_w, grid_h) * patch_size``
+        (resized as the processor resizes: PIL bicubic). An image processor given it keeps
+        its size, so an engine with its own processor (vLLM) cuts the same patches."""
+        from PIL import Image
+        p = self.config.vision.patch_size
+        want = (self.grid_thw[2] * p, self.grid_thw[1] * p)
+        return self.image if self.image.size == want else self.image.resize(want, Image.BICUBIC)
+
     @property
     def size(self) -> tuple[int, int]:
         """``(width, height)`` of the decoded image."""

@@ -178,7 +178,9 @@ def build_tiny_vl_hf(out_dir: str | os.PathLike, vocab_size: int = 512, seed: in
     """A random-initialised tiny Qwen2.5-VL checkpoint (``Qwen2_5_VLForConditionalGeneration``)
     with its own BPE tokenizer, whose special tokens include ``VISION_TOKENS`` and whose chat
     template (``CHATML_VL_TEMPLATE``) writes image parts as the Qwen2-VL template does.
-    ``mrope_section`` must sum to ``hidden_size / num_heads / 2``. The last vision block
+    ``mrope_section`` must sum to ``hidden_size / num_heads / 2``; vLLM's CPU attention
+    needs a head size of 32 or more (``hidden_size=128, mrope_section=(4, 6, 6)``). The
+    checkpoint holds the image processor's patch geometry. The last vision block
     attends over the whole image, the others over ``window_size``-pixel windows."""
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -210,6 +212,10 @@ def build_tiny_vl_hf(out_dir: str | os.PathLike, vocab_size: int = 512, seed: in
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
+    # the image processor's patch geometry (what vLLM's processor reads to serve it)
+    from transformers import Qwen2VLImageProcessorPil
+    Qwen2VLImageProcessorPil(patch_size=patch_size, temporal_patch_size=2,
+                             merge_size=spatial_merge_size).save_pretrained(out)
     with open(out / "generation_config.json", "w") as f:
         json.dump({"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}, f)
     return out

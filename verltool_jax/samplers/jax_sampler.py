@@ -34,7 +34,7 @@ import numpy as np
 from .base import (Completion, SamplerDeadError, SamplerTimeoutError, SamplingParams,
                    SamplerRequestError)
 from .stops import StopState
-from .validation import effective_max_tokens
+from .validation import check_image_request, effective_max_tokens
 
 
 @dataclass
@@ -181,7 +181,7 @@ class JAXSampler:
         """
         images = list(images or [])
         if images:
-            self._check_images(prompt_token_ids, images)
+            check_image_request(self.name, self.config, prompt_token_ids, images)
         if not self.alive:
             raise SamplerDeadError(f"{self.name}: the JAX sampler is "
                                    f"{'closed' if self._closed else f'dead ({self._dead!r})'}; "
@@ -205,23 +205,6 @@ class JAXSampler:
                                       f"request_timeout_s={self.request_timeout_s} s") from None
         finally:
             self._inflight -= 1
-
-    def _check_images(self, prompt_token_ids, images) -> None:
-        """Raise ``SamplerRequestError`` unless the model sees images and the prompt holds one
-        placeholder run of the right length per image."""
-        if not getattr(self.config, "is_vision_language", False):
-            from verltool_jax.models.transformer import text_only_error
-            raise SamplerRequestError(f"{self.name}: {text_only_error(self.config)}")
-        from verltool_jax.models.image_inputs import ImageInputError, check_placeholders
-        bad = [type(im).__name__ for im in images if not hasattr(im, "pixel_values")]
-        if bad:
-            raise SamplerRequestError(f"{self.name}: images must be ImageInput (from "
-                                      f"models.image_inputs.ImageProcessor), got {bad[:3]}")
-        try:
-            check_placeholders(prompt_token_ids, images, self.config.image_token_id,
-                               f"{self.name} request")
-        except ImageInputError as e:
-            raise SamplerRequestError(str(e)) from None
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap in the trainer's params (``nnx.State`` of the ``Transformer``, or the model)."""

@@ -28,8 +28,11 @@ class SamplerPool:
         self.last_sync: dict = {}
 
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None) -> Completion:
-        """Route to a sampler (sticky per ``request_id``, else least loaded) and sample."""
+                       request_id: Optional[str] = None, *,
+                       images: Optional[Sequence[Any]] = None) -> Completion:
+        """Route to a sampler (sticky per ``request_id``, else least loaded) and sample;
+        ``images`` (vision-language policies) go with the request."""
+        kw = {"images": list(images)} if images else {}
         last: Optional[BaseException] = None
         for _ in range(len(self.samplers)):
             try:
@@ -39,7 +42,7 @@ class SamplerPool:
                                        "the pool") from last or e
             self.inflight[idx] += 1
             try:
-                c = await self.samplers[idx].generate(prompt_token_ids, params, request_id)
+                c = await self.samplers[idx].generate(prompt_token_ids, params, request_id, **kw)
             except SamplerDeadError as e:
                 last = e
                 self.healthy[idx] = False

@@ -130,9 +130,16 @@ class RemoteVLLMSampler:
         return body
 
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None) -> Completion:
-        """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`)."""
+                       request_id: Optional[str] = None, *,
+                       images: Optional[Sequence] = None) -> Completion:
+        """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`).
+        Images are refused: the server's token-id completions route takes no images."""
         import aiohttp
+        if images:
+            raise SamplerRequestError(
+                f"{self.name}: a remote vLLM server takes no images (its completions route "
+                "is token ids only); serve a vision-language policy with in-process vLLM "
+                "engines (placement.mode='colocated') or the JAX sampler")
         if self._closed:
             raise SamplerDeadError(f"{self.name}: the sampler is closed; create a new one")
         prompt = [int(t) for t in prompt_token_ids]

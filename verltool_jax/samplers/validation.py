@@ -5,7 +5,7 @@ field, the limit and the fix.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from .base import SamplerRequestError, SamplingParams
 
@@ -42,3 +42,22 @@ def effective_max_tokens(prompt_token_ids: Sequence[int], params: SamplingParams
             f"SamplingParams.stop_token_ids {bad_stop} are unknown to this model "
             f"(vocabulary size {vocab_size}); use ids of this model's tokenizer")
     return min(params.max_tokens, max_model_len - n)
+
+
+def check_image_request(name: str, config: Any, prompt_token_ids: Sequence[int],
+                        images: Sequence[Any]) -> None:
+    """Raise ``SamplerRequestError`` unless ``config`` (a ``models.ModelConfig``) is a
+    vision-language model, every image is an ``ImageInput`` and the prompt holds one
+    placeholder run of the image's length per image, in order."""
+    if not getattr(config, "is_vision_language", False):
+        from verltool_jax.models.transformer import text_only_error
+        raise SamplerRequestError(f"{name}: {text_only_error(config)}")
+    from verltool_jax.models.image_inputs import ImageInputError, check_placeholders
+    bad = [type(im).__name__ for im in images if not hasattr(im, "pixel_values")]
+    if bad:
+        raise SamplerRequestError(f"{name}: images must be ImageInput (from "
+                                  f"models.image_inputs.ImageProcessor), got {bad[:3]}")
+    try:
+        check_placeholders(prompt_token_ids, images, config.image_token_id, f"{name} request")
+    except ImageInputError as e:
+        raise SamplerRequestError(str(e)) from None

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from .base import (Completion, SamplerDeadError, SamplerError, SamplerRequestError,
                    SamplerTimeoutError, SamplingParams)
-from .validation import effective_max_tokens
+from .validation import check_image_request, effective_max_tokens
 from .weight_sync import (SharedWeightBuffer, WeightPayload, engine_sync_info,
                           log_sync_path, named_tensors_from_params)
 
@@ -53,6 +53,50 @@ async def _cancel_tasks(tasks: Optional[list] = None, timeout_s: float = 2.0) ->
         t.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=timeout_s)
+
+
+class EnginePrompt:
+    """One request's prompt as the engine takes it.
+
+    Text: the token ids. With images: each placeholder run of the trainer's ids (``image
+    token x num_tokens``) becomes one image token and the images go in ``multi_modal_data``
+    at the size the vision tower sees them (``ImageInput.model_image``), with the
+    processor's pixel bounds set around them, so vLLM's own Qwen2-VL processor resizes
+    nothing, cuts the same patches and expands each image token back to the same run.
+    :meth:`check_expansion` verifies that the engine's prompt equals the trainer's ids.
+    """
+
+    def __init__(self, ids: list[int], images: Sequence[Any] = (),
+                 image_token_id: Optional[int] = None) -> None:
+        self.ids, self.images, self.image_token_id = ids, list(images), image_token_id
+
+    def tokens_prompt(self):
+        from vllm.inputs import TokensPrompt
+        if not self.images:
+            return TokensPrompt(prompt_token_ids=self.ids)
+        from verltool_jax.models.image_inputs import placeholder_runs
+        compact, pos = [], 0
+        for start, n in placeholder_runs(self.ids, self.image_token_id):
+            compact += self.ids[pos:start + 1]
+            pos = start + n
+        compact += self.ids[pos:]
+        pictures = [im.model_image() for im in self.images]
+        pixels = [w * h for w, h in (p.size for p in pictures)]
+        return TokensPrompt(prompt_token_ids=compact, multi_modal_data={"image": pictures},
+                            mm_processor_kwargs={"size": {"shortest_edge": min(pixels),
+                                                          "longest_edge": max(pixels)}})
+
+    def check_expansion(self, name: str, out) -> None:
+        """Raise ``SamplerError`` unless the engine's prompt ids are the trainer's."""
+        from verltool_jax.models.image_inputs import placeholder_runs
+        got = list(getattr(out, "prompt_token_ids", None) or [])
+        if self.images and got != self.ids:
+            runs = [n for _, n in placeholder_runs(got, self.image_token_id)]
+            raise SamplerError(
+                f"{name}: vLLM expanded the request's images to placeholder runs {runs}, the "
+                f"trainer to {[im.num_tokens for im in self.images]}; the engine's image "
+                "processor (the checkpoint's preprocessor_config.json: patch_size, "
+                "merge_size) must match the policy's vision config")
 
 
 def _on_cpu() -> bool:
@@ -92,7 +136,14 @@ class VLLMSampler:
             raise ValueError(f"VLLMSampler model_path={self.model_path!r} has no config.json; "
                              "pass an HF checkpoint directory")
         self.hf_config = json.loads(cfg_file.read_text())
-        self.vocab_size = int(self.hf_config["vocab_size"])
+        from verltool_jax.models.config import VL_MODEL_TYPES
+        self.is_vision_language = self.hf_config.get("model_type") in VL_MODEL_TYPES
+        if self.is_vision_language:         # vLLM's Qwen2-VL code imports torchvision
+            from .torchvision_cpu import enable
+            self.torchvision = enable()
+        # a vision-language checkpoint keeps the language model's sizes in "text_config"
+        self.text_config = {**self.hf_config, **(self.hf_config.get("text_config") or {})}
+        self.vocab_size = int(self.text_config["vocab_size"])
         self.max_model_len = int(max_model_len)
         self.dtype = _DTYPES[dtype]
         self.seed = seed
@@ -118,7 +169,7 @@ class VLLMSampler:
         if _on_cpu():
             from .cpu_placement import machine_placement
             self.placement = machine_placement(
-                self.hf_config, 2 if self.dtype != "float32" else 4,
+                self.text_config, 2 if self.dtype != "float32" else 4,
                 trainer_overlaps=trainer_overlaps, max_model_len=self.max_model_len,
                 max_num_seqs_cap=self._engine_args["max_num_seqs"])
             self._engine_args["max_num_seqs"] = self.placement.max_num_seqs
@@ -226,8 +277,7 @@ class VLLMSampler:
                    spaces_between_special_tokens=False,
                    output_kind=RequestOutputKind.FINAL_ONLY)
 
-    async def _admitted(self, prompt: list[int], vparams, request_id: str,
-                        version: int) -> Completion:
+    async def _admitted(self, prompt, vparams, request_id: str, version: int) -> Completion:
         """``_generate_on_loop`` once one of the engine's ``max_num_seqs`` slots is free.
 
         A request times out only when the engine is stalled: it has held its slot for
@@ -255,10 +305,9 @@ class VLLMSampler:
                 if not task.done():
                     task.cancel()          # vLLM aborts the request
 
-    async def _generate_on_loop(self, prompt: list[int], vparams, request_id: str,
+    async def _generate_on_loop(self, prompt: "EnginePrompt", vparams, request_id: str,
                                 version: int) -> Completion:
         from vllm.exceptions import VLLMValidationError
-        from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
         for attempt in range(2):
             engine, generation = self._engine, self._generation
@@ -267,10 +316,10 @@ class VLLMSampler:
                     raise EngineDeadError()
                 final = None
                 rid = f"{request_id}-{next(self._ids)}"
-                async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt),
-                                                 vparams, rid):
+                async for out in engine.generate(prompt.tokens_prompt(), vparams, rid):
                     final = out
-                return self._to_completion(final, version, len(prompt))
+                prompt.check_expansion(self.name, final)
+                return self._to_completion(final, version, len(prompt.ids))
             except VLLMValidationError as e:
                 raise SamplerRequestError(f"{self.name}: vLLM refused the request: {e}") from e
             except EngineDeadError as e:
@@ -306,15 +355,25 @@ class VLLMSampler:
                           stop_string=stop_string, policy_version=version, metrics=metrics)
 
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None) -> Completion:
-        """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`)."""
+                       request_id: Optional[str] = None, *,
+                       images: Optional[Sequence[Any]] = None) -> Completion:
+        """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`).
+
+        ``images`` (``models.image_inputs.ImageInput``, one per placeholder run of the prompt,
+        in order) need a vision-language checkpoint; see :class:`EnginePrompt` for how they
+        reach the engine."""
         if self._closed:
             raise SamplerDeadError(f"{self.name}: the sampler is closed; create a new one")
         prompt = [int(t) for t in prompt_token_ids]
+        images = list(images or [])
+        if images:
+            check_image_request(self.name, self.model_config(), prompt, images)
         max_new = effective_max_tokens(prompt, params, self.max_model_len, self.vocab_size)
         vparams = self._vllm_params(params, max_new)
+        engine_prompt = EnginePrompt(prompt, images,
+                                     self.model_config().image_token_id if images else None)
         fut = asyncio.run_coroutine_threadsafe(
-            self._admitted(prompt, vparams, request_id or uuid.uuid4().hex[:12],
+            self._admitted(engine_prompt, vparams, request_id or uuid.uuid4().hex[:12],
                            self.version), self._loop)
         self._inflight += 1
         try:
@@ -334,6 +393,11 @@ class VLLMSampler:
         await engine.pause_generation(mode="keep", clear_cache=False)
         try:
             results = await engine.collective_rpc(method, args=args)
+            if self.is_vision_language:
+                # image embeddings computed with the old vision tower must not be reused
+                # either; the worker's reload clears its own copy but not the scheduler's
+                # record of it (which then asks for an embedding that is gone)
+                await engine.reset_encoder_cache()
             # KV computed with the old weights must not be reused: drop the prefix cache
             # and recompute the running requests with the new weights.
             await engine.reset_prefix_cache(reset_running_requests=True)

@@ -50,19 +50,28 @@ def inplace_plan(model, entries) -> tuple[list, list]:
     """``(copies, repacks)`` for loading ``entries`` (``SharedEntry``) into ``model`` in
     place: ``copies`` are ``(param, entry)`` (``param.data.copy_(entry.hf())``), ``repacks``
     ``(linear module, entry)`` (the layer's packed GEMM weight rebuilt from the entry).
+    A copy's target is the parameter, or its leading rows for a padded vocabulary.
     Raises :class:`NoInplacePath` naming the first entry it cannot place."""
     from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
     params = dict(model.named_parameters())
     packed = dict(getattr(model, "packed_modules_mapping", None) or {})
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    tied = _tied(model)
+    # a model whose parameters are named other than the checkpoint's (vision-language
+    # models: "model.layers." -> "language_model.model.layers.") says how in its mapper
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
     copies, repacks = [], []
     for e in entries:
-        if e.name not in params and e.name == "lm_head.weight" and tied:
+        name = mapper.map_name(e.name) if mapper is not None else e.name
+        if name is None:
+            raise NoInplacePath(f"{e.name}: the engine's model drops this checkpoint name")
+        if name.rsplit(".", 2)[-2:] != e.name.rsplit(".", 2)[-2:]:
+            raise NoInplacePath(f"{e.name}: the engine's model stacks it into {name}")
+        if name not in params and name.rpartition(".")[0].endswith("lm_head") and tied:
             continue                    # a tied checkpoint's copy of the embedding
-        p = params.get(e.name)
+        p = params.get(name)
         if p is None:
             raise NoInplacePath(f"{e.name}: the engine's model has no such parameter")
-        mod_name, _, pname = e.name.rpartition(".")
+        mod_name, _, pname = name.rpartition(".")
         module = model.get_submodule(mod_name)
         if _tp_size(module) != 1:
             raise NoInplacePath(f"{e.name}: tensor parallel ({_tp_size(module)} shards)")
@@ -92,10 +101,21 @@ def inplace_plan(model, entries) -> tuple[list, list]:
                                     f"{tuple(p.shape)}, not {shape}")
         elif tuple(p.shape) == tuple(e.shape):
             copies.append((p, e))
+        elif _padded_rows(module, p, e):
+            copies.append((p.data[:e.shape[0]], e))
         else:
             raise NoInplacePath(f"{e.name}: shape {tuple(e.shape)} != the engine's "
                                 f"{tuple(p.shape)}")
     return copies, repacks
+
+
+def _padded_rows(module, param, entry) -> bool:
+    """A vocabulary embedding / LM head that vLLM pads to a multiple of its padding size
+    (rows past the vocabulary stay zero): the entry fills its leading rows."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    return (isinstance(module, VocabParallelEmbedding) and len(param.shape) == len(entry.shape)
+            and int(param.shape[0]) >= int(entry.shape[0])
+            and tuple(param.shape[1:]) == tuple(entry.shape[1:]))
 
 
 def _repack(module, weight) -> None:
@@ -117,17 +137,33 @@ def _repack(module, weight) -> None:
             new.data = weight.clone()    # the layer computes with it: never alias the shm
 
 
+def _lm_head(model):
+    """The LM head of a causal LM (``model.lm_head``) or of a vision-language model's
+    language model (``model.language_model.lm_head``), or None."""
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        head = getattr(getattr(model, "language_model", None), "lm_head", None)
+    return head
+
+
+def _tied(model) -> bool:
+    cfg = getattr(model, "config", None)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return bool(getattr(cfg, "tie_word_embeddings", False)
+                or getattr(text, "tie_word_embeddings", False))
+
+
 def _head_needs_refresh(model, written_ptrs: set) -> bool:
     """The LM head keeps a packed GEMM copy of its weight (on CPU) and that weight (the
     embedding, if tied) was just written."""
-    head = getattr(model, "lm_head", None)
+    head = _lm_head(model)
     weight = getattr(head, "weight", None)
     return (weight is not None and getattr(head, "quant_method", None) is not None
             and hasattr(head, "cpu_linear") and weight.data_ptr() in written_ptrs)
 
 
 def _refresh_head(model) -> None:
-    head = model.lm_head
+    head = _lm_head(model)
     head.quant_method.process_weights_after_loading(head)
 
 
@@ -135,8 +171,8 @@ class WeightSyncWorkerExtension:
     def _verltool_reload(self, weights) -> int:
         self.model_runner.reload_weights(weights_iterator=weights)
         model = self.model_runner.get_model()
-        head = getattr(model, "lm_head", None)
-        if (head is not None and getattr(model.config, "tie_word_embeddings", False)
+        head = _lm_head(model)
+        if (head is not None and _tied(model)
                 and any("embed_tokens" in n for n, _ in weights)):
             method = getattr(head, "quant_method", None)
             if method is not None and hasattr(method, "process_weights_after_loading"):
