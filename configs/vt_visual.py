@@ -16,7 +16,9 @@ max(0, 0.3 - group tool-call rate)`` and ``0.05 * min(1 - calls, 0)`` per extra 
 (``rewards.visual_reward.group_scores``); the trainer's reward pool scores trajectories one
 by one, so these group terms are applied by ``experiments/visual_easyvqa.py`` and not yet by
 ``python -m verltool_jax.train``. ``model.path`` of ``paper`` names the hub model; pass a local
-checkpoint folder. The vLLM sampler does not take images yet: both variants use the JAX one.
+checkpoint folder. ``tiny`` samples with the JAX sampler (its head size, 16, is below what
+vLLM's CPU attention takes; ``--config.sampler.backend=vllm --config.model.tiny.hidden_size=128``
+serves it with vLLM); ``paper`` with ``auto`` (vLLM on a GPU).
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.task.num_demos = 4
         c.reward.num_workers = 0
     else:
+        c.sampler.backend = "auto"
         c.model.path = "Qwen/Qwen2.5-VL-7B-Instruct"
         c.model.family = "qwen2_5_vl"
         c.model.dtype = "bfloat16"

@@ -154,6 +154,18 @@ def test_multi_turn_multi_image_trajectory_matches_trainer(vl, picture, tool_url
     assert np.abs(lp2[start:start + n_final] - ours).max() > 1e-3
 
 
+def test_the_trainers_parity_metric_sees_the_images(vl, picture, tool_url):
+    """``sampler_parity`` (the trainer's per-step |trainer - sampler| logprob metric) scores
+    an image trajectory with its images: agreement to 1e-4 (without them it was 0.1-0.4)."""
+    from verltool_jax.train.trainer import sampler_parity
+    model = vl[0]
+    traj, _, _ = _rollout(vl, picture, tool_url, [], max_response_tokens=24)
+    assert traj.images and traj.error is None
+    out = sampler_parity(model, [traj], 0, 1.0, pad_id=0, max_len=512)
+    assert out["sync/parity_tokens"] == sum(traj.loss_mask) >= 1
+    assert out["sync/logprob_diff_max"] < 1e-4, out
+
+
 @pytest.mark.slow
 def test_jax_sampler_batches_image_requests_like_single_ones(vl, picture):
     """Two image prompts of different sizes decoded together give each the tokens and

@@ -22,6 +22,7 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    prepare_vision_language_sampler(cl.config)
     from verltool_jax.train.console import run_logged
     from verltool_jax.train.health import DependencyDown
     from verltool_jax.train.trainer import train
@@ -30,6 +31,35 @@ def main(argv=None) -> int:
     except DependencyDown:          # run_logged has printed the reason on the console
         return EXIT_DEPENDENCY_DOWN
     return EXIT_INTERRUPTED if result.summary.get("interrupted") else 0
+
+
+def prepare_vision_language_sampler(rc) -> None:
+    """A vision-language policy that vLLM may serve needs torchvision importable before
+    transformers is first imported (``samplers.torchvision_cpu``): do it now, while nothing
+    has imported transformers. Where it cannot be done, the vLLM sampler says so if it is
+    the one chosen."""
+    if rc.sampler.backend == "jax" or not is_vision_language(rc):
+        return
+    from verltool_jax.samplers.torchvision_cpu import TorchvisionUnavailableError, enable
+    try:
+        enable()
+    except TorchvisionUnavailableError:
+        pass
+
+
+def is_vision_language(rc) -> bool:
+    """The policy of ``rc`` is a vision-language model (a tiny one of that family, or a
+    checkpoint folder whose config.json names a VL model type)."""
+    import json
+    from pathlib import Path
+    from verltool_jax.models.config import VL_MODEL_TYPES
+    if rc.model.family in VL_MODEL_TYPES:
+        return True
+    cfg = Path(rc.model.path) / "config.json" if rc.model.path else None
+    try:
+        return cfg is not None and json.loads(cfg.read_text()).get("model_type") in VL_MODEL_TYPES
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ from verltool_jax.run_config import RunConfig
 from verltool_jax.tools_client import ToolClient
 from verltool_jax.train import build, multihost
 from verltool_jax.train.batch import (batch_from_trajectories, include_observations,
-                                      observation_targets, shift_targets)
+                                      observation_targets, row_images_of, shift_targets)
 from verltool_jax.train.checkpoint import Checkpointer
 from verltool_jax.train.console import console
 from verltool_jax.train.evaluate import evaluate, prompt_item, summarize
@@ -133,8 +133,10 @@ def sampler_parity(model, trajs: list[Trajectory], version: int, temperature: fl
     if not trajs:
         return {}
     b = batch_from_trajectories(trajs, [0.0] * len(trajs), pad_id, max_len, PAD_MULTIPLE)
+    positions, row_images = row_images_of(b)        # the images the sampler saw, if any
+    kw = {} if row_images is None else {"positions": positions, "row_images": row_images}
     lp = np.asarray(token_logprobs(model, b["input_ids"], b["attention_mask"],
-                                   shift_targets(b["input_ids"]), temperature=temperature))
+                                   shift_targets(b["input_ids"]), temperature=temperature, **kw))
     diffs = []
     for i, t in enumerate(trajs):
         p = len(t.prompt_ids)
