@@ -13,9 +13,8 @@ easy-VQA, the JAX sampler, seconds per step on CPU) and ``paper``: VerlTool's Pi
 recipe: Qwen2.5-VL-7B, GRPO with n=8, 128 prompts per step, up to 3 tool turns.
 The Pixel-Reasoner reward adds, per group, the curiosity bonus ``0.5 * [calls > 0] *
 max(0, 0.3 - group tool-call rate)`` and ``0.05 * min(1 - calls, 0)`` per extra call
-(``rewards.visual_reward.group_scores``); the trainer's reward pool scores trajectories one
-by one, so these group terms are applied by ``experiments/visual_easyvqa.py`` and not yet by
-``python -m verltool_jax.train``. ``model.path`` of ``paper`` names the hub model; pass a local
+(``reward.curiosity_*`` / ``reward.extra_call_penalty``, added by the trainer to each scored
+group: ``rewards.visual_reward.add_curiosity_terms``). ``model.path`` of ``paper`` names the hub model; pass a local
 checkpoint folder. ``tiny`` samples with the JAX sampler (its head size, 16, is below what
 vLLM's CPU attention takes; ``--config.sampler.backend=vllm --config.model.tiny.hidden_size=128``
 serves it with vLLM); ``paper`` with ``auto`` (vLLM on a GPU).
@@ -26,6 +25,7 @@ import ml_collections
 
 from configs import base
 from configs.common import parse_variant, set_tiny_model
+from verltool_jax.rewards.visual_reward import CuriositySettings
 from verltool_jax.tasks import task_section
 
 VARIANTS = ("tiny", "paper")
@@ -40,6 +40,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rollout.max_turns = 3
     c.reward.name = "visual_answer"
     c.sampler.backend = "jax"
+    pixel_reasoner = CuriositySettings()
+    c.reward.curiosity_alpha = pixel_reasoner.alpha
+    c.reward.curiosity_rate_bound = pixel_reasoner.rate_bound
+    c.reward.free_tool_calls = pixel_reasoner.free_calls
+    c.reward.extra_call_penalty = pixel_reasoner.beta
     c.trainer.out_dir = f"runs/vt_visual_{variant}"
     if variant == "tiny":
         set_tiny_model(c, 512, family="qwen2_5_vl", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)

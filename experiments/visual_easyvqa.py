@@ -99,7 +99,7 @@ def main() -> None:
     from verltool_jax.models.image_inputs import ImageProcessor
     from verltool_jax.models.tiny import build_tiny_vl_hf
     from verltool_jax.reporting.html_report import write_trajectory_report
-    from verltool_jax.rewards.visual_reward import group_scores, visual_answer_reward
+    from verltool_jax.rewards.visual_reward import add_curiosity_terms, visual_answer_reward
     from verltool_jax.rollout.agent_loop import run_rollout
     from verltool_jax.rollout.config import RolloutConfig
     from verltool_jax.rollout.response_text import model_text
@@ -184,13 +184,11 @@ def main() -> None:
             batch_items = rng.sample(train_items, args.rl_prompts)
             groups = rollout(batch_items, args.n, sampler)
             trajs = [t for g in groups for t in g]
-            for g in groups:
-                correct = [visual_answer_reward(model_text(t.response_ids, t.loss_mask, tok),
-                                                t.data["reward_model"]["ground_truth"], {}).correct
-                           for t in g]
-                for t, r, c in zip(g, group_scores(correct, [t.tool_calls - t.invalid_tool_calls
-                                                             for t in g]), correct):
-                    t.reward, t.reward_info = r, {"correct": c}
+            for t in trajs:
+                c = visual_answer_reward(model_text(t.response_ids, t.loss_mask, tok),
+                                         t.data["reward_model"]["ground_truth"], {}).correct
+                t.reward, t.reward_info = float(c), {"correct": c}
+            add_curiosity_terms(groups)         # the Pixel-Reasoner group terms
             adv = compute_advantages("grpo", [t.reward for t in trajs], [t.group_id for t in trajs])
             b = batch_from_trajectories(trajs, adv, tok.pad_token_id, MAX_LEN, 64)
             state, m = step(state, b)

@@ -36,6 +36,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from verltool_jax.models.config import ModelConfig
+from verltool_jax.rewards.visual_reward import CuriositySettings
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.train.config import AlgoConfig
 from verltool_jax.train.optimizer import OptimConfig
@@ -293,6 +294,21 @@ class RewardSection(Checked):
     tool_use_bonus: float = 0.0             # added when a correct answer used a tool
     invalid_tool_penalty: float = 0.0       # subtracted per invalid tool call
     valid_tool_call_bonus: float = 0.0      # added once when any tool call was valid
+    # Pixel-Reasoner group terms (rewards.visual_reward.add_curiosity_terms; the paper's
+    # alpha and penalty are CuriositySettings'): alpha * [calls > 0] * max(0, rate_bound -
+    # group tool-call rate) + extra_call_penalty * min(free_tool_calls - calls, 0); 0: off
+    curiosity_alpha: float = spec(0.0, check=at_least(0))
+    curiosity_rate_bound: float = spec(CuriositySettings.rate_bound, check=in_unit_interval())
+    free_tool_calls: int = spec(CuriositySettings.free_calls, check=at_least(0))
+    extra_call_penalty: float = spec(0.0, check=at_least(0))
+
+    def curiosity(self) -> Optional[CuriositySettings]:
+        """The group terms to add, or None when both are off."""
+        if self.curiosity_alpha == 0 and self.extra_call_penalty == 0:
+            return None
+        return CuriositySettings(rate_bound=self.curiosity_rate_bound,
+                                 alpha=self.curiosity_alpha, free_calls=self.free_tool_calls,
+                                 beta=self.extra_call_penalty)
     timeout_s: float = spec(10.0, check=above(0))   # per item; a hanging verifier scores 0
     num_workers: int = spec(2, check=at_least(0, "0: in-process"))
 

@@ -270,3 +270,41 @@ def test_sft_stage_evaluates_the_held_out_set_once(tmp_path, monkeypatch):
     assert calls == [8]                                      # data.max_eval_examples
     assert r.summary["steps"] == 0 and r.summary["eval_after"] == r.summary["eval_before"]
     assert r.summary["eval_before"] is not None
+
+
+def test_group_reward_terms_are_added_by_the_trainer(tmp_path, monkeypatch):
+    """``reward.curiosity_alpha`` / ``reward.extra_call_penalty`` (the Pixel-Reasoner terms):
+    the trainer adds them to every scored group; the trained trajectories carry them, each
+    one computed from its group's valid tool calls, and the step logs their means. (The
+    tiny model's tool calls are set to 0, 1, 2, ... at scoring, so groups differ.)"""
+    from verltool_jax.rewards.visual_reward import CuriositySettings, curiosity_terms
+    from verltool_jax.train import trainer as trainer_mod
+    from verltool_jax.train.trainer import load_trajectories, train
+    orig = trainer_mod.assign_rewards
+
+    def assign(trajs, results):
+        orig(trajs, results)
+        for i, t in enumerate(trajs):
+            t.tool_calls, t.invalid_tool_calls = i % 3, 0
+    monkeypatch.setattr(trainer_mod, "assign_rewards", assign)
+    out = tmp_path / "cur"
+    train(_config(out, "trainer.steps=1", "rollout.mode=sync", "sampler.backend=jax",
+                  "reward.curiosity_alpha=0.5", "reward.curiosity_rate_bound=1.0",
+                  "reward.extra_call_penalty=0.05", "logging.dump_trajectories=true"),
+          echo=False)
+    trajs = load_trajectories(out / "trained" / "step_00001.jsonl")
+    groups: dict = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, []).append(t)
+    settings = CuriositySettings(rate_bound=1.0, alpha=0.5, free_calls=1, beta=0.05)
+    for g in groups.values():
+        terms = curiosity_terms([t.tool_calls - t.invalid_tool_calls for t in g], settings)
+        for t, (b, p) in zip(g, terms):
+            assert t.reward_info["curiosity_bonus"] == pytest.approx(b)
+            assert t.reward_info["extra_call_penalty"] == pytest.approx(p)
+    assert any(t.reward_info["curiosity_bonus"] > 0 for t in trajs)
+    assert any(t.reward_info["extra_call_penalty"] < 0 for t in trajs)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (step,) = [r for r in rows if "reward/curiosity_bonus" in r]
+    assert step["reward/curiosity_bonus"] == pytest.approx(
+        np.mean([t.reward_info["curiosity_bonus"] for t in trajs]))

@@ -18,7 +18,7 @@ lower-casing and trimming (easy-VQA answers are single words; VerlTool uses math
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from verltool_jax.rewards.answer_extraction import extract_answer, last_boxed
 from verltool_jax.rewards.base import RewardResult, register_reward
@@ -69,3 +69,23 @@ def group_scores(correct: Sequence[bool], valid_calls: Sequence[int],
     if len(correct) != len(valid_calls):
         raise ValueError(f"correct has {len(correct)} entries, valid_calls {len(valid_calls)}")
     return [float(c) + b + p for c, (b, p) in zip(correct, curiosity_terms(valid_calls, settings))]
+
+
+def add_curiosity_terms(groups: Iterable[Sequence[Any]],
+                        settings: CuriositySettings = CuriositySettings()) -> dict[str, float]:
+    """Add each trajectory's curiosity bonus and extra-call penalty (:func:`curiosity_terms`
+    over its group, ``v_i`` = valid tool calls = ``tool_calls - invalid_tool_calls``) to its
+    ``reward`` and record both in ``reward_info``; trajectories without a reward (failed
+    ones) are left out of their group. Returns the batch means
+    ``{"reward/curiosity_bonus", "reward/extra_call_penalty"}``."""
+    bonus, penalty = [], []
+    for g in groups:
+        scored = [t for t in g if t.reward is not None]
+        calls = [t.tool_calls - t.invalid_tool_calls for t in scored]
+        for t, (b, p) in zip(scored, curiosity_terms(calls, settings)):
+            t.reward = float(t.reward) + b + p
+            t.reward_info = dict(t.reward_info or {}, curiosity_bonus=b, extra_call_penalty=p)
+            bonus.append(b)
+            penalty.append(p)
+    n = max(len(bonus), 1)
+    return {"reward/curiosity_bonus": sum(bonus) / n, "reward/extra_call_penalty": sum(penalty) / n}

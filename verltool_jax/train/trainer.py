@@ -55,6 +55,7 @@ from verltool_jax.reporting.html_report import write_trajectory_report
 from verltool_jax.reporting.plots import plot_metrics
 from verltool_jax.reporting.progress import ProgressBar
 from verltool_jax.rewards.compute import assign_rewards
+from verltool_jax.rewards.visual_reward import add_curiosity_terms
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.rollout.trajectory import Trajectory
@@ -446,13 +447,14 @@ class RLLoop:
                     groups = await producer.next_groups(groups_per_step)
                 t_wait = time.perf_counter() - t0
                 producer.consumed(groups)
-                t_reward = await self.score(groups)
+                t_reward, reward_terms = await self.score(groups)
                 # Several processes: every process gets every process's scored groups and
                 # trains on the same global batch (each places its own rows).
                 groups = await asyncio.to_thread(multihost.gather_groups, groups)
                 if not await self.health.admit([t for g in groups for t in g], self.step):
                     continue                  # not trained on, not checkpointed
                 metrics = await self.rl_step(groups, t_wait, t_reward, t_last)
+                metrics.update(reward_terms)
                 if metrics.get("batch/skipped"):
                     self.nothing_to_train(producer)
                     continue                  # not a step: sample another batch
@@ -483,13 +485,18 @@ class RLLoop:
                 self.ckpt.maybe_save(self.state, self.data_state(producer), force=True)
             self.ckpt.wait()
 
-    async def score(self, groups: list[list[Trajectory]]) -> float:
-        """Rewards of the batch from the reward pool (off the event loop); the seconds."""
+    async def score(self, groups: list[list[Trajectory]]) -> tuple[float, dict]:
+        """Rewards of the batch from the reward pool (off the event loop), plus the group
+        terms ``reward.curiosity_*`` asks for; ``(seconds, metrics of the group terms)``."""
         run = self.run_
         trajs = [t for g in groups for t in g]
         t0 = time.perf_counter()
         assign_rewards(trajs, await run.reward_pool.score_async(trajs, run.tokenizer))
-        return time.perf_counter() - t0
+        terms = {}
+        curiosity = self.rc.reward.curiosity()
+        if curiosity is not None:           # group terms: every group is whole here
+            terms = add_curiosity_terms(groups, curiosity)
+        return time.perf_counter() - t0, terms
 
     def stopping(self) -> bool:
         """Whether to stop before the next step (:meth:`StopFlag.agreed`)."""
