@@ -301,14 +301,6 @@ class RewardSection(Checked):
     curiosity_rate_bound: float = spec(CuriositySettings.rate_bound, check=in_unit_interval())
     free_tool_calls: int = spec(CuriositySettings.free_calls, check=at_least(0))
     extra_call_penalty: float = spec(0.0, check=at_least(0))
-
-    def curiosity(self) -> Optional[CuriositySettings]:
-        """The group terms to add, or None when both are off."""
-        if self.curiosity_alpha == 0 and self.extra_call_penalty == 0:
-            return None
-        return CuriositySettings(rate_bound=self.curiosity_rate_bound,
-                                 alpha=self.curiosity_alpha, free_calls=self.free_tool_calls,
-                                 beta=self.extra_call_penalty)
     timeout_s: float = spec(10.0, check=above(0))   # per item; a hanging verifier scores 0
     num_workers: int = spec(2, check=at_least(0, "0: in-process"))
 

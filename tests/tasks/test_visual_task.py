@@ -6,7 +6,7 @@ import pytest
 
 from verltool_jax.rewards import get_reward_fn, resolve_reward_name
 from verltool_jax.rewards.visual_reward import (CuriositySettings, add_curiosity_terms,
-                                                curiosity_terms, group_scores,
+                                                curiosity_settings, curiosity_terms, group_scores,
                                                 visual_answer)
 
 
@@ -80,6 +80,7 @@ def test_easy_vqa_rows_and_config(tmp_path):
     assert acts[0].startswith('<tool_call>{"name": "zoom_in"') and acts[1].startswith("<answer>")
     assert task_config({"name": "easy_vqa", "num_train": 3}).num_train == 3
 
+    from configs.base import get_config as base_config
     from configs.vt_visual import get_config
     from verltool_jax.run_config import run_config_from_dict
     tiny, paper = run_config_from_dict(get_config("tiny")), run_config_from_dict(get_config("paper"))
@@ -87,7 +88,8 @@ def test_easy_vqa_rows_and_config(tmp_path):
     assert paper.model.path == "Qwen/Qwen2.5-VL-7B-Instruct" and paper.rollout.n_samples == 8
     assert paper.trainer.batch_groups == 128 and paper.rollout.max_turns == 3
     assert tiny.tool_server.tools == ("image",) and tiny.reward.name == "visual_answer"
-    assert tiny.reward.curiosity() == paper.reward.curiosity() == CuriositySettings()
+    assert curiosity_settings(tiny.reward) == curiosity_settings(paper.reward) == CuriositySettings()
+    assert curiosity_settings(run_config_from_dict(base_config()).reward) is None
     assert run_config_from_dict(get_config("tiny")).sampler.backend == "jax"
     assert paper.sampler.backend == "auto"
     with pytest.raises(ValueError, match="unknown variant"):

@@ -71,6 +71,17 @@ def group_scores(correct: Sequence[bool], valid_calls: Sequence[int],
     return [float(c) + b + p for c, (b, p) in zip(correct, curiosity_terms(valid_calls, settings))]
 
 
+def curiosity_settings(reward: Any) -> Optional[CuriositySettings]:
+    """The group terms a run's ``reward`` config section asks for (``curiosity_alpha``,
+    ``curiosity_rate_bound``, ``free_tool_calls``, ``extra_call_penalty``), or None when
+    both terms are off."""
+    if reward.curiosity_alpha == 0 and reward.extra_call_penalty == 0:
+        return None
+    return CuriositySettings(rate_bound=reward.curiosity_rate_bound,
+                             alpha=reward.curiosity_alpha, free_calls=reward.free_tool_calls,
+                             beta=reward.extra_call_penalty)
+
+
 def add_curiosity_terms(groups: Iterable[Sequence[Any]],
                         settings: CuriositySettings = CuriositySettings()) -> dict[str, float]:
     """Add each trajectory's curiosity bonus and extra-call penalty (:func:`curiosity_terms`

@@ -55,7 +55,7 @@ from verltool_jax.reporting.html_report import write_trajectory_report
 from verltool_jax.reporting.plots import plot_metrics
 from verltool_jax.reporting.progress import ProgressBar
 from verltool_jax.rewards.compute import assign_rewards
-from verltool_jax.rewards.visual_reward import add_curiosity_terms
+from verltool_jax.rewards.visual_reward import add_curiosity_terms, curiosity_settings
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.rollout.trajectory import Trajectory
@@ -493,7 +493,7 @@ class RLLoop:
         t0 = time.perf_counter()
         assign_rewards(trajs, await run.reward_pool.score_async(trajs, run.tokenizer))
         terms = {}
-        curiosity = self.rc.reward.curiosity()
+        curiosity = curiosity_settings(self.rc.reward)
         if curiosity is not None:           # group terms: every group is whole here
             terms = add_curiosity_terms(groups, curiosity)
         return time.perf_counter() - t0, terms
