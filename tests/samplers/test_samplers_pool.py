@@ -156,3 +156,32 @@ def test_make_sampler_picks_a_backend_and_rejects_unknown_ones():
         assert len(c.token_ids) <= 2 and s.eos_token_ids
     finally:
         s.close()
+
+
+def test_pool_forwards_images_to_the_sampler_it_picks():
+    """A vision-language request keeps its images through the pool; a text request reaches
+    samplers that take no ``images`` argument at all (scripted, remote-only code paths)."""
+    import asyncio
+
+    from verltool_jax.samplers.base import Completion, SamplingParams
+    from verltool_jax.samplers.pool import SamplerPool
+
+    class Recorder:
+        version = 0
+
+        def __init__(self):
+            self.calls = []
+
+        async def generate(self, ids, params, request_id=None, **kw):
+            self.calls.append((list(ids), kw))
+            return Completion([1], [0.0], "stop")
+
+    a, b = Recorder(), Recorder()
+    pool = SamplerPool([a, b])
+    imgs = [object(), object()]
+    sp = SamplingParams(max_tokens=1)
+    asyncio.run(pool.generate([5, 6], sp, "t0", images=imgs))
+    asyncio.run(pool.generate([7], sp, "t0"))
+    calls = a.calls + b.calls
+    assert len(a.calls) == 2 or len(b.calls) == 2          # sticky: one sampler got both
+    assert calls[0][1]["images"] == imgs and calls[1][1] == {}

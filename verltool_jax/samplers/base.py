@@ -72,8 +72,12 @@ class Sampler(Protocol):
     version: int
 
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None) -> Completion:
-        """Sample one completion. ``request_id`` (e.g. the trajectory id) enables sticky routing."""
+                       request_id: Optional[str] = None, *,
+                       images: Optional[Sequence[Any]] = None) -> Completion:
+        """Sample one completion. ``request_id`` (e.g. the trajectory id) enables sticky
+        routing. ``images`` (``models.image_inputs.ImageInput``, one per placeholder run of
+        the prompt) are for vision-language policies; a backend or model that cannot take
+        them raises :class:`SamplerRequestError`."""
         ...
 
     def update_weights(self, params: Any, version: int) -> None:
