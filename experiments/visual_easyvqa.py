@@ -71,8 +71,18 @@ def evaluate(items, sampler, url, tok, cfg, proc):
     correct = [visual_answer_reward(model_text(t.response_ids, t.loss_mask, tok), t.data["reward_model"]["ground_truth"],
                                     {}).correct for t in trajs]
     calls = [t.tool_calls - t.invalid_tool_calls for t in trajs]
+    from verltool_jax.tasks.easy_vqa import answer_kind
+    golds = [str(t.data["reward_model"]["ground_truth"]) for t in trajs]
+    kinds = [answer_kind(g) for g in golds]
+    by_kind = {k: float(np.mean([c for c, kk in zip(correct, kinds) if kk == k]))
+               for k in sorted(set(kinds))}
     return {"accuracy": float(np.mean(correct)), "tool_calls_per_question": float(np.mean(calls)),
-            "tool_use_rate": float(np.mean([c > 0 for c in calls]))}, trajs
+            "tool_use_rate": float(np.mean([c > 0 for c in calls])),
+            "accuracy_by_kind": by_kind,
+            # a policy blind to the image: the most frequent gold answer, always
+            "majority_answer_accuracy": max(golds.count(g) for g in set(golds)) / len(golds)
+            }, trajs
+
 
 
 def main() -> None:
@@ -89,7 +99,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--rl-lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=64, help="language model width (4 heads)")
+    ap.add_argument("--vision-hidden", type=int, default=32)
+    ap.add_argument("--vision-depth", type=int, default=2)
+    ap.add_argument("--summarize", nargs="+", metavar="RUN_DIR",
+                    help="do not train: write a table and a plot of these finished runs "
+                         "(seeds of one setting are averaged) into --out")
     args = ap.parse_args()
+    if args.summarize:
+        summarize([Path(d) for d in args.summarize], Path(args.out))
+        return
 
     import jax
     from transformers import AutoTokenizer
@@ -97,7 +116,7 @@ def main() -> None:
     from verltool_jax.algos.advantages import compute_advantages
     from verltool_jax.models import load_hf
     from verltool_jax.models.image_inputs import ImageProcessor
-    from verltool_jax.models.tiny import build_tiny_vl_hf
+    from verltool_jax.models.tiny import build_tiny_vl_hf, mrope_sections
     from verltool_jax.reporting.html_report import write_trajectory_report
     from verltool_jax.rewards.visual_reward import add_curiosity_terms, visual_answer_reward
     from verltool_jax.rollout.agent_loop import run_rollout
@@ -121,8 +140,10 @@ def main() -> None:
     corpus = ([r["prompt"][1]["content"].replace("<image>", "") for r in train] * 3
               + [SYSTEM_PROMPT, zoom_action()] * 200 + [answer_action(a) for a in all_answers()] * 50)
     model_dir = build_tiny_vl_hf(out / "init_model", vocab_size=512, corpus=corpus, seed=args.seed,
-                                 hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                                 intermediate_size=128, vision_depth=2, vision_hidden=32,
+                                 hidden_size=args.hidden, num_layers=2, num_heads=4,
+                                 num_kv_heads=2, intermediate_size=2 * args.hidden,
+                                 mrope_section=mrope_sections(args.hidden // 4),
+                                 vision_depth=args.vision_depth, vision_hidden=args.vision_hidden,
                                  patch_size=8, window_size=32)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = load_hf(model_dir)
@@ -196,6 +217,7 @@ def main() -> None:
             acc = float(np.mean([t.reward_info["correct"] for t in trajs]))
             use = float(np.mean([t.tool_calls > 0 for t in trajs]))
             rl_log.append({"step": s + 1, "train_accuracy": acc, "tool_use_rate": use,
+                           "train_reward": float(np.mean([t.reward for t in trajs])),
                            "loss": float(m["loss"])})
             say(f"rl {s + 1}/{args.rl_steps} train-acc {acc:.3f} tool-use {use:.2f} "
                 f"loss {float(m['loss']):.4f}")
@@ -211,6 +233,100 @@ def main() -> None:
     log["devices"] = str(jax.devices())
     (out / "results.json").write_text(json.dumps(log, indent=2))
     print(json.dumps({k: log[k] for k in ("before", "after_sft", "after_rl", "wall_s")}, indent=2))
+
+
+SETTING_KEYS = ("rl_steps", "n", "rl_prompts", "rl_lr", "sft_steps", "num_eval")
+
+
+def setting_name(a: dict) -> str:
+    """An arm's name from a run's arguments (everything that is not the seed or paths)."""
+    return (f"RL {a['rl_steps']} steps x {a['rl_prompts']} prompts x n={a['n']}, "
+            f"lr {a['rl_lr']:g} (SFT {a['sft_steps']} steps; {a['num_eval']} held-out)")
+
+
+def summarize(run_dirs: list[Path], out: Path) -> None:
+    """``results.md`` (per setting: held-out accuracy and image-tool calls per question
+    before training, after SFT and after RL, mean and seed spread; train accuracy over the
+    first and the last 10 RL steps) and ``results.png`` (train accuracy per RL step, 5-step
+    trailing mean: each seed faint, the seeds' mean bold; held-out accuracy at the three
+    stages) of finished runs' ``results.json``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from verltool_jax.reporting.plots import seed_mean_curve, trailing_mean
+
+    arms: dict[str, list[dict]] = {}
+    for d in run_dirs:
+        r = json.loads((d / "results.json").read_text())
+        arms.setdefault(setting_name(r["args"]), []).append(dict(r, dir=str(d)))
+
+    def cell(vals, digits=3):
+        m = float(np.mean(vals))
+        return f"{m:.{digits}f}" + (f" ± {float(np.std(vals)):.{digits}f}" if len(vals) > 1 else "")
+
+    lines = ["| setting | seeds | stage | held-out accuracy | tool calls / question | "
+             "tool-use rate |", "|---|---|---|---|---|---|"]
+    for arm, runs in arms.items():
+        seeds = ", ".join(str(r["args"]["seed"]) for r in runs)
+        for stage, key in (("before", "before"), ("after SFT", "after_sft"),
+                           ("after RL", "after_rl")):
+            lines.append(f"| {arm} | {seeds} | {stage} | "
+                         f"{cell([r[key]['accuracy'] for r in runs])} | "
+                         f"{cell([r[key]['tool_calls_per_question'] for r in runs])} | "
+                         f"{cell([r[key]['tool_use_rate'] for r in runs])} |")
+    lines += ["", "| setting | train accuracy, first 10 RL steps | last 10 RL steps | "
+              "wall time per run (s) |", "|---|---|---|---|"]
+    for arm, runs in arms.items():
+        first = [float(np.mean([x["train_accuracy"] for x in r["rl"][:10]])) for r in runs]
+        last = [float(np.mean([x["train_accuracy"] for x in r["rl"][-10:]])) for r in runs]
+        lines.append(f"| {arm} | {cell(first)} | {cell(last)} | "
+                     f"{cell([r['wall_s'] for r in runs], 0)} |")
+    kinds = sorted({k for rs in arms.values() for r in rs
+                    for k in r["after_rl"].get("accuracy_by_kind", {})})
+    if kinds:
+        lines += ["", "| setting | stage | " + " | ".join(kinds)
+                  + " | a blind policy (the most frequent answer, always) |",
+                  "|---|---|" + "---|" * (len(kinds) + 1)]
+        for arm, runs in arms.items():
+            runs = [r for r in runs if "accuracy_by_kind" in r["after_rl"]]
+            for stage, key in (("after SFT", "after_sft"), ("after RL", "after_rl")):
+                if runs:
+                    lines.append(f"| {arm} | {stage} | " + " | ".join(
+                        cell([r[key]["accuracy_by_kind"].get(k, 0.0) for r in runs])
+                        for k in kinds) + " | "
+                        + cell([r[key]["majority_answer_accuracy"] for r in runs]) + " |")
+    lines += ["", "Runs: " + ", ".join(f"`{r['dir']}`" for rs in arms.values() for r in rs)]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    stages = ("before", "after_sft", "after_rl")
+    for i, (arm, runs) in enumerate(arms.items()):
+        c = colours[i % len(colours)]
+        curves = [([x["step"] for x in r["rl"]], [x["step"] for x in r["rl"]],
+                   [x["train_accuracy"] for x in r["rl"]]) for r in runs]
+        for st, _, ys in curves:
+            ax.plot(st, trailing_mean(ys, 5), color=c, alpha=0.3, linewidth=0.8)
+        st, _, ys = seed_mean_curve(curves)
+        ax.plot(st, trailing_mean(ys, 5), color=c, linewidth=2, label=arm)
+        for r in runs:
+            bx.plot(range(3), [r[k]["accuracy"] for k in stages], color=c, alpha=0.3,
+                    marker="o", markersize=3)
+        bx.plot(range(3), [float(np.mean([r[k]["accuracy"] for r in runs])) for k in stages],
+                color=c, linewidth=2, marker="o", label=arm)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("train accuracy (5-step trailing mean)")
+    bx.set_xticks(range(3), ["before", "after SFT", "after RL"])
+    bx.set_ylabel("held-out accuracy (greedy)")
+    for a in (ax, bx):
+        a.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle("easy-VQA, tiny Qwen2.5-VL with the image tool (seeds faint, mean bold)")
+    fig.tight_layout()
+    fig.savefig(out / "results.png", dpi=100)
+    plt.close(fig)
+    print((out / "results.md").read_text())
 
 
 if __name__ == "__main__":

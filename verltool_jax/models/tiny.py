@@ -168,6 +168,13 @@ def build_tiny_hf(out_dir: str | os.PathLike, family: str = "qwen2", vocab_size:
     return out
 
 
+def mrope_sections(head_dim: int) -> tuple[int, int, int]:
+    """M-RoPE sections (temporal, height, width) for ``head_dim``: its half split about
+    1 : 1.5 : 1.5, as Qwen2.5-VL's 16 : 24 : 24 for head_dim 128."""
+    half = head_dim // 2
+    return (half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8)
+
+
 def build_tiny_vl_hf(out_dir: str | os.PathLike, vocab_size: int = 512, seed: int = 0,
                      corpus: Optional[Iterable[str]] = None, hidden_size: int = 64,
                      num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,

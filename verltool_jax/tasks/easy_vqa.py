@@ -84,6 +84,15 @@ def all_answers() -> list[str]:
     return list(easy_vqa.get_answers())
 
 
+SHAPES = ("circle", "rectangle", "triangle")        # easy-VQA's shapes; the rest are colours
+
+
+def answer_kind(answer: str) -> str:
+    """What a question with gold ``answer`` asks: ``yes/no``, ``shape`` or ``color``."""
+    a = answer.strip().lower()
+    return "yes/no" if a in ("yes", "no") else "shape" if a in SHAPES else "color"
+
+
 @dataclass(frozen=True)
 class EasyVQATask:
     """The ``task`` config section of easy_vqa."""

@@ -35,13 +35,11 @@ def prepare_model_dir(rc: RunConfig, out_dir: Path) -> Path:
     path = out_dir / "init_model"
     if is_hf_checkpoint(path):
         return path
-    from verltool_jax.models.tiny import build_tiny_hf, build_tiny_vl_hf
+    from verltool_jax.models.tiny import build_tiny_hf, build_tiny_vl_hf, mrope_sections
     t = rc.model.tiny
     log.info("building a tiny %s model in %s", rc.model.family, path)
     if rc.model.family == "qwen2_5_vl":
-        # head_dim = hidden_size / num_heads; M-RoPE sections split its half 1:1.5:1.5
-        half = t.hidden_size // t.num_heads // 2
-        sec = (half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8)
+        sec = mrope_sections(t.hidden_size // t.num_heads)
         build_tiny_vl_hf(path, vocab_size=t.vocab_size, seed=t.seed, hidden_size=t.hidden_size,
                          num_layers=t.num_layers, num_heads=t.num_heads,
                          num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
