@@ -235,13 +235,12 @@ def main() -> None:
     print(json.dumps({k: log[k] for k in ("before", "after_sft", "after_rl", "wall_s")}, indent=2))
 
 
-SETTING_KEYS = ("rl_steps", "n", "rl_prompts", "rl_lr", "sft_steps", "num_eval")
-
-
 def setting_name(a: dict) -> str:
-    """An arm's name from a run's arguments (everything that is not the seed or paths)."""
-    return (f"RL {a['rl_steps']} steps x {a['rl_prompts']} prompts x n={a['n']}, "
-            f"lr {a['rl_lr']:g} (SFT {a['sft_steps']} steps; {a['num_eval']} held-out)")
+    """An arm's name from a run's arguments (everything that is not the seed or paths;
+    runs from before the size options had the default sizes)."""
+    return (f"width {a.get('hidden', 64)} / vision {a.get('vision_hidden', 32)}: SFT "
+            f"{a['sft_steps']} steps on {a['num_demos']} demos, RL {a['rl_steps']} steps x "
+            f"{a['rl_prompts']} prompts x n={a['n']}, lr {a['rl_lr']:g}")
 
 
 def summarize(run_dirs: list[Path], out: Path) -> None:
@@ -315,6 +314,12 @@ def summarize(run_dirs: list[Path], out: Path) -> None:
                     marker="o", markersize=3)
         bx.plot(range(3), [float(np.mean([r[k]["accuracy"] for r in runs])) for k in stages],
                 color=c, linewidth=2, marker="o", label=arm)
+    blind = [r["after_rl"]["majority_answer_accuracy"] for rs in arms.values() for r in rs
+             if "majority_answer_accuracy" in r["after_rl"]]
+    if blind:
+        bx.axhline(float(np.mean(blind)), color="gray", linestyle="--", linewidth=1,
+                   label="a blind policy (the most frequent answer)")
+    bx.legend(fontsize=7)
     ax.set_xlabel("RL step")
     ax.set_ylabel("train accuracy (5-step trailing mean)")
     bx.set_xticks(range(3), ["before", "after SFT", "after RL"])
