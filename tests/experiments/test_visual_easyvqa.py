@@ -9,7 +9,7 @@ from support.experiment_scripts import load_experiment
 
 def _run(path, seed, acc_sft, acc_rl, train_acc):
     args = dict(rl_steps=len(train_acc), n=4, rl_prompts=8, rl_lr=3e-4, sft_steps=200,
-                num_eval=200, seed=seed)
+                num_demos=600, num_eval=200, seed=seed)
     stage = lambda a: {"accuracy": a, "tool_calls_per_question": 1.0,  # noqa: E731
                        "tool_use_rate": 1.0}
     path.mkdir(parents=True)
@@ -26,7 +26,7 @@ def test_summary_averages_the_seeds_of_a_setting(tmp_path):
             _run(tmp_path / "s1", 1, 0.5, 0.6, [0.3] * 10 + [0.7] * 10)]
     mod.summarize(runs, tmp_path / "out")
     md = (tmp_path / "out" / "results.md").read_text()
-    rows = [ln for ln in md.splitlines() if ln.startswith("| RL 20 steps")]
+    rows = [ln for ln in md.splitlines() if ln.startswith("| width 64 / vision 32: SFT 200")]
     assert "| 0, 1 | after SFT | 0.400 ± 0.100 | 1.000 ± 0.000 |" in rows[1]
     assert "| 0, 1 | after RL | 0.500 ± 0.100 |" in rows[2]
     assert rows[3].endswith("| 0.200 ± 0.100 | 0.600 ± 0.100 | 300 ± 0 |")
