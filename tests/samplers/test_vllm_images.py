@@ -181,3 +181,21 @@ def test_the_visual_family_trains_with_the_vllm_sampler(tmp_path):
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     diffs = [m["sync/logprob_diff_max"] for m in rows if "sync/logprob_diff_max" in m]
     assert diffs and max(diffs) < 1e-4, diffs
+
+
+def test_torchvision_enable_refuses_after_transformers_was_imported(tmp_path):
+    """This session imported transformers long ago: making the ops-free torchvision
+    importable now would leave transformers' processor maps without it, so enable() says
+    what to do instead of letting vLLM fail later."""
+    import importlib.util
+
+    from verltool_jax.samplers.torchvision_cpu import TorchvisionUnavailableError, enable
+    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is not None:
+        assert enable(tmp_path) == "installed"
+        return
+    import transformers  # noqa: F401
+    (tmp_path / "torchvision").mkdir()
+    (tmp_path / "torchvision" / "__init__.py").write_text("")
+    with pytest.raises(TorchvisionUnavailableError, match="imported before torchvision"):
+        enable(tmp_path)
+    assert str(tmp_path) not in sys.path

@@ -124,32 +124,17 @@ def enable(tv_dir: Optional[Path] = None) -> str:
             f"nor in {tv_dir}; run scripts/setup.sh (it installs the torchvision matching torch "
             f"{torch.__version__.split('+')[0]} there), or `pip install torchvision` built for "
             f"this torch, or set {TORCHVISION_DIR_ENV} to a folder holding one")
+    if "transformers" in sys.modules:
+        # transformers decides at import that torchvision is missing and builds its
+        # processor maps without the torchvision-backed classes vLLM asks for
+        raise TorchvisionUnavailableError(
+            "transformers was imported before torchvision was made importable; call "
+            "verltool_jax.samplers.torchvision_cpu.enable() (python -m verltool_jax.train "
+            "does) or create the vLLM sampler of a vision-language model before anything "
+            "imports transformers")
     install_import_hook()
     if str(tv_dir) not in sys.path:
         sys.path.insert(0, str(tv_dir))
     _prepend_pythonpath(str(SITE_DIR), str(tv_dir))
     import torchvision  # noqa: F401
-    _refresh_transformers()
     return "cpu-compat"
-
-
-def _refresh_transformers() -> None:
-    """transformers decides once, at its import, that torchvision is missing (a cached check
-    and a package map); when it was imported before :func:`enable`, redo both so that its
-    torchvision-backed processors (the ones vLLM's Qwen2-VL code builds) are real classes."""
-    iu = sys.modules.get("transformers.utils.import_utils")
-    if iu is None:
-        return                           # imported later: it sees torchvision on its own
-    import importlib.metadata
-    mapping = getattr(iu, "PACKAGE_DISTRIBUTION_MAPPING", None)
-    if isinstance(mapping, dict):
-        mapping.update(importlib.metadata.packages_distributions())
-    for fn in ("is_torchvision_available", "is_torchvision_v2_available"):
-        clear = getattr(getattr(iu, fn, None), "cache_clear", None)
-        if clear is not None:
-            clear()
-    if not iu.is_torchvision_available():
-        raise TorchvisionUnavailableError(
-            "torchvision is importable but transformers (imported before it) still reports it "
-            "missing; create the vLLM sampler of a vision-language model before importing "
-            "transformers, or install torchvision in the environment")

@@ -140,7 +140,7 @@ class VLLMSampler:
         self.is_vision_language = self.hf_config.get("model_type") in VL_MODEL_TYPES
         if self.is_vision_language:         # vLLM's Qwen2-VL code imports torchvision
             from .torchvision_cpu import enable
-            self.torchvision = enable()
+            enable()
         # a vision-language checkpoint keeps the language model's sizes in "text_config"
         self.text_config = {**self.hf_config, **(self.hf_config.get("text_config") or {})}
         self.vocab_size = int(self.text_config["vocab_size"])
