@@ -12,13 +12,16 @@ process (a trainer never shares its process with the other framework: in one pro
 PyTorch's steps slowed the JAX steps after them by about a quarter), both pinned to the
 same ``--threads`` cores, and the parent makes them step in turn (JAX, PyTorch, JAX, ...;
 one runs while the other waits), so a busy machine slows both alike; the load average is
-printed beside every figure. The command-line entry re-executes itself with glibc's
-huge-page tunable (``verltool_jax.malloc_tuning``; ``VERLTOOL_MALLOC_HUGEPAGES=0`` to
-measure without), which both workers inherit. Peak memory per token:
-measured in a fresh process per framework (allocators keep freed memory, so it cannot be
-measured after the other side ran): the highest resident-set size seen during the first
-step (sampled every 2 ms; for JAX after compilation) above the size just before it
-(model loaded), divided by the step's tokens.
+printed beside every figure. ``--pause S`` sleeps S seconds before each step (a trainer's
+step follows a rollout wait; memory a process returned to the kernel is then faulted in
+again). The command-line entry re-executes itself with the glibc malloc tunables of
+``verltool_jax.malloc_tuning`` (huge pages, freed memory kept in the process;
+``VERLTOOL_MALLOC_HUGEPAGES=0`` / ``VERLTOOL_MALLOC_KEEP_FREED=0`` to measure without),
+which both workers inherit. Peak memory per token: measured in a fresh process per
+framework that returns freed memory (kept memory would hide the step's peak in what
+compilation or the other side left resident): the highest resident-set size seen during
+the first step (sampled every 2 ms; for JAX after compilation) above the size just before
+it (model loaded), divided by the step's tokens.
 FLOPs are counted analytically (fwd+bwd = 3x forward): 6 * (matmul params) * tokens for
 the projections and the LM head, plus 12 * layers * B * T^2 * heads * head_dim for the
 attention scores and weighted values over the full T x T (no causal discount).
@@ -231,8 +234,10 @@ def worker(a) -> None:
 def memory_in_subprocess(framework: str) -> int:
     import subprocess
     import sys
+    from verltool_jax.malloc_tuning import without_keep_freed
     out = subprocess.run([sys.executable, *sys.argv, "--memory-of", framework],
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True,
+                         env=without_keep_freed(os.environ)).stdout
     return int(out.strip().splitlines()[-1])
 
 
@@ -261,6 +266,9 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved JAX/PyTorch step pairs")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds to sleep before each step (a trainer's step follows a "
+                         "rollout wait)")
     ap.add_argument("--chunk", type=int, default=256, help="log-prob chunk (the trainer's default)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
@@ -321,7 +329,8 @@ def main():
         print(f"model: {cfg.model_type} hidden={H} layers={L} heads={N}/{K} inter={inter} "
               f"vocab={V}; batch {a.batch} x {a.seq} tokens, fp32, log-prob chunk {a.chunk}; "
               f"JAX remat {a.remat}, scan_layers {a.scan_layers}, attention_causal_block "
-              f"{jax_model_options(a).get('attention_causal_block', ModelConfig.attention_causal_block)}")
+              f"{jax_model_options(a).get('attention_causal_block', ModelConfig.attention_causal_block)}"
+              f"; pause before each step {a.pause:g} s")
         if a.memory_of:
             print(first_step_memory(d, ids, a.chunk, a.memory_of, jax_model_options(a)))
             return
@@ -335,6 +344,7 @@ def main():
             jax_worker = workers.get("JAX/Flax")
             for r in range(a.rounds):
                 for name, w in workers.items():
+                    time.sleep(a.pause)
                     dt, load = w.step()
                     res[name].append(dt)
                     print(f"  round {r} {name:9s} {dt * 1e3:8.1f} ms  {tokens / dt:8.0f} "
@@ -363,6 +373,6 @@ def main():
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_hugepages
-    reexec_with_hugepages()   # VERLTOOL_MALLOC_HUGEPAGES=0: without
+    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    reexec_with_malloc_tuning()   # VERLTOOL_MALLOC_HUGEPAGES=0 / _KEEP_FREED=0: without
     main()

@@ -159,6 +159,6 @@ def main():
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_hugepages
-    reexec_with_hugepages()   # VERLTOOL_MALLOC_HUGEPAGES=0: without
+    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    reexec_with_malloc_tuning()   # VERLTOOL_MALLOC_HUGEPAGES=0 / _KEEP_FREED=0: without
     main()

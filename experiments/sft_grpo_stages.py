@@ -330,10 +330,10 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
 
 
 def run_script(recipe: Recipe, doc: str) -> None:
-    """An experiment script's ``__main__``: huge pages for XLA's buffers
-    (``verltool_jax.malloc_tuning``; ``VERLTOOL_MALLOC_HUGEPAGES=0``: without), then
+    """An experiment script's ``__main__``: glibc malloc tuned for XLA's buffers
+    (``verltool_jax.malloc_tuning``: huge pages, freed memory kept), then
     :func:`main` on the command line, its return value the exit status."""
     import sys
-    from verltool_jax.malloc_tuning import reexec_with_hugepages
-    reexec_with_hugepages()
+    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    reexec_with_malloc_tuning()
     sys.exit(main(recipe, None, doc))

@@ -311,6 +311,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_hugepages
-    reexec_with_hugepages()
+    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    reexec_with_malloc_tuning()
     sys.exit(main())

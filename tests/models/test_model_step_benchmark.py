@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from verltool_jax.malloc_tuning import KEEP_FREED_TUNABLES, glibc_version
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,17 +27,20 @@ def test_model_step_runs_each_framework_in_its_own_worker():
     assert all(float(ms) > 0 for *_, ms in rounds)
     assert re.search(r"throughput ratio JAX / PyTorch \(\d thread\(s\)\): [\d.]+x", out.stdout)
     assert "GLIBC_TUNABLES=" in out.stdout
+    if glibc_version() is not None and glibc_version() >= (2, 26):   # freed memory kept
+        assert all(t in out.stdout for t in KEEP_FREED_TUNABLES)
     assert re.search(r"JAX/Flax .*\(compile [\d.]+ s, XLA temp [\d.]+ GiB\)", out.stdout)
 
 
 def test_model_step_jax_alone_with_the_model_options():
     """``--frameworks jax``: no PyTorch worker and no ratio; the JAX model's remat,
-    layer-scan and causal-block settings are the ones asked for; a bad framework name is
-    a clear error."""
+    layer-scan and causal-block settings and the pause are the ones asked for; a bad
+    framework name is a clear error."""
     out = _run("--layers", "3", "--rounds", "1", "--frameworks", "jax", "--remat", "full",
-               "--scan-layers", "off", "--causal-block", "8")
+               "--scan-layers", "off", "--causal-block", "8", "--pause", "0.5")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "JAX remat full, scan_layers off, attention_causal_block 8" in out.stdout
+    assert ("JAX remat full, scan_layers off, attention_causal_block 8; pause before each "
+            "step 0.5 s") in out.stdout
     assert re.findall(r"round (\d) (JAX/Flax|PyTorch)", out.stdout) == [("0", "JAX/Flax")]
     assert "fwd+bwd PyTorch" not in out.stdout and "throughput ratio" not in out.stdout
     bad = _run("--frameworks", "jax,tensorflow")

@@ -63,6 +63,6 @@ def is_vision_language(rc) -> bool:
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_hugepages
-    reexec_with_hugepages()
+    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    reexec_with_malloc_tuning()
     sys.exit(main())
