@@ -6,14 +6,16 @@ import sys
 
 import pytest
 
-from verltool_jax.malloc_tuning import (HUGEPAGES_OPT_OUT_ENV, HUGETLB_TUNABLE,
+from verltool_jax.malloc_tuning import (HUGEPAGES_OPT_OUT_ENV, HUGETLB_GLIBC, HUGETLB_TUNABLE,
                                         KEEP_FREED_OPT_OUT_ENV, KEEP_FREED_TUNABLES,
-                                        glibc_version, thp_mode, tunables_with,
+                                        TUNABLES_GLIBC, glibc_version, thp_mode, tunables_with,
                                         tunables_without, wanted_tunables, wants_reexec,
                                         without_keep_freed)
 
 KEEP = ":".join(KEEP_FREED_TUNABLES)
 NEW_GLIBC, OLD_GLIBC = (2, 36), (2, 28)
+GLIBC_HERE = glibc_version() or (0, 0)
+needs_tunables = pytest.mark.skipif(GLIBC_HERE < TUNABLES_GLIBC, reason="needs glibc tunables")
 
 
 def test_tunables_with_adds_once_and_keeps_the_users_value():
@@ -99,13 +101,12 @@ def _tunables_of(extra_env):
     return popen_pid, int(pid), tunables, argv
 
 
-@pytest.mark.skipif(glibc_version() is None or glibc_version() < (2, 26),
-                    reason="needs glibc tunables")
+@needs_tunables
 def test_the_process_restarts_itself_with_the_tunables_and_keeps_the_users():
     popen_pid, pid, tunables, argv = _tunables_of({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"})
     assert pid == popen_pid                  # execve: same process, same PID
     assert argv == "['x', '--y=1']"          # same command line
-    huge = (f":{HUGETLB_TUNABLE}" if thp_mode() == "madvise" and glibc_version() >= (2, 35)
+    huge = (f":{HUGETLB_TUNABLE}" if thp_mode() == "madvise" and GLIBC_HERE >= HUGETLB_GLIBC
             else "")
     assert tunables == "glibc.malloc.arena_max=4" + huge + ":" + ":".join(KEEP_FREED_TUNABLES[1:])
 
@@ -141,8 +142,7 @@ print(rss >> 20, faults)
 """
 
 
-@pytest.mark.skipif(glibc_version() is None or glibc_version() < (2, 26),
-                    reason="needs glibc tunables")
+@needs_tunables
 def test_kept_memory_stays_resident_and_the_next_round_does_not_fault():
     _, out = _child({HUGEPAGES_OPT_OUT_ENV: "0"}, FREE_AND_REUSE)
     kept_rss, kept_faults = map(int, out.split())
