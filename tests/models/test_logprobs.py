@@ -59,6 +59,37 @@ def test_gradient_equals_naive(model):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
 
 
+def test_gradient_through_logprobs_and_entropy_equals_autodiff_of_full_logits():
+    """The chunks' hand-written backward pass (``_chunk_stats_bwd``): both cotangents at
+    once (a loss mixing log-probabilities and entropy, as an entropy bonus does), a
+    temperature, a chunk that does not divide T, and a bfloat16 hidden state."""
+    rng = np.random.default_rng(0)
+    B, T, H, V = 2, 7, 8, 32
+    h = jnp.asarray(rng.standard_normal((B, T, H)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((H, V)) * 0.5, jnp.float32)
+    t = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+    a = jnp.asarray(rng.standard_normal((B, T)), jnp.float32)
+
+    def chunked(h, w):
+        lp, ent = chunked_logprobs(h, w, t, 0.8, chunk_size=3, return_entropy=True)
+        return (a * lp).sum() + (0.3 * ent).sum()
+
+    def full(h, w):
+        z = jnp.einsum("bth,hv->btv", h.astype(jnp.float32), w) / 0.8
+        logp = jax.nn.log_softmax(z, -1)
+        ent = -(jnp.exp(logp) * logp).sum(-1)
+        return (a * jnp.take_along_axis(logp, t[..., None], -1)[..., 0]).sum() + (0.3 * ent).sum()
+
+    got = jax.jit(jax.value_and_grad(chunked, argnums=(0, 1)))(h, w)
+    want = jax.jit(jax.value_and_grad(full, argnums=(0, 1)))(h, w)
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(x, y, atol=2e-5, rtol=1e-5)
+    dh, dw = jax.grad(chunked, argnums=(0, 1))(h.astype(jnp.bfloat16), w)
+    assert dh.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(dh, np.float32), want[1][0], atol=0.05, rtol=0.05)
+    np.testing.assert_allclose(dw, want[1][1], atol=0.1, rtol=0.05)
+
+
 def test_chunked_peak_memory_is_below_naive():
     B, T, H, V = 2, 512, 64, 16384
     h = jax.ShapeDtypeStruct((B, T, H), jnp.float32)

@@ -12,6 +12,7 @@ from typing import Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Temperature = Union[float, jnp.ndarray]
 
@@ -21,17 +22,63 @@ def _check_temperature(temperature) -> None:
         raise ValueError(f"temperature must be > 0 (logits are divided by it), got {temperature}")
 
 
-def _chunk_stats(h, w, tgt, temperature, with_entropy):
-    """One chunk: ``z = (h @ w) / T``; ``logp = z[tgt] - logsumexp(z)``;
-    ``entropy = logsumexp(z) - sum(softmax(z) * z)``."""
+def _chunk_logits(h, w, temperature):
+    """``z = (h @ w) / T`` in float32: ``h [b,c,H]``, ``w [H,V]`` -> ``[b,c,V]``."""
     z = jnp.einsum("bch,hv->bcv", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
-    z = z / jnp.asarray(temperature, jnp.float32)
+    return z / temperature
+
+
+def _chunk_forward(h, w, tgt, temperature, with_entropy):
+    """One chunk's statistics and what its backward pass keeps: ``logp = z[tgt] - lse``,
+    ``entropy = lse - E_p[z]`` with ``lse = logsumexp(z)``, ``p = softmax(z)``."""
+    z = _chunk_logits(h, w, temperature)
     lse = jax.nn.logsumexp(z, axis=-1)
     logp = jnp.take_along_axis(z, tgt[..., None], axis=-1)[..., 0] - lse
     if not with_entropy:
-        return logp, jnp.zeros_like(logp)
-    ent = lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
-    return logp, ent
+        return (logp, jnp.zeros_like(logp)), (lse, jnp.zeros_like(lse))
+    mean_z = jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
+    return (logp, lse - mean_z), (lse, mean_z)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _chunk_stats(h, w, tgt, temperature, with_entropy):
+    """One chunk: ``(logp, entropy)`` of ``z = (h @ w) / T`` at ``tgt`` (entropy zeros unless
+    ``with_entropy``). Differentiated by :func:`_chunk_stats_bwd`."""
+    return _chunk_forward(h, w, tgt, temperature, with_entropy)[0]
+
+
+def _chunk_stats_fwd(h, w, tgt, temperature, with_entropy):
+    out, (lse, mean_z) = _chunk_forward(h, w, tgt, temperature, with_entropy)
+    return out, (h, w, tgt, temperature, lse, mean_z)
+
+
+def _chunk_stats_bwd(with_entropy, res, cotangents):
+    """Backward pass of one chunk, recomputing its logits from ``h`` and ``w`` (the chunk's
+    logits are never kept between the passes) and reusing the forward's ``lse`` (and
+    ``E_p[z]``), so the logits are read once more and no reduction over V is repeated.
+
+    With ``p = exp(z - lse)``, ``g`` and ``e`` the cotangents of logp and entropy:
+    ``d logp / dz_v = [v = tgt] - p_v``; ``d entropy / dz_v = p_v (E_p[z] - z_v)``; so
+    ``dz = g ([v = tgt] - p) + e p (E_p[z] - z)``, and with ``z = h w / T``:
+    ``dh = (dz / T) w^T``, ``dw = h^T (dz / T)`` (summed over the chunk's rows).
+    The temperature and the targets get zero cotangents (they are not trained).
+    """
+    h, w, tgt, temperature, lse, mean_z = res
+    g, e = cotangents
+    z = _chunk_logits(h, w, temperature)
+    p = jnp.exp(z - lse[..., None])
+    hit = jax.lax.broadcasted_iota(jnp.int32, z.shape, 2) == tgt[..., None]
+    dz = g[..., None] * (hit.astype(z.dtype) - p)
+    if with_entropy:
+        dz = dz + e[..., None] * p * (mean_z[..., None] - z)
+    dz = (dz / temperature).astype(h.dtype)
+    dh = jnp.einsum("bcv,hv->bch", dz, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    dw = jnp.einsum("bch,bcv->hv", h, dz, preferred_element_type=jnp.float32)
+    zero_tgt = np.zeros(tgt.shape, dtype=jax.dtypes.float0)
+    return dh.astype(h.dtype), dw.astype(w.dtype), zero_tgt, jnp.zeros_like(temperature)
+
+
+_chunk_stats.defvjp(_chunk_stats_fwd, _chunk_stats_bwd)
 
 
 def chunked_logprobs(hidden: jnp.ndarray, weight: jnp.ndarray, targets: jnp.ndarray,
@@ -40,8 +87,8 @@ def chunked_logprobs(hidden: jnp.ndarray, weight: jnp.ndarray, targets: jnp.ndar
     """``log softmax(hidden @ weight / T)[targets]`` per position, ``chunk_size`` positions at a time.
 
     ``hidden [B,T,H]``, ``weight [H,V]``, ``targets [B,T]`` int -> ``[B,T]`` float32 (and the
-    entropy ``-sum p log p`` of the same distribution when ``return_entropy``). Each chunk is
-    rematerialised in the backward pass (``jax.checkpoint``).
+    entropy ``-sum p log p`` of the same distribution when ``return_entropy``). Each chunk's logits
+    are recomputed in the backward pass (a custom VJP that keeps only ``lse`` per row).
     """
     _check_temperature(temperature)
     if chunk_size < 1:
@@ -54,8 +101,9 @@ def chunked_logprobs(hidden: jnp.ndarray, weight: jnp.ndarray, targets: jnp.ndar
     pad = n * c - T
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, H).transpose(1, 0, 2, 3)
     t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, c).transpose(1, 0, 2)
-    fn = jax.checkpoint(partial(_chunk_stats, with_entropy=return_entropy))
-    logp, ent = jax.lax.map(lambda xs: fn(xs[0], weight, xs[1], temperature), (h, t))
+    temp = jnp.asarray(temperature, jnp.float32)
+    logp, ent = jax.lax.map(lambda xs: _chunk_stats(xs[0], weight, xs[1], temp, return_entropy),
+                            (h, t))
     logp = logp.transpose(1, 0, 2).reshape(B, n * c)[:, :T]
     if not return_entropy:
         return logp
