@@ -90,10 +90,19 @@ def flops_fwd_bwd(hidden, layers, heads, kv_heads, inter, vocab, B, T) -> float:
 def jax_model_options(a) -> dict:
     """The ``ModelConfig`` overrides of ``--remat``, ``--scan-layers`` and
     ``--causal-block`` (None: the model's default)."""
-    options = {"remat_policy": a.remat, "scan_layers": a.scan_layers == "on"}
+    scan = {"auto": None, "on": True, "off": False}[a.scan_layers]
+    options = {"remat_policy": a.remat, "scan_layers": scan}
     if a.causal_block is not None:
         options["attention_causal_block"] = a.causal_block
     return options
+
+
+def scanned(a) -> str:
+    """``on``/``off``: whether the JAX model's layers run in a scan with these options."""
+    from verltool_jax.models.config import ModelConfig
+    shape = dict(vocab_size=1, hidden_size=1, num_layers=1, num_heads=1, num_kv_heads=1,
+                 head_dim=1, intermediate_size=1)
+    return "on" if ModelConfig(**shape, **jax_model_options(a)).scans_layers else "off"
 
 
 def make_jax(path, ids, chunk, options):
@@ -281,8 +290,9 @@ def main():
                          "(0: every core)")
     ap.add_argument("--remat", choices=("none", "full", "dots", "dots_no_batch"),
                     default="none", help="the JAX model's remat_policy (the trainer's default)")
-    ap.add_argument("--scan-layers", choices=("on", "off"), default="on",
-                    help="the JAX model's scan_layers (on: the model's default)")
+    ap.add_argument("--scan-layers", choices=("auto", "on", "off"), default="auto",
+                    help="the JAX model's scan_layers (auto, the model's default: scan when "
+                         "--remat is not none)")
     ap.add_argument("--causal-block", type=int, default=None,
                     help="the JAX model's attention_causal_block (0: one pass over all "
                          "keys; default: the model's default)")
@@ -328,7 +338,8 @@ def main():
         from verltool_jax.models.config import ModelConfig
         print(f"model: {cfg.model_type} hidden={H} layers={L} heads={N}/{K} inter={inter} "
               f"vocab={V}; batch {a.batch} x {a.seq} tokens, fp32, log-prob chunk {a.chunk}; "
-              f"JAX remat {a.remat}, scan_layers {a.scan_layers}, attention_causal_block "
+              f"JAX remat {a.remat}, scan_layers {a.scan_layers} ({scanned(a)}), "
+              f"attention_causal_block "
               f"{jax_model_options(a).get('attention_causal_block', ModelConfig.attention_causal_block)}"
               f"; pause before each step {a.pause:g} s")
         if a.memory_of:

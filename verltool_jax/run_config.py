@@ -134,8 +134,9 @@ class ModelSection(Checked):
     dtype: str = spec("float32", choices=DTYPES)          # compute dtype
     param_dtype: str = spec("float32", choices=DTYPES)
     remat_policy: str = spec("none", choices=("none", "full", "dots", "dots_no_batch"))
-    # identical consecutive layers as one lax.scan in the train forward (models.transformer)
-    scan_layers: bool = ModelConfig.scan_layers
+    # identical consecutive layers as one lax.scan in the train forward (models.transformer);
+    # None: scan when remat_policy is not "none"
+    scan_layers: Optional[bool] = ModelConfig.scan_layers
     max_seq_len: int = spec(2048, check=at_least(8))
     tiny: TinyModelSection = spec(default_factory=TinyModelSection)
     # LoRA (models.lora): rank 0 trains every weight; > 0 trains only adapters on

@@ -27,6 +27,7 @@ def test_model_step_runs_each_framework_in_its_own_worker():
     assert all(float(ms) > 0 for *_, ms in rounds)
     assert re.search(r"throughput ratio JAX / PyTorch \(\d thread\(s\)\): [\d.]+x", out.stdout)
     assert "GLIBC_TUNABLES=" in out.stdout
+    assert "JAX remat none, scan_layers auto (off)," in out.stdout   # the model's defaults
     if (glibc_version() or (0, 0)) >= TUNABLES_GLIBC:   # freed memory kept
         assert all(t in out.stdout for t in KEEP_FREED_TUNABLES)
     assert re.search(r"JAX/Flax .*\(compile [\d.]+ s, XLA temp [\d.]+ GiB\)", out.stdout)
@@ -39,8 +40,8 @@ def test_model_step_jax_alone_with_the_model_options():
     out = _run("--layers", "3", "--rounds", "1", "--frameworks", "jax", "--remat", "full",
                "--scan-layers", "off", "--causal-block", "8", "--pause", "0.5")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert ("JAX remat full, scan_layers off, attention_causal_block 8; pause before each "
-            "step 0.5 s") in out.stdout
+    assert ("JAX remat full, scan_layers off (off), attention_causal_block 8; pause before "
+            "each step 0.5 s") in out.stdout
     assert re.findall(r"round (\d) (JAX/Flax|PyTorch)", out.stdout) == [("0", "JAX/Flax")]
     assert "fwd+bwd PyTorch" not in out.stdout and "throughput ratio" not in out.stdout
     bad = _run("--frameworks", "jax,tensorflow")

@@ -283,6 +283,11 @@ def test_random_init_model_runs_and_bad_input_errors():
         cfg.replace(remat_policy="sometimes")
     with pytest.raises(ValueError, match="scan_layers"):
         cfg.replace(scan_layers="yes")
+    # None (the default): layers scanned exactly when there is a remat policy
+    assert cfg.scan_layers is None and not cfg.scans_layers
+    assert cfg.replace(remat_policy="full").scans_layers
+    assert cfg.replace(scan_layers=True).scans_layers
+    assert not cfg.replace(remat_policy="dots", scan_layers=False).scans_layers
     with pytest.raises(ValueError, match="model_type"):
         ModelConfig.from_hf_dict({"model_type": "gpt2"})
 

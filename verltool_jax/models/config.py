@@ -195,6 +195,8 @@ class ModelConfig:
     the plain forward (training, scoring) runs each run of identical consecutive layers as
     one ``lax.scan`` over their stacked weights (``transformer.scan_run``): one layer to
     compile instead of N, and with remat the backward pass keeps only each layer's input;
+    None (the default) scans exactly when ``remat_policy`` is not ``none`` (without remat
+    the scan saves no memory and its stacked residuals cost time: README, Performance);
     decoding with a KV cache always runs the layers one by one.
 
     Vision-language models (``model_type`` in ``VL_MODEL_TYPES``) add ``vision`` (the
@@ -226,7 +228,7 @@ class ModelConfig:
     remat_policy: str = "none"
     attention_query_chunk: int = 512
     attention_causal_block: int = 128
-    scan_layers: bool = True
+    scan_layers: Optional[bool] = None
     mrope_section: tuple[int, ...] = ()
     vision: Optional[VisionConfig] = None
     image_token_id: Optional[int] = None
@@ -239,6 +241,14 @@ class ModelConfig:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                      "up_proj", "down_proj")
     lora_last_layers: int = 0
+
+    @property
+    def scans_layers(self) -> bool:
+        """Whether the plain forward runs its layers in ``lax.scan`` (``scan_layers``, or
+        when that is None, whether there is a remat policy)."""
+        if self.scan_layers is None:
+            return self.remat_policy != "none"
+        return self.scan_layers
 
     @property
     def lora_scale(self) -> float:
@@ -273,9 +283,9 @@ class ModelConfig:
         if not isinstance(self.attention_query_chunk, int) or self.attention_query_chunk < 0:
             raise ValueError(f"ModelConfig.attention_query_chunk must be an int >= 0 (0: all "
                              f"queries in one pass), got {self.attention_query_chunk!r}")
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"ModelConfig.scan_layers must be True or False, "
-                             f"got {self.scan_layers!r}")
+        if self.scan_layers is not None and not isinstance(self.scan_layers, bool):
+            raise ValueError(f"ModelConfig.scan_layers must be True, False or None (scan "
+                             f"when remat_policy is not 'none'), got {self.scan_layers!r}")
         if self.lora_rank < 0 or self.lora_last_layers < 0:
             raise ValueError(f"ModelConfig.lora_rank ({self.lora_rank}) and lora_last_layers "
                              f"({self.lora_last_layers}) must be >= 0")

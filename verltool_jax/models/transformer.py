@@ -122,8 +122,8 @@ class Transformer(nnx.Module):
 
         ``mask [B,T,S]`` (see ``Attention``; causal when there are no caches);
         ``kv_caches`` is a per-layer sequence of
-        ``(k, v)`` caches or None (plain forward, with per-layer remat as configured; with
-        ``config.scan_layers`` runs of identical layers go through ``scan_run``).
+        ``(k, v)`` caches or None (plain forward, with per-layer remat as configured; when
+        ``config.scans_layers`` runs of identical layers go through ``scan_run``).
         ``inputs_embeds [B,T,H]`` replaces the token embeddings when given (a VL model
         passes the text embeddings with its image features scattered in).
         """
@@ -131,7 +131,7 @@ class Transformer(nnx.Module):
             inputs_embeds = self.embed(input_ids)
         x = constrain_activations(inputs_embeds.astype(dtype_of(self.config.dtype)))
         policy = self.config.remat_policy
-        if kv_caches is None and self.config.scan_layers:
+        if kv_caches is None and self.config.scans_layers:
             for graphdef, states in layer_runs(self.layers):
                 if len(states) == 1:
                     x = self._one_layer(nnx.merge(graphdef, states[0]), x, positions, mask)
