@@ -252,7 +252,7 @@ def test_scanned_layers_compute_what_the_unrolled_layers_do(policy):
     leaves0, leaves1 = jax.tree.leaves(g0), jax.tree.leaves(g1)
     assert len(leaves0) == len(leaves1) and all(np.abs(a).max() > 0 for a in leaves0)
     for a, b in zip(leaves0, leaves1):
-        np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-5)
+        np.testing.assert_allclose(b, a, atol=3e-6, rtol=1e-5)
 
 
 def test_scanned_layers_make_remat_lower_the_peak():

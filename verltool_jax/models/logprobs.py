@@ -23,8 +23,8 @@ def _check_temperature(temperature) -> None:
 
 
 def _chunk_logits(h, w, temperature):
-    """``z = (h @ w) / T`` in float32: ``h [b,c,H]``, ``w [H,V]`` -> ``[b,c,V]``."""
-    z = jnp.einsum("bch,hv->bcv", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    """``z = (h @ w) / T`` in float32: ``h [R,H]`` (rows), ``w [H,V]`` -> ``[R,V]``."""
+    z = jnp.einsum("rh,hv->rv", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
     return z / temperature
 
 
@@ -60,20 +60,21 @@ def _chunk_stats_bwd(with_entropy, res, cotangents):
     With ``p = exp(z - lse)``, ``g`` and ``e`` the cotangents of logp and entropy:
     ``d logp / dz_v = [v = tgt] - p_v``; ``d entropy / dz_v = p_v (E_p[z] - z_v)``; so
     ``dz = g ([v = tgt] - p) + e p (E_p[z] - z)``, and with ``z = h w / T``:
-    ``dh = (dz / T) w^T``, ``dw = h^T (dz / T)`` (summed over the chunk's rows).
+    ``dh = (dz / T) w^T``, ``dw = h^T (dz / T)`` (summed over the chunk's rows; rows, not
+    ``[B, c]``, so that XLA's CPU backend emits plain 2-D matmuls, see ``layers.on_rows``).
     The temperature and the targets get zero cotangents (they are not trained).
     """
     h, w, tgt, temperature, lse, mean_z = res
     g, e = cotangents
     z = _chunk_logits(h, w, temperature)
     p = jnp.exp(z - lse[..., None])
-    hit = jax.lax.broadcasted_iota(jnp.int32, z.shape, 2) == tgt[..., None]
+    hit = jax.lax.broadcasted_iota(jnp.int32, z.shape, 1) == tgt[..., None]
     dz = g[..., None] * (hit.astype(z.dtype) - p)
     if with_entropy:
         dz = dz + e[..., None] * p * (mean_z[..., None] - z)
     dz = (dz / temperature).astype(h.dtype)
-    dh = jnp.einsum("bcv,hv->bch", dz, w.astype(h.dtype), preferred_element_type=jnp.float32)
-    dw = jnp.einsum("bch,bcv->hv", h, dz, preferred_element_type=jnp.float32)
+    dh = jnp.einsum("rv,hv->rh", dz, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    dw = jnp.einsum("rh,rv->hv", h, dz, preferred_element_type=jnp.float32)
     zero_tgt = np.zeros(tgt.shape, dtype=jax.dtypes.float0)
     return dh.astype(h.dtype), dw.astype(w.dtype), zero_tgt, jnp.zeros_like(temperature)
 
@@ -99,15 +100,19 @@ def chunked_logprobs(hidden: jnp.ndarray, weight: jnp.ndarray, targets: jnp.ndar
     c = min(chunk_size, T)
     n = -(-T // c)
     pad = n * c - T
+    # chunk i holds positions i*c .. i*c+c-1 of every row, as B*c rows
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, H).transpose(1, 0, 2, 3)
+    h = h.reshape(n, B * c, H)
     t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, c).transpose(1, 0, 2)
+    t = t.reshape(n, B * c)
     temp = jnp.asarray(temperature, jnp.float32)
     logp, ent = jax.lax.map(lambda xs: _chunk_stats(xs[0], weight, xs[1], temp, return_entropy),
                             (h, t))
-    logp = logp.transpose(1, 0, 2).reshape(B, n * c)[:, :T]
+    def per_row(x):   # [n, B*c] -> [B, T]
+        return x.reshape(n, B, c).transpose(1, 0, 2).reshape(B, n * c)[:, :T]
     if not return_entropy:
-        return logp
-    return logp, ent.transpose(1, 0, 2).reshape(B, n * c)[:, :T]
+        return per_row(logp)
+    return per_row(logp), per_row(ent)
 
 
 def token_logprobs(model, input_ids: jnp.ndarray, attention_mask: jnp.ndarray,
