@@ -99,10 +99,9 @@ def jax_model_options(a) -> dict:
 
 def scanned(a) -> str:
     """``on``/``off``: whether the JAX model's layers run in a scan with these options."""
-    from verltool_jax.models.config import ModelConfig
-    shape = dict(vocab_size=1, hidden_size=1, num_layers=1, num_heads=1, num_kv_heads=1,
-                 head_dim=1, intermediate_size=1)
-    return "on" if ModelConfig(**shape, **jax_model_options(a)).scans_layers else "off"
+    from verltool_jax.models.config import layers_scanned
+    options = jax_model_options(a)
+    return "on" if layers_scanned(options["scan_layers"], options["remat_policy"]) else "off"
 
 
 def make_jax(path, ids, chunk, options):

@@ -177,6 +177,14 @@ class VisionConfig:
         return d
 
 
+def layers_scanned(scan_layers: Optional[bool], remat_policy: str) -> bool:
+    """``ModelConfig.scan_layers`` resolved: True/False as given; None scans exactly when
+    ``remat_policy`` is not ``none``."""
+    if scan_layers is None:
+        return remat_policy != "none"
+    return scan_layers
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture + numerics of a decoder-only transformer (hashable: usable as a static arg).
@@ -244,11 +252,8 @@ class ModelConfig:
 
     @property
     def scans_layers(self) -> bool:
-        """Whether the plain forward runs its layers in ``lax.scan`` (``scan_layers``, or
-        when that is None, whether there is a remat policy)."""
-        if self.scan_layers is None:
-            return self.remat_policy != "none"
-        return self.scan_layers
+        """Whether the plain forward runs its layers in ``lax.scan`` (:func:`layers_scanned`)."""
+        return layers_scanned(self.scan_layers, self.remat_policy)
 
     @property
     def lora_scale(self) -> float:

@@ -195,7 +195,10 @@ class MLP(nnx.Module):
         self.down_proj = _linear(cfg, inter, h, bias, rngs, at("down_proj"))
 
     def __call__(self, x):
-        return on_rows(lambda r: self.down_proj(jax.nn.silu(self.gate_proj(r)) * self.up_proj(r)), x)
+        return on_rows(self._swiglu, x)
+
+    def _swiglu(self, rows):
+        return self.down_proj(jax.nn.silu(self.gate_proj(rows)) * self.up_proj(rows))
 
 
 class DecoderLayer(nnx.Module):
