@@ -15,6 +15,7 @@ max abs difference (and root mean square) over the real tokens' logits:
   layers changed (K reversed; K split in two halves; dot products correctly rounded, i.e.
   computed in float64 and rounded): what float32 rounding alone moves the logits by.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,13 +36,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (torch and XLA)")
     args = ap.parse_args()
     from verltool_jax.cpu_threads import configure_xla_cpu
+
     configure_xla_cpu(args.threads)
     import jax
     import jax.numpy as jnp
     import torch
+    from support.models import chat_batch, hf_float64, hf_logits
     from transformers import AutoModelForCausalLM
 
-    from support.models import chat_batch, hf_float64, hf_logits
     from verltool_jax.models.gguf_io import gguf_tokenizer, load_gguf
     from verltool_jax.models.resolve import package_gguf
 
@@ -56,19 +58,20 @@ def main() -> None:
             return np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
 
     ours32, ours64 = ours("float32"), ours("float64")
-    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                               dtype=torch.float32,
-                                               attn_implementation="eager").eval()
+    ref = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     hf32 = hf_logits(ref, ids, mask)
     linear = torch.nn.Linear.forward
     orders = {
-        "K reversed": lambda self, x: torch.nn.functional.linear(x.flip(-1),
-                                                                 self.weight.flip(-1)),
+        "K reversed": lambda self, x: torch.nn.functional.linear(x.flip(-1), self.weight.flip(-1)),
         "K split in two": lambda self, x: sum(
             torch.nn.functional.linear(x[..., s], self.weight[:, s])
-            for s in (slice(None, x.shape[-1] // 2), slice(x.shape[-1] // 2, None))),
+            for s in (slice(None, x.shape[-1] // 2), slice(x.shape[-1] // 2, None))
+        ),
         "correctly rounded dots": lambda self, x: torch.nn.functional.linear(
-            x.double(), self.weight.double()).float(),
+            x.double(), self.weight.double()
+        ).float(),
     }
     reordered = {}
     for name, forward in orders.items():
@@ -83,8 +86,10 @@ def main() -> None:
         d = (a.astype(np.float64) - b)[real]
         print(f"  {label:62s} max {np.abs(d).max():.2e}   rms {np.sqrt(np.mean(d * d)):.2e}")
 
-    print(f"SmolLM2-135M Q4_1, batch {ids.shape} ({int(real.sum())} real tokens), "
-          f"logits up to {np.abs(hf32[real]).max():.1f}")
+    print(
+        f"SmolLM2-135M Q4_1, batch {ids.shape} ({int(real.sum())} real tokens), "
+        f"logits up to {np.abs(hf32[real]).max():.1f}"
+    )
     row("float64: ours vs transformers", ours64, hf64)
     row("float32: ours vs transformers", ours32, hf32)
     row("float32 ours vs float64", ours32, hf64)

@@ -16,6 +16,7 @@ average where that applies. Rows:
 Run: ``python benchmarks/search_tools_throughput.py [--docs 500 --requests 400 --clients 32]``.
 The machine's load average is printed with the figures: on a shared machine they vary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,9 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from tool_server.launcher import run_server  # noqa: E402
 from tool_server.retrieval.corpus import write_corpus  # noqa: E402
 from tool_server.retrieval.synthetic import make_corpus, town_name  # noqa: E402
-from tool_server.launcher import run_server  # noqa: E402
 from tool_server.websearch.fake_api import FakeSearchAPI  # noqa: E402
 
 API_KEY = "bench-key"
@@ -44,8 +45,11 @@ API_KEY = "bench-key"
 
 def queries(n: int) -> list[str]:
     """``n`` distinct questions about the synthetic towns."""
-    return [f"which town was founded in the year {1100 + 17 * (i % 1000)} near {town_name(i)} "
-            f"question {i}" for i in range(n)]
+    return [
+        f"which town was founded in the year {1100 + 17 * (i % 1000)} near {town_name(i)} "
+        f"question {i}"
+        for i in range(n)
+    ]
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -54,7 +58,9 @@ def percentile(xs: list[float], q: float) -> float:
     return s[max(0, min(len(s) - 1, -(-int(q * len(s)) // 100) - 1))]
 
 
-async def load(url: str, qs: list[str], clients: int, tag: str = "search") -> tuple[float, list[float], int]:
+async def load(
+    url: str, qs: list[str], clients: int, tag: str = "search"
+) -> tuple[float, list[float], int]:
     """Send one request per query with ``clients`` in flight; returns (seconds,
     latencies, number of non-valid answers)."""
     lat: list[float] = []
@@ -64,8 +70,11 @@ async def load(url: str, qs: list[str], clients: int, tag: str = "search") -> tu
     async def client(session: aiohttp.ClientSession) -> None:
         nonlocal invalid
         for i, q in it:
-            body = {"trajectory_ids": [f"t{i}"], "actions": [f"<{tag}>{q}</{tag}>"],
-                    "is_last_step": [True]}
+            body = {
+                "trajectory_ids": [f"t{i}"],
+                "actions": [f"<{tag}>{q}</{tag}>"],
+                "is_last_step": [True],
+            }
             t0 = time.perf_counter()
             async with session.post(url + "/get_observation", json=body) as r:
                 out = await r.json()
@@ -83,8 +92,11 @@ def row(name: str, url: str, qs: list[str], clients: int) -> None:
     asyncio.run(load(url, qs[: min(len(qs), 2 * clients)], clients))  # warm-up
     secs, lat, invalid = asyncio.run(load(url, qs, clients))
     ms = [x * 1000 for x in lat]
-    print(f"{name:<34} {len(qs) / secs:>9.1f} {statistics.median(ms):>9.1f} "
-          f"{percentile(ms, 99):>9.1f} {invalid:>8d}", flush=True)
+    print(
+        f"{name:<34} {len(qs) / secs:>9.1f} {statistics.median(ms):>9.1f} "
+        f"{percentile(ms, 99):>9.1f} {invalid:>8d}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -93,8 +105,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--api-delay-ms", type=float, default=50.0)
-    ap.add_argument("--torch-threads", default="default",
-                    help="comma list of encoder thread counts for the dense rows, e.g. 1,2")
+    ap.add_argument(
+        "--torch-threads",
+        default="default",
+        help="comma list of encoder thread counts for the dense rows, e.g. 1,2",
+    )
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="bench_search_")
@@ -104,17 +119,35 @@ def main() -> None:
     for kind in ("bm25", "dense"):
         idx[kind] = os.path.join(tmp, kind)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tool_server.retrieval", "build", "--corpus",
-                        corpus, "--out", idx[kind], "--kind", kind], check=True, cwd=ROOT,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tool_server.retrieval",
+                "build",
+                "--corpus",
+                corpus,
+                "--out",
+                idx[kind],
+                "--kind",
+                kind,
+            ],
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         print(f"# built {kind} index of {args.docs} docs in {time.perf_counter() - t0:.1f} s")
     qs = queries(args.requests)
-    print(f"# {args.requests} requests, {args.clients} concurrent clients, one action each; "
-          f"cpu count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"# {args.requests} requests, {args.clients} concurrent clients, one action each; "
+        f"cpu count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'tool / backend':<34} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'invalid':>8}")
     common = dict(timeout=60, max_concurrency=256, workdir=tmp)
-    with run_server(tools=["search_retrieval"], tool_opt={"retrieval_index": idx["bm25"],
-                                                          "topk": 3}, **common) as url:
+    with run_server(
+        tools=["search_retrieval"], tool_opt={"retrieval_index": idx["bm25"], "topk": 3}, **common
+    ) as url:
         row("search_retrieval bm25", url, qs, args.clients)
     for threads in args.torch_threads.split(","):
         opts = {"retrieval_index": idx["dense"], "topk": 3}
@@ -122,20 +155,35 @@ def main() -> None:
             opts["retrieval_torch_threads"] = threads
         with run_server(tools=["search_retrieval"], tool_opt=opts, **common) as url:
             row(f"search_retrieval dense t={threads}", url, qs, args.clients)
-    with run_server(tools=["web_search"], tool_opt={
-            "retrieval_index": idx["bm25"], "topk": 3, "web_search_cache": "none"}, **common
-                    ) as url:
+    with run_server(
+        tools=["web_search"],
+        tool_opt={"retrieval_index": idx["bm25"], "topk": 3, "web_search_cache": "none"},
+        **common,
+    ) as url:
         row("web_search local (bm25)", url, qs, args.clients)
     api = FakeSearchAPI(API_KEY, delay_s=args.api_delay_ms / 1000)
     try:
-        opts = {"web_search_backend": "serper", "serper_url": api.url, "topk": 3,
-                "serper_api_key_env": "BENCH_SERPER_KEY", "web_search_concurrency": 64}
-        with run_server(tools=["web_search"], tool_opt={**opts, "web_search_cache": "none"},
-                        env={"BENCH_SERPER_KEY": API_KEY}, **common) as url:
+        opts = {
+            "web_search_backend": "serper",
+            "serper_url": api.url,
+            "topk": 3,
+            "serper_api_key_env": "BENCH_SERPER_KEY",
+            "web_search_concurrency": 64,
+        }
+        with run_server(
+            tools=["web_search"],
+            tool_opt={**opts, "web_search_cache": "none"},
+            env={"BENCH_SERPER_KEY": API_KEY},
+            **common,
+        ) as url:
             row(f"web_search serper ({args.api_delay_ms:g}ms)", url, qs, args.clients)
         cache = os.path.join(tmp, "cache.sqlite")
-        with run_server(tools=["web_search"], tool_opt={**opts, "web_search_cache": cache},
-                        env={"BENCH_SERPER_KEY": API_KEY}, **common) as url:
+        with run_server(
+            tools=["web_search"],
+            tool_opt={**opts, "web_search_cache": cache},
+            env={"BENCH_SERPER_KEY": API_KEY},
+            **common,
+        ) as url:
             asyncio.run(load(url, qs, args.clients))  # fill the cache
             n = len(api.requests)
             row("web_search cached", url, qs, args.clients)

@@ -14,6 +14,7 @@ printed in the header).
 
     python benchmarks/tool_server_throughput.py [--seconds 4] [--workers 4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import aiohttp  # noqa: E402
-import psutil  # noqa: E402
+import aiohttp
+import psutil
 
-from tool_server.launcher import run_server  # noqa: E402
+from tool_server.launcher import run_server
 
 SIMPLE = "<python>print(1+1)</python>"
 CPU_HEAVY = "<python>print(sum(i * i for i in range(300000)))</python>"
@@ -46,12 +47,14 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-async def scenario(url: str, action: str, concurrency: int, seconds: float,
-                   expect: str | None) -> dict:
+async def scenario(
+    url: str, action: str, concurrency: int, seconds: float, expect: str | None
+) -> dict:
     lat: list[float] = []
     errors = 0
     conn = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=conn) as session:
+
         async def one(i: int) -> float:
             body = {"trajectory_ids": [f"b{i}"], "actions": [action]}
             t0 = time.perf_counter()
@@ -81,8 +84,13 @@ async def scenario(url: str, action: str, concurrency: int, seconds: float,
         t0 = time.perf_counter()
         await asyncio.gather(*(loop(k) for k in range(concurrency)))
         wall = time.perf_counter() - t0
-    return {"n": len(lat), "rps": len(lat) / wall, "p50_ms": 1000 * percentile(lat, 0.5),
-            "p99_ms": 1000 * percentile(lat, 0.99), "errors": errors}
+    return {
+        "n": len(lat),
+        "rps": len(lat) / wall,
+        "p50_ms": 1000 * percentile(lat, 0.5),
+        "p99_ms": 1000 * percentile(lat, 0.99),
+        "errors": errors,
+    }
 
 
 def server_cpu_s(url: str) -> float:
@@ -91,8 +99,10 @@ def server_cpu_s(url: str) -> float:
     port = int(url.rsplit(":", 1)[1])
     for p in psutil.process_iter():
         try:
-            if any(c.laddr and c.laddr.port == port and c.status == "LISTEN"
-                   for c in p.net_connections("tcp")):
+            if any(
+                c.laddr and c.laddr.port == port and c.status == "LISTEN"
+                for c in p.net_connections("tcp")
+            ):
                 total = 0.0
                 for q in [p] + p.children(recursive=True):
                     t = q.cpu_times()
@@ -126,33 +136,40 @@ async def main_async(url: str, seconds: float) -> list[tuple[str, int, dict]]:
         r["client_cpu_ms"] = 1000 * (c1 - c0) / n_all
         rows.append((name, conc, r))
         # what the CPUs could do if nothing else ran: cores / CPU time per request
-        r["cpu_bound_rps"] = (os.cpu_count() * 1000
-                              / max(1e-9, r["server_cpu_ms"] + r["client_cpu_ms"]))
-        print(f"{name:38s} c={conc:<3d} {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.2f} ms  "
-              f"p99 {r['p99_ms']:7.2f} ms  CPU/req server {r['server_cpu_ms']:5.2f} ms "
-              f"client {r['client_cpu_ms']:5.2f} ms  CPU-bound {r['cpu_bound_rps']:6.0f} req/s "
-              f"(n={r['n']}, errors={r['errors']})", flush=True)
+        r["cpu_bound_rps"] = (
+            os.cpu_count() * 1000 / max(1e-9, r["server_cpu_ms"] + r["client_cpu_ms"])
+        )
+        print(
+            f"{name:38s} c={conc:<3d} {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.2f} ms  "
+            f"p99 {r['p99_ms']:7.2f} ms  CPU/req server {r['server_cpu_ms']:5.2f} ms "
+            f"client {r['client_cpu_ms']:5.2f} ms  CPU-bound {r['cpu_bound_rps']:6.0f} req/s "
+            f"(n={r['n']}, errors={r['errors']})",
+            flush=True,
+        )
     return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=4.0, help="measured time per scenario")
     ap.add_argument("--workers", type=int, default=4, help="sandboxed python workers")
     args = ap.parse_args()
     try:
         import uvloop
+
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         loop_name = "uvloop"
     except ImportError:
         loop_name = "asyncio"
-    print(f"# tool server throughput: {os.cpu_count()} CPUs, {platform.machine()}, "
-          f"python {platform.python_version()}, client loop {loop_name}, "
-          f"{args.workers} sandboxed workers, {args.seconds:g} s per scenario, "
-          f"load average before start {os.getloadavg()[0]:.1f}")
-    with run_server(["python_code"], workers=args.workers, timeout=30,
-                    max_concurrency=512) as url:
+    print(
+        f"# tool server throughput: {os.cpu_count()} CPUs, {platform.machine()}, "
+        f"python {platform.python_version()}, client loop {loop_name}, "
+        f"{args.workers} sandboxed workers, {args.seconds:g} s per scenario, "
+        f"load average before start {os.getloadavg()[0]:.1f}"
+    )
+    with run_server(["python_code"], workers=args.workers, timeout=30, max_concurrency=512) as url:
         asyncio.run(main_async(url, args.seconds))
 
 

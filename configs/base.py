@@ -12,6 +12,7 @@ An experiment file starts from ``base.get_config()`` and changes what it needs:
 Every field is overridable from the command line (``--config.rollout.max_turns=3``);
 the field's type in ``run_config`` is the type an override must parse as.
 """
+
 from __future__ import annotations
 
 import ml_collections

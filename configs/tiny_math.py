@@ -9,6 +9,7 @@ ablation baseline) and ``smoke`` (tiny sizes, a few steps); e.g. ``:smoke,sync``
 The model and tokenizer are built locally (``verltool_jax.models.tiny``); the task data
 (``verltool_jax.tasks.tiny_math``) is generated into ``<out_dir>/data``.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -24,8 +25,10 @@ def parse_arg(arg: str) -> set[str]:
     chosen = {a.strip() for a in (arg or "").split(",") if a.strip()}
     unknown = sorted(chosen - set(VARIANTS))
     if unknown:
-        raise ValueError(f"configs/tiny_math.py: unknown variant(s) {unknown}; "
-                         f"choose from {list(VARIANTS)} (comma-separated)")
+        raise ValueError(
+            f"configs/tiny_math.py: unknown variant(s) {unknown}; "
+            f"choose from {list(VARIANTS)} (comma-separated)"
+        )
     return chosen
 
 
@@ -39,17 +42,17 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.model.tiny.vocab_size = 512
     c.model.tiny.hidden_size = 128
     c.model.tiny.num_layers = 4
-    c.model.tiny.num_heads = 2            # head_dim 64: the vLLM CPU kernel's minimum
+    c.model.tiny.num_heads = 2  # head_dim 64: the vLLM CPU kernel's minimum
     c.model.tiny.num_kv_heads = 1
     c.model.tiny.head_dim = 64
     c.model.tiny.intermediate_size = 512
     c.model.tiny.seed = 0
 
     c.task = task_section("tiny_math")
-    c.task.digits = (4,)                  # factor sizes; (4,): 4-digit x 4-digit
+    c.task.digits = (4,)  # factor sizes; (4,): 4-digit x 4-digit
     c.task.num_train = 2000
     c.task.num_eval = 200
-    c.task.num_demos = 256                # SFT demonstrations
+    c.task.num_demos = 256  # SFT demonstrations
     c.task.seed = 1234
 
     c.rollout.n_samples = 8

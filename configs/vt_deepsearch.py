@@ -19,6 +19,7 @@ no KL, lr 1e-6 with 10 warm-up steps, 5 turns, prompt 2048 / response 8192 / act
 / observation 4096 tokens, 100 steps. ``model.path`` of ``paper`` names the hub model;
 pass a local checkpoint folder.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -36,7 +37,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.task.f1_threshold = 0.8
     c.tool_server.tools = ("web_search", "python_code")
     c.tool_server.tool_opt.web_search_backend = "local"
-    c.tool_server.tool_opt.web_search_cache = "none"   # the local index is its own cache
+    c.tool_server.tool_opt.web_search_cache = "none"  # the local index is its own cache
     c.rollout.action_stop_strings = ("</search>", "</python>")
     c.rollout.obs_template = "\n<result>\n{obs}\n</result>\n"
     c.rollout.max_turns = 5

@@ -27,6 +27,7 @@
 (or absolute). The data is written as verl parquet into ``<out_dir>/data``
 (``verltool_jax.tasks.math_data``).
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -56,7 +57,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # and an easier training curriculum (GSM8K problems of at most 2 calculator steps)
         # so a 135M model solves enough of them for GRPO groups to carry a signal.
         use_smollm2_lora(c, max_len=1024, num_demos=320, sft_steps=40)
-        c.task.eval_sizes = (300, 150, 150)   # GSM8K test, SVAMP, MAWPS
+        c.task.eval_sizes = (300, 150, 150)  # GSM8K test, SVAMP, MAWPS
         c.task.max_calc_steps = 2
         c.rollout.max_turns = 2
         c.rollout.max_prompt_tokens = 384
@@ -66,7 +67,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.trainer.ckpt_every = 5
         c.data.max_eval_examples = 300
     elif variant == "tiny":
-        set_tiny_model(c, 1024)           # its 512-token vocabulary spells GSM8K out long
+        set_tiny_model(c, 1024)  # its 512-token vocabulary spells GSM8K out long
         c.task.num_train = 16
         c.task.num_eval = 4
         c.task.num_demos = 8
@@ -87,16 +88,20 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.reward.num_workers = 0
         c.logging.report_trajectories = 4
     else:  # paper
-        c.model.path = "models/qwen2.5_math_1.5b"   # an HF dir of Qwen/Qwen2.5-Math-1.5B
+        c.model.path = "models/qwen2.5_math_1.5b"  # an HF dir of Qwen/Qwen2.5-Math-1.5B
         c.model.family = "qwen2"
         c.model.dtype = "bfloat16"
         c.model.param_dtype = "float32"
-        c.model.remat_policy = "full"     # verl: enable_gradient_checkpointing=True
-        c.model.max_seq_len = 4096        # 1024 prompt + 3072 response
+        c.model.remat_policy = "full"  # verl: enable_gradient_checkpointing=True
+        c.model.max_seq_len = 4096  # 1024 prompt + 3072 response
         c.task.train_files = ("math/math_train.json", "gsm8k/train.jsonl")
-        c.task.eval_files = ("math/math500_test.jsonl", "math/aime24_test.jsonl",
-                             "math/amc23_test.jsonl", "gsm8k/test.jsonl")
-        c.task.skip_invalid = True        # MATH train has 4 records without an answer
+        c.task.eval_files = (
+            "math/math500_test.jsonl",
+            "math/aime24_test.jsonl",
+            "math/amc23_test.jsonl",
+            "gsm8k/test.jsonl",
+        )
+        c.task.skip_invalid = True  # MATH train has 4 records without an answer
         c.rollout.n_samples = 16
         c.rollout.max_turns = 10
         c.rollout.max_prompt_tokens = 1024
@@ -120,8 +125,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.sampler.enforce_eager = False
         c.sampler.gpu_memory_utilization = 0.8
         c.sampler.max_model_len = 4096
-        c.trainer.batch_groups = 128      # train_batch_size 128 prompts
-        c.trainer.steps = 1170            # ~10 epochs (verl total_epochs=10): 14.9k problems / 128
+        c.trainer.batch_groups = 128  # train_batch_size 128 prompts
+        c.trainer.steps = 1170  # ~10 epochs (verl total_epochs=10): 14.9k problems / 128
         c.trainer.ckpt_every = 10
         c.trainer.eval_every = 10
         c.data.max_eval_examples = 1024

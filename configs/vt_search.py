@@ -23,6 +23,7 @@ trajectories), low-variance KL (k3) 1e-4 as a loss, lr 1e-6, top-3 passages, 2 t
 4096 tokens, observations 1024, no format penalty (Search-R1's format score is 0).
 ``model.path`` of ``paper`` names the hub model; pass a local checkpoint folder.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -43,7 +44,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rollout.max_turns = 2
     c.reward.format_penalty = 0.1
     c.algo.kl_coef = 1e-4
-    c.algo.kl_estimator = "k3"            # verl's low_var_kl
+    c.algo.kl_estimator = "k3"  # verl's low_var_kl
     c.trainer.out_dir = f"runs/vt_search_{variant}"
 
     if variant == "smol":
@@ -54,12 +55,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.rollout.max_prompt_tokens = 256
         c.rollout.max_response_tokens = 640
         c.rollout.max_action_tokens = 64
-        c.rollout.max_obs_tokens = 512      # three passages, most of them whole
+        c.rollout.max_obs_tokens = 512  # three passages, most of them whole
         c.trainer.steps = 10
         c.reward.num_workers = 1
     elif variant == "tiny":
         use_tiny_model(c)
-        c.model.max_seq_len = 2048          # demonstrations show three passages whole
+        c.model.max_seq_len = 2048  # demonstrations show three passages whole
         c.sampler.max_model_len = 2048
         c.sft.batch_size = 4
     else:

@@ -26,6 +26,7 @@ The task data is prepared from ``task.spider_dir`` (the MySQL-dump Spider layout
 Reward ``sql_solution``: -1 without a ``<solution>``, else execution match 1/0.
 Evaluation metrics: :func:`verltool_jax.tasks.eval_metrics.sql_eval_metrics`.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -38,7 +39,6 @@ from verltool_jax.tasks.spider import OBS_TEMPLATE
 VARIANTS = ("smol", "tiny", "paper")
 
 
-
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     variant = parse_variant(arg, VARIANTS, "smol", "configs/vt_sql.py")
     c = base.get_config()
@@ -48,12 +48,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.tool_server.tools = ("sql",)
     c.tool_server.timeout_s = 10.0
     c.rollout.action_stop_strings = ("</sql>",)
-    c.rollout.final_stop_strings = ("</solution>",)   # the answer ends the trajectory
+    c.rollout.final_stop_strings = ("</solution>",)  # the answer ends the trajectory
     c.rollout.obs_template = OBS_TEMPLATE
-    c.rollout.obs_truncate_side = "head"   # a long table keeps its first rows
+    c.rollout.obs_truncate_side = "head"  # a long table keeps its first rows
     c.rollout.max_turns = 5
     c.reward.name = "sql_solution"
-    c.reward.format_penalty = 0.0          # the -1 for a bad format is the reward's own
+    c.reward.format_penalty = 0.0  # the -1 for a bad format is the reward's own
     c.data.max_eval_examples = 1034
 
     if variant == "paper":
@@ -71,7 +71,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.rollout.max_obs_tokens = 1024
         c.rollout.max_action_tokens = 2048
         c.trainer.batch_groups = 256
-        c.algo.mini_batch_size = 256 * 5     # one update per step (ppo_mini_batch = batch)
+        c.algo.mini_batch_size = 256 * 5  # one update per step (ppo_mini_batch = batch)
         c.algo.micro_batch_size = 8
         c.algo.kl_coef = 0.0
         c.algo.entropy_coef = 0.0

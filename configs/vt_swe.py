@@ -23,6 +23,7 @@ the agent loop runs them before the trajectory is released
 :func:`verltool_jax.tasks.eval_metrics.swe_eval_metrics`; scripted end-to-end check:
 ``experiments/swe_quixbugs_eval.py``.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -34,7 +35,6 @@ from verltool_jax.tasks import task_section
 VARIANTS = ("smol", "tiny", "paper")
 
 
-
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     variant = parse_variant(arg, VARIANTS, "smol", "configs/vt_swe.py")
     c = base.get_config()
@@ -42,9 +42,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.task = task_section("quixbugs")
 
     c.tool_server.tools = ("bash", "file_editor", "run_tests")
-    c.tool_server.timeout_s = 60.0         # bounds one test run
+    c.tool_server.timeout_s = 60.0  # bounds one test run
     c.rollout.action_stop_strings = ("</tool_call>", "</bash>")
-    c.rollout.obs_truncate_side = "tail"   # test failures and tracebacks end the output
+    c.rollout.obs_truncate_side = "tail"  # test failures and tracebacks end the output
     c.reward.name = "swe"
     c.reward.num_workers = 1
     c.data.max_eval_examples = 40

@@ -19,6 +19,7 @@ checkpoint folder. ``tiny`` samples with the JAX sampler (its head size, 16, is 
 vLLM's CPU attention takes; ``--config.sampler.backend=vllm --config.model.tiny.hidden_size=128``
 serves it with vLLM); ``paper`` with ``auto`` (vLLM on a GPU).
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -47,7 +48,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.reward.extra_call_penalty = pixel_reasoner.beta
     c.trainer.out_dir = f"runs/vt_visual_{variant}"
     if variant == "tiny":
-        set_tiny_model(c, 512, family="qwen2_5_vl", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+        set_tiny_model(
+            c, 512, family="qwen2_5_vl", num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16
+        )
         c.rollout.n_samples = 2
         c.rollout.max_prompt_tokens = 256
         c.rollout.max_response_tokens = 160

@@ -29,17 +29,18 @@ Any ``--config.a.b=v`` given on the command line is shared by every arm (before 
 arm's own overrides, so an arm's setting wins). Runs go to
 ``runs/sweeps/<ablation>/<arm>/seed<k>``; a finished run is not run again.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweep import Arm, Sweep, add_common_args, main_for, parse_seeds  # noqa: E402
+from sweep import Arm, Sweep, add_common_args, main_for, parse_seeds
 
 DEFAULT_CONFIG = "configs/vt_math.py:smol"
 
@@ -50,28 +51,63 @@ def _o(**kv) -> tuple[str, ...]:
 
 
 def staleness_arms(cfg) -> list[Arm]:
-    return [Arm(f"staleness{s}", _o(rollout__mode="async", rollout__max_staleness=s),
-                note="on-policy: each group sampled by the current policy" if s == 0 else "")
-            for s in (0, 1, 2, 4)]
+    return [
+        Arm(
+            f"staleness{s}",
+            _o(rollout__mode="async", rollout__max_staleness=s),
+            note="on-policy: each group sampled by the current policy" if s == 0 else "",
+        )
+        for s in (0, 1, 2, 4)
+    ]
 
 
 def loss_arms(cfg) -> list[Arm]:
-    plain = dict(algo__dynamic_sampling="false", algo__overlong_buffer_len=0,
-                 algo__loss_agg_mode="token-mean", algo__clip_ratio_low=0.2,
-                 algo__clip_ratio_high=0.2)
+    plain = dict(
+        algo__dynamic_sampling="false",
+        algo__overlong_buffer_len=0,
+        algo__loss_agg_mode="token-mean",
+        algo__clip_ratio_low=0.2,
+        algo__clip_ratio_high=0.2,
+    )
     overlong = max(1, int(cfg.rollout.max_response_tokens) // 4)
     return [
         Arm("grpo", _o(algo__adv_estimator="grpo", algo__policy_loss="ppo", **plain)),
-        Arm("drgrpo", _o(algo__adv_estimator="drgrpo", algo__policy_loss="ppo",
-                         **dict(plain, algo__loss_agg_mode="seq-mean-token-sum-norm"))),
+        Arm(
+            "drgrpo",
+            _o(
+                algo__adv_estimator="drgrpo",
+                algo__policy_loss="ppo",
+                **dict(plain, algo__loss_agg_mode="seq-mean-token-sum-norm"),
+            ),
+        ),
         Arm("rloo", _o(algo__adv_estimator="rloo", algo__policy_loss="ppo", **plain)),
-        Arm("dapo", _o(algo__adv_estimator="grpo", algo__policy_loss="ppo",
-                       **dict(plain, algo__clip_ratio_high=0.28, algo__dynamic_sampling="true",
-                              algo__overlong_buffer_len=overlong)),
-            note=f"overlong buffer {overlong} tokens"),
-        Arm("gspo", _o(algo__adv_estimator="grpo", algo__policy_loss="gspo",
-                       **dict(plain, algo__clip_ratio_low=3e-4, algo__clip_ratio_high=4e-4,
-                              algo__loss_agg_mode="seq-mean-token-mean"))),
+        Arm(
+            "dapo",
+            _o(
+                algo__adv_estimator="grpo",
+                algo__policy_loss="ppo",
+                **dict(
+                    plain,
+                    algo__clip_ratio_high=0.28,
+                    algo__dynamic_sampling="true",
+                    algo__overlong_buffer_len=overlong,
+                ),
+            ),
+            note=f"overlong buffer {overlong} tokens",
+        ),
+        Arm(
+            "gspo",
+            _o(
+                algo__adv_estimator="grpo",
+                algo__policy_loss="gspo",
+                **dict(
+                    plain,
+                    algo__clip_ratio_low=3e-4,
+                    algo__clip_ratio_high=4e-4,
+                    algo__loss_agg_mode="seq-mean-token-mean",
+                ),
+            ),
+        ),
     ]
 
 
@@ -81,20 +117,35 @@ def offpolicy_arms(cfg) -> list[Arm]:
     sampler's), so "sampler, IS on" and "sampler, IS off" are the same computation. IS
     corrects only recomputed behaviour logprobs, where it weighs each token by how much
     more likely the trainer finds it than the sampler did."""
-    return [Arm("sampler", _o(algo__old_logprobs="sampler", algo__tis_cap=0.0),
-                note="the sampler's logprobs are the behaviour policy (no IS needed)"),
-            Arm("recompute_tis", _o(algo__old_logprobs="recompute", algo__tis_cap=2.0),
-                note="the trainer's logprobs before the update, IS against the sampler "
-                     "capped at 2"),
-            Arm("recompute", _o(algo__old_logprobs="recompute", algo__tis_cap=0.0),
-                note="the trainer's logprobs before the update, no correction")]
+    return [
+        Arm(
+            "sampler",
+            _o(algo__old_logprobs="sampler", algo__tis_cap=0.0),
+            note="the sampler's logprobs are the behaviour policy (no IS needed)",
+        ),
+        Arm(
+            "recompute_tis",
+            _o(algo__old_logprobs="recompute", algo__tis_cap=2.0),
+            note="the trainer's logprobs before the update, IS against the sampler capped at 2",
+        ),
+        Arm(
+            "recompute",
+            _o(algo__old_logprobs="recompute", algo__tis_cap=0.0),
+            note="the trainer's logprobs before the update, no correction",
+        ),
+    ]
 
 
 def masking_arms(cfg) -> list[Arm]:
     same = dict(algo__old_logprobs="recompute", algo__tis_cap=0.0)
-    return [Arm("masked", _o(rollout__mask_observations="true", **same)),
-            Arm("unmasked", _o(rollout__mask_observations="false", **same),
-                note="trains on tool-output tokens")]
+    return [
+        Arm("masked", _o(rollout__mask_observations="true", **same)),
+        Arm(
+            "unmasked",
+            _o(rollout__mask_observations="false", **same),
+            note="trains on tool-output tokens",
+        ),
+    ]
 
 
 def turns_arms(cfg) -> list[Arm]:
@@ -102,29 +153,45 @@ def turns_arms(cfg) -> list[Arm]:
 
 
 def kl_arms(cfg) -> list[Arm]:
-    return [Arm("nokl", _o(algo__kl_coef=0.0)),
-            Arm("k1", _o(algo__kl_coef=0.01, algo__kl_estimator="k1")),
-            Arm("k3", _o(algo__kl_coef=0.01, algo__kl_estimator="k3"))]
+    return [
+        Arm("nokl", _o(algo__kl_coef=0.0)),
+        Arm("k1", _o(algo__kl_coef=0.01, algo__kl_estimator="k1")),
+        Arm("k3", _o(algo__kl_coef=0.01, algo__kl_estimator="k3")),
+    ]
 
 
 # name -> (the question it answers, arms of a loaded config)
 ABLATIONS: dict[str, tuple[str, Callable]] = {
-    "staleness": ("How much policy lag (max_staleness) can async rollout take before "
-                  "accuracy suffers, and what throughput does it buy?", staleness_arms),
-    "loss": ("Which policy loss / advantage estimator learns best here: GRPO, Dr.GRPO, "
-             "RLOO, DAPO or GSPO?", loss_arms),
-    "offpolicy": ("Which behaviour logprobs should the PPO ratio use: the sampler's, or the "
-                  "trainer's recomputed ones with or without truncated IS against the "
-                  "sampler?", offpolicy_arms),
-    "masking": ("What does training on tool-output tokens (no observation mask) do?",
-                masking_arms),
+    "staleness": (
+        "How much policy lag (max_staleness) can async rollout take before "
+        "accuracy suffers, and what throughput does it buy?",
+        staleness_arms,
+    ),
+    "loss": (
+        "Which policy loss / advantage estimator learns best here: GRPO, Dr.GRPO, "
+        "RLOO, DAPO or GSPO?",
+        loss_arms,
+    ),
+    "offpolicy": (
+        "Which behaviour logprobs should the PPO ratio use: the sampler's, or the "
+        "trainer's recomputed ones with or without truncated IS against the "
+        "sampler?",
+        offpolicy_arms,
+    ),
+    "masking": ("What does training on tool-output tokens (no observation mask) do?", masking_arms),
     "turns": ("How does the tool-call budget (max_turns 1/2/4) change accuracy?", turns_arms),
     "kl": ("Does a KL term (k1 / k3) against the initial policy help or hurt?", kl_arms),
 }
 
 
-def build_sweep(name: str, config: str, seeds: Sequence[int], shared: Sequence[str],
-                root: str = "runs/sweeps", only: Optional[Sequence[str]] = None) -> Sweep:
+def build_sweep(
+    name: str,
+    config: str,
+    seeds: Sequence[int],
+    shared: Sequence[str],
+    root: str = "runs/sweeps",
+    only: Sequence[str] | None = None,
+) -> Sweep:
     """The :class:`Sweep` of ablation ``name`` over ``config`` (loaded with the shared
     overrides, so arms derived from it, e.g. DAPO's overlong buffer, see the final sizes).
     ``only``: run just these arms (in the ablation's order; the first kept is the baseline)."""
@@ -138,18 +205,22 @@ def build_sweep(name: str, config: str, seeds: Sequence[int], shared: Sequence[s
     if only:
         unknown = sorted(set(only) - {a.name for a in arms})
         if unknown:
-            raise ValueError(f"ablation {name!r} has no arm(s) {unknown}; its arms: "
-                             f"{[a.name for a in arms]}")
+            raise ValueError(
+                f"ablation {name!r} has no arm(s) {unknown}; its arms: {[a.name for a in arms]}"
+            )
         arms = [a for a in arms if a.name in set(only)]
     return Sweep(name, config, tuple(arms), tuple(seeds), tuple(shared), root, question)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ablation", choices=sorted(ABLATIONS) + ["all"])
     add_common_args(ap, DEFAULT_CONFIG)
-    ap.add_argument("--arms", default="",
-                    help="comma-separated arm names to run (default: all of the ablation's)")
+    ap.add_argument(
+        "--arms",
+        default="",
+        help="comma-separated arm names to run (default: all of the ablation's)",
+    )
     args, shared = ap.parse_known_args(argv)
     bad = [s for s in shared if not s.startswith("--config.")]
     if bad:

@@ -70,6 +70,7 @@ draw different but identically distributed actions; the search latencies are see
 Run:  python experiments/async_vs_sync.py   (about 10 minutes on 2 CPU cores; --repeats 1
       --prompts 16 for a 1-minute look)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,13 +92,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-WORDS = ("the a of city country year river capital population founded largest name who what "
-         "which where when first president author book film river mountain").split()
+WORDS = (
+    "the a of city country year river capital population founded largest name who what "
+    "which where when first president author book film river mountain"
+).split()
 SYSTEM = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 # The tool server of each profile serves what its task would (python: the math task's
 # sandboxed python; search: the heavy-tailed stand-in; mix: both).
-PROFILE_TOOLS = {"python": ["python_code"], "search": ["sleep_search"],
-                 "mix": ["sleep_search", "python_code"]}
+PROFILE_TOOLS = {
+    "python": ["python_code"],
+    "search": ["sleep_search"],
+    "mix": ["sleep_search", "python_code"],
+}
 
 
 def question(rng: random.Random, tool: str) -> str:
@@ -128,7 +134,7 @@ def warm_tiny_model(out: Path, steps: int, seed: int) -> Path:
     from verltool_jax.models.tiny import build_tiny_hf
 
     marker = out / f"warmed_v2_{steps}_{seed}"
-    if marker.exists():                 # reuse a model warmed by an earlier run
+    if marker.exists():  # reuse a model warmed by an earlier run
         print(f"  reusing the warmed model in {out}", flush=True)
         return out
     build_tiny_hf(out, "qwen2", seed=seed)
@@ -146,8 +152,8 @@ def warm_tiny_model(out: Path, steps: int, seed: int) -> Path:
         ids = torch.full((len(enc), n), tok.pad_token_id)
         mask = torch.zeros((len(enc), n), dtype=torch.long)
         for i, e in enumerate(enc):
-            ids[i, :len(e)] = torch.tensor(e)
-            mask[i, :len(e)] = 1
+            ids[i, : len(e)] = torch.tensor(e)
+            mask[i, : len(e)] = 1
         labels = ids.masked_fill(mask == 0, -100)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
@@ -173,7 +179,7 @@ async def measure_sampler(sampler, prompt_ids: list[int], n_concurrent: int, n_t
         c = await sampler.generate(prompt_ids, p, request_id=f"probe{i}-{n}")
         return time.perf_counter() - t0, len(c.token_ids)
 
-    await one(4, 0)                                   # warm the engine
+    await one(4, 0)  # warm the engine
     # Fastest of several single requests per length: on a shared machine the minimum is
     # the best estimate of the uncontended cost, which keeps the bound a lower bound.
     fastest = {}
@@ -186,8 +192,9 @@ async def measure_sampler(sampler, prompt_ids: list[int], n_concurrent: int, n_t
     best = 0.0
     for rep in range(2):
         t0 = time.perf_counter()
-        res = await asyncio.gather(*(one(n_tokens, 100 + rep * n_concurrent + i)
-                                     for i in range(n_concurrent)))
+        res = await asyncio.gather(
+            *(one(n_tokens, 100 + rep * n_concurrent + i) for i in range(n_concurrent))
+        )
         best = max(best, sum(r[1] for r in res) / (time.perf_counter() - t0))
     return best, max(a, 0.0), max(b, 0.0)
 
@@ -210,11 +217,14 @@ def alone_tool_latencies(t, python_alone_s: float) -> list[float]:
     return [drawn.get(j + 1, min(m, python_alone_s)) for j, m in enumerate(t.tool_latencies)]
 
 
-def lower_bound(trajs, peak_tps: float, a: float, b: float,
-                python_alone_s: float) -> tuple[float, float, float]:
+def lower_bound(
+    trajs, peak_tps: float, a: float, b: float, python_alone_s: float
+) -> tuple[float, float, float]:
     """``(bound, slowest serial time, total generation work / peak throughput)``."""
-    serial = max(sum(alone_tool_latencies(t, python_alone_s))
-                 + sum(a + b * n for n in t.gen_tokens) for t in trajs)
+    serial = max(
+        sum(alone_tool_latencies(t, python_alone_s)) + sum(a + b * n for n in t.gen_tokens)
+        for t in trajs
+    )
     work = sum(sum(t.gen_tokens) for t in trajs) / peak_tps
     return max(serial, work), serial, work
 
@@ -222,6 +232,7 @@ def lower_bound(trajs, peak_tps: float, a: float, b: float,
 async def measure_python_alone(url: str, n: int = 5) -> float:
     """Fastest of ``n`` single ``python_code`` calls (the uncontended tool latency)."""
     from verltool_jax.tools_client import ToolClient
+
     best = float("inf")
     async with ToolClient(url, timeout_s=60.0) as client:
         for i in range(n):
@@ -252,7 +263,7 @@ def cpu_seconds(engine_pids: list[int]) -> dict[str, float]:
     (this process: the rollout loop, the tool client and vLLM's front end)."""
     import psutil
 
-    def tree(p: "psutil.Process") -> float:
+    def tree(p: psutil.Process) -> float:
         total = 0.0
         for q in [p] + p.children(recursive=True):
             try:
@@ -277,9 +288,11 @@ def cpu_line(before: dict, after: dict, wall: float) -> str:
     d = {k: after[k] - before[k] for k in after}
     total = sum(d.values())
     cores = os.cpu_count() or 1
-    return (f"CPU {total:.1f} s = {total / (wall * cores):.0%} of {cores} cores x wall "
-            f"(sampler {d['sampler']:.1f} s, tool server {d['tools']:.1f} s, rollout + vLLM "
-            f"front end {d['rollout']:.1f} s)")
+    return (
+        f"CPU {total:.1f} s = {total / (wall * cores):.0%} of {cores} cores x wall "
+        f"(sampler {d['sampler']:.1f} s, tool server {d['tools']:.1f} s, rollout + vLLM "
+        f"front end {d['rollout']:.1f} s)"
+    )
 
 
 async def run_profile(mode: str, prompts, n_samples, sampler, url, tok, cfg):
@@ -299,13 +312,15 @@ async def measure_tool_peak(url: str, n: int) -> float:
     """The python tool's peak throughput (calls/s): ``n`` single calls submitted at once,
     sampler idle, best of 2."""
     from verltool_jax.tools_client import ToolClient
+
     best = 0.0
     async with ToolClient(url, timeout_s=60.0, max_connections=512) as client:
         for rep in range(2):
             ids = [f"probe-peak{rep}-{i}" for i in range(n)]
             t0 = time.perf_counter()
-            await asyncio.gather(*(client.get_observation(t, "<python>print(12 * 34)</python>")
-                                   for t in ids))
+            await asyncio.gather(
+                *(client.get_observation(t, "<python>print(12 * 34)</python>") for t in ids)
+            )
             best = max(best, n / (time.perf_counter() - t0))
             await client.finish(ids)
     return best
@@ -319,8 +334,7 @@ async def run_once(profile, rep, prompts, args, sampler, url, tok, cfg, n_traj, 
     """Sync then async on ``prompts``; print the details; return the table row."""
     engines = sampler.engine_pids()
     cpu0 = cpu_seconds(engines)
-    sync_wall, sync_t = await run_profile("sync", prompts, args.n_samples, sampler, url, tok,
-                                          cfg)
+    sync_wall, sync_t = await run_profile("sync", prompts, args.n_samples, sampler, url, tok, cfg)
     sync_cpu = cpu_line(cpu0, cpu_seconds(engines), sync_wall)
     # measured right before the async run, under the same machine load
     peak, a, b = await measure_sampler(sampler, probe_prompt, n_traj, args.max_action_tokens)
@@ -328,33 +342,39 @@ async def run_once(profile, rep, prompts, args, sampler, url, tok, cfg, n_traj, 
     py_alone = await measure_python_alone(url) if serves_python else 0.0
     py_peak = await measure_tool_peak(url, n_traj) if serves_python else float("inf")
     cpu0 = cpu_seconds(engines)
-    async_wall, async_t = await run_profile("async", prompts, args.n_samples, sampler, url,
-                                            tok, cfg)
+    async_wall, async_t = await run_profile(
+        "async", prompts, args.n_samples, sampler, url, tok, cfg
+    )
     async_cpu = cpu_line(cpu0, cpu_seconds(engines), async_wall)
     bound, serial, gen_work = lower_bound(async_t, peak, a, b, py_alone)
     tool_work = python_calls(async_t) / py_peak
     shared = max(serial, gen_work + tool_work)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     last = max(async_t, key=lambda t: t.wall_time_s)
-    py_text = (f", python call alone {py_alone * 1000:.1f} ms, python peak {py_peak:.0f} "
-               f"calls/s" if serves_python else "")
-    print(f"  {profile} #{rep} (load average {load}; tools {','.join(PROFILE_TOOLS[profile])}): "
-          f"sampler peak {peak:.0f} tok/s, alone t(n) = {a * 1000:.1f} ms + {b * 1000:.2f} ms * n"
-          f"{py_text}\n"
-          f"    decode step: {b * 1000:.1f} ms alone, {n_traj / peak * 1000:.1f} ms with {n_traj} "
-          f"sequences ({n_traj / peak / max(b, 1e-9):.1f}x)\n"
-          f"    sync  {sync_wall:.1f} s: {describe(sync_t)}\n"
-          f"          {sync_cpu}\n"
-          f"    async {async_wall:.1f} s: {describe(async_t)}\n"
-          f"          {async_cpu}\n"
-          f"    bound {bound:.1f} s = max(slowest serial {serial:.1f} s, generation work "
-          f"{gen_work:.1f} s); shared-CPU bound {shared:.1f} s = max(slowest serial, generation "
-          f"work + python work {tool_work:.1f} s)\n"
-          f"    last to finish: {last.wall_time_s:.1f} s = generation "
-          f"{sum(last.gen_latencies):.1f} s (alone {sum(a + b * n for n in last.gen_tokens):.1f} s)"
-          f" + tools {sum(last.tool_latencies):.1f} s (alone "
-          f"{sum(alone_tool_latencies(last, py_alone)):.1f} s), {last.num_turns} turns",
-          flush=True)
+    py_text = (
+        f", python call alone {py_alone * 1000:.1f} ms, python peak {py_peak:.0f} calls/s"
+        if serves_python
+        else ""
+    )
+    print(
+        f"  {profile} #{rep} (load average {load}; tools {','.join(PROFILE_TOOLS[profile])}): "
+        f"sampler peak {peak:.0f} tok/s, alone t(n) = {a * 1000:.1f} ms + {b * 1000:.2f} ms * n"
+        f"{py_text}\n"
+        f"    decode step: {b * 1000:.1f} ms alone, {n_traj / peak * 1000:.1f} ms with {n_traj} "
+        f"sequences ({n_traj / peak / max(b, 1e-9):.1f}x)\n"
+        f"    sync  {sync_wall:.1f} s: {describe(sync_t)}\n"
+        f"          {sync_cpu}\n"
+        f"    async {async_wall:.1f} s: {describe(async_t)}\n"
+        f"          {async_cpu}\n"
+        f"    bound {bound:.1f} s = max(slowest serial {serial:.1f} s, generation work "
+        f"{gen_work:.1f} s); shared-CPU bound {shared:.1f} s = max(slowest serial, generation "
+        f"work + python work {tool_work:.1f} s)\n"
+        f"    last to finish: {last.wall_time_s:.1f} s = generation "
+        f"{sum(last.gen_latencies):.1f} s (alone {sum(a + b * n for n in last.gen_tokens):.1f} s)"
+        f" + tools {sum(last.tool_latencies):.1f} s (alone "
+        f"{sum(alone_tool_latencies(last, py_alone)):.1f} s), {last.num_turns} turns",
+        flush=True,
+    )
     return profile, sync_wall, async_wall, bound, shared
 
 
@@ -363,13 +383,16 @@ def describe(trajs) -> str:
     term = {}
     for t in trajs:
         term[t.termination] = term.get(t.termination, 0) + 1
-    return (f"tool calls/traj mean {statistics.mean(calls):.2f} (min {min(calls)}, max "
-            f"{max(calls)}; {tool_mix(trajs)}), terminations {dict(sorted(term.items()))}")
+    return (
+        f"tool calls/traj mean {statistics.mean(calls):.2f} (min {min(calls)}, max "
+        f"{max(calls)}; {tool_mix(trajs)}), terminations {dict(sorted(term.items()))}"
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n-samples", type=int, default=4)
     ap.add_argument("--max-turns", type=int, default=4)
@@ -378,10 +401,18 @@ def main() -> None:
     ap.add_argument("--search-sigma", type=float, default=1.0)
     ap.add_argument("--warm-steps", type=int, default=300)
     ap.add_argument("--profiles", default="python,search,mix")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="runs per profile (new trajectory ids, so new latency draws)")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="seeds the model warm-up, the prompts and the search latencies")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs per profile (new trajectory ids, so new latency draws)",
+    )
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the model warm-up, the prompts and the search latencies",
+    )
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
 
@@ -395,20 +426,34 @@ def main() -> None:
     print(f"[1/3] warming the tiny model in {work}", flush=True)
     model_dir = warm_tiny_model(work / "model", args.warm_steps, args.seed)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    cfg = RolloutConfig(max_turns=args.max_turns, max_response_tokens=512,
-                        max_action_tokens=args.max_action_tokens, max_obs_tokens=64,
-                        action_stop_strings=("</python>", "</search>"), temperature=1.0,
-                        obs_template="<result>{obs}</result>", seed=None)
+    cfg = RolloutConfig(
+        max_turns=args.max_turns,
+        max_response_tokens=512,
+        max_action_tokens=args.max_action_tokens,
+        max_obs_tokens=64,
+        action_stop_strings=("</python>", "</search>"),
+        temperature=1.0,
+        obs_template="<result>{obs}</result>",
+        seed=None,
+    )
     rng = random.Random(args.seed + 1)
     n_traj = args.prompts * args.n_samples
 
     def prompts_for(profile: str, rep: int = 0):
-        tools = {"python": ["python"] * args.prompts, "search": ["search"] * args.prompts,
-                 "mix": ["python", "search"] * (args.prompts // 2) + ["search"] * (args.prompts % 2)
-                 }[profile]
-        return [{"prompt_ids": tok.encode(SYSTEM.format(q=question(rng, t)),
-                                          add_special_tokens=False),
-                 "group_id": f"{profile}{rep}_{i}"} for i, t in enumerate(tools)]
+        tools = {
+            "python": ["python"] * args.prompts,
+            "search": ["search"] * args.prompts,
+            "mix": ["python", "search"] * (args.prompts // 2) + ["search"] * (args.prompts % 2),
+        }[profile]
+        return [
+            {
+                "prompt_ids": tok.encode(
+                    SYSTEM.format(q=question(rng, t)), add_special_tokens=False
+                ),
+                "group_id": f"{profile}{rep}_{i}",
+            }
+            for i, t in enumerate(tools)
+        ]
 
     print("[2/3] starting the vLLM CPU sampler", flush=True)
     sampler = VLLMSampler(model_dir, max_model_len=1024, seed=args.seed)
@@ -416,39 +461,70 @@ def main() -> None:
     try:
         profiles = args.profiles.split(",")
         probe_prompt = prompts_for("search")[0]["prompt_ids"]
-        print(f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
-              f"trajectories per run", flush=True)
+        print(
+            f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
+            f"trajectories per run",
+            flush=True,
+        )
         for profile in profiles:
             # Each profile gets the server its task would have: an action for a tool that
             # is not served is an invalid action (a fast error observation).
-            with run_server(tools=PROFILE_TOOLS[profile], timeout=30.0,
-                            max_concurrency=1024, tool_max_concurrency=1024,
-                            tool_opt={"sleep_search_mean_s": args.search_mean_s,
-                                      "sleep_search_sigma": args.search_sigma,
-                                      "sleep_search_seed": args.seed}) as url:
+            with run_server(
+                tools=PROFILE_TOOLS[profile],
+                timeout=30.0,
+                max_concurrency=1024,
+                tool_max_concurrency=1024,
+                tool_opt={
+                    "sleep_search_mean_s": args.search_mean_s,
+                    "sleep_search_sigma": args.search_sigma,
+                    "sleep_search_seed": args.seed,
+                },
+            ) as url:
                 for rep in range(args.repeats):
-                    rows.append(asyncio.run(run_once(profile, rep, prompts_for(profile, rep),
-                                                     args, sampler, url, tok, cfg, n_traj,
-                                                     probe_prompt)))
+                    rows.append(
+                        asyncio.run(
+                            run_once(
+                                profile,
+                                rep,
+                                prompts_for(profile, rep),
+                                args,
+                                sampler,
+                                url,
+                                tok,
+                                cfg,
+                                n_traj,
+                                probe_prompt,
+                            )
+                        )
+                    )
     finally:
         sampler.close()
 
     print()
-    print(f"{n_traj} trajectories per run; load average (1, 5, 15 min) at the end: "
-          + " ".join(f"{x:.1f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs")
-    print("| profile | run | sync wall (s) | async wall (s) | speedup | async lower bound (s) "
-          "| async / bound | shared-CPU bound (s) | async / shared-CPU bound |")
+    print(
+        f"{n_traj} trajectories per run; load average (1, 5, 15 min) at the end: "
+        + " ".join(f"{x:.1f}" for x in os.getloadavg())
+        + f" on {os.cpu_count()} CPUs"
+    )
+    print(
+        "| profile | run | sync wall (s) | async wall (s) | speedup | async lower bound (s) "
+        "| async / bound | shared-CPU bound (s) | async / shared-CPU bound |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     med = statistics.median
     for p in profiles:
         mine = [r for r in rows if r[0] == p]
         for k, (_, s_, a_, lb, sb) in enumerate(mine):
-            print(f"| {p} | {k} | {s_:.1f} | {a_:.1f} | {s_ / a_:.2f}x | {lb:.1f} | "
-                  f"{a_ / lb:.2f} | {sb:.1f} | {a_ / sb:.2f} |")
-        print(f"| {p} | median | {med(r[1] for r in mine):.1f} | {med(r[2] for r in mine):.1f} "
-              f"| {med(r[1] / r[2] for r in mine):.2f}x | {med(r[3] for r in mine):.1f} | "
-              f"{med(r[2] / r[3] for r in mine):.2f} | {med(r[4] for r in mine):.1f} | "
-              f"{med(r[2] / r[4] for r in mine):.2f} |")
+            print(
+                f"| {p} | {k} | {s_:.1f} | {a_:.1f} | {s_ / a_:.2f}x | {lb:.1f} | "
+                f"{a_ / lb:.2f} | {sb:.1f} | {a_ / sb:.2f} |"
+            )
+        print(
+            f"| {p} | median | {med(r[1] for r in mine):.1f} | {med(r[2] for r in mine):.1f} "
+            f"| {med(r[1] / r[2] for r in mine):.2f}x | {med(r[3] for r in mine):.1f} | "
+            f"{med(r[2] / r[3] for r in mine):.2f} | {med(r[4] for r in mine):.1f} | "
+            f"{med(r[2] / r[4] for r in mine):.2f} |"
+        )
 
 
 if __name__ == "__main__":

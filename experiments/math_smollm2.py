@@ -13,29 +13,34 @@ training problems; evaluation on GSM8K test, SVAMP and MAWPS (``task.num_eval`` 
 each, 300 / 150 / 150 in ``smol``). Stages, resumption, outputs and options: see
 ``experiments/sft_grpo_stages.py`` (base; per seed sft, grpo; ``--stages``, ``--set``).
 """
+
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sft_grpo_stages import STAGES, Recipe, main as run_stages, run_script  # noqa: E402,F401
+from sft_grpo_stages import STAGES, Recipe, run_script  # noqa: F401
+from sft_grpo_stages import main as run_stages
 
 
-def _check_data(data_dir: str) -> Optional[str]:
+def _check_data(data_dir: str) -> str | None:
     if not (Path(data_dir) / "gsm8k" / "train.jsonl").is_file():
         return "no gsm8k/train.jsonl there"
     return None
 
 
 RECIPE = Recipe(
-    name="math_smollm2", config_file="configs/vt_math.py",
-    title="SmolLM2-135M-Instruct + python tool", metric="accuracy",
+    name="math_smollm2",
+    config_file="configs/vt_math.py",
+    title="SmolLM2-135M-Instruct + python tool",
+    metric="accuracy",
     data_help="directory with gsm8k/{train,test}.jsonl and math/*_test.jsonl",
     check_data=_check_data,
-    data_overrides=lambda data_dir, out, smoke: [("task.data_dir", data_dir)])
+    data_overrides=lambda data_dir, out, smoke: [("task.data_dir", data_dir)],
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

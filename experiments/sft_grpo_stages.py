@@ -26,15 +26,17 @@ tool call, observation and reward, in ``base/trajectories.html``,
 ``sft_seed<s>/eval/trajectories.html`` and ``grpo_seed<s>/eval/trajectories.html``.
 ``--set key=value`` overrides any config key in every stage.
 """
+
 from __future__ import annotations
 
 import argparse
 import csv
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("base", "sft", "grpo")
@@ -44,23 +46,32 @@ Overrides = list[tuple[str, str]]
 @dataclass(frozen=True)
 class Recipe:
     """What differs between experiments: the config, the data, the words."""
-    name: str                 # log prefix and experiment.json's "experiment"
-    config_file: str          # relative to the repository, e.g. "configs/vt_math.py"
-    title: str                # plot title of the real run
-    metric: str               # what "acc" means here, e.g. "accuracy", "exact match"
-    data_help: str            # --data-dir help
+
+    name: str  # log prefix and experiment.json's "experiment"
+    config_file: str  # relative to the repository, e.g. "configs/vt_math.py"
+    title: str  # plot title of the real run
+    metric: str  # what "acc" means here, e.g. "accuracy", "exact match"
+    data_help: str  # --data-dir help
     # data_dir -> an error message, or None when the data are there
-    check_data: Callable[[str], Optional[str]]
+    check_data: Callable[[str], str | None]
     # (data_dir, out, smoke) -> the overrides that point the config at the data; may
     # prepare things once under out (an index), printing what it does
     data_overrides: Callable[[str, Path, bool], Overrides]
 
 
-def stage_config(recipe: Recipe, variant: str, data: Overrides, out: Path,
-                 overrides: Sequence[tuple[str, str]], *, smoke: bool):
+def stage_config(
+    recipe: Recipe,
+    variant: str,
+    data: Overrides,
+    out: Path,
+    overrides: Sequence[tuple[str, str]],
+    *,
+    smoke: bool,
+):
     """The recipe's config of ``variant`` with the data overrides, the run dir ``out``
     and ``overrides`` applied (validated)."""
     from verltool_jax.cli import apply_overrides, load_config, validate_config
+
     c = load_config(str(REPO / recipe.config_file) + f":{variant}")
     base = list(data) + [("trainer.out_dir", str(out)), ("logging.progress_bar", "false")]
     if smoke:
@@ -107,16 +118,23 @@ def rows_of(stage: str, seed: Any, res: dict) -> list[dict]:
         for name, m in sets.items():
             more = extra.get(name, {}) if mode == "greedy" else {}
             cells = {**m, **{k: v for k, v in more.items() if k != "n"}}
-            out.append({"stage": stage, "seed": seed, "mode": mode, "set": name,
-                        **{k: round(v, 4) if isinstance(v, float) else v
-                           for k, v in cells.items()},
-                        "stage_wall_s": round(res["wall_s"], 1)})
+            out.append(
+                {
+                    "stage": stage,
+                    "seed": seed,
+                    "mode": mode,
+                    "set": name,
+                    **{k: round(v, 4) if isinstance(v, float) else v for k, v in cells.items()},
+                    "stage_wall_s": round(res["wall_s"], 1),
+                }
+            )
     return out
 
 
 def spread(values: Sequence[float]) -> tuple[float, float]:
     """(mean, half the range) of ``values``: the spread the tables report over seeds."""
     import numpy as np
+
     return float(np.mean(values)), (max(values) - min(values)) / 2
 
 
@@ -124,8 +142,10 @@ def write_tables(rows: list[dict], out: Path, title: str, metric: str) -> None:
     """``results.csv`` (every row), ``results.md`` (``acc`` mean ± half-range over seeds
     per stage and set, greedy) and ``accuracy.png``."""
     import numpy as np
-    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in (
-        "stage", "seed", "mode", "set"), k))
+
+    keys = sorted(
+        {k for r in rows for k in r}, key=lambda k: (k not in ("stage", "seed", "mode", "set"), k)
+    )
     with (out / "results.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
@@ -136,24 +156,32 @@ def write_tables(rows: list[dict], out: Path, title: str, metric: str) -> None:
     table: dict[tuple[str, str], list[float]] = {}
     for r in greedy:
         table.setdefault((r["stage"], r["set"]), []).append(r["acc"])
-    md = ["| stage | " + " | ".join(sets) + " | seeds | wall s |",
-          "|---" * (len(sets) + 3) + "|"]
+    md = ["| stage | " + " | ".join(sets) + " | seeds | wall s |", "|---" * (len(sets) + 3) + "|"]
     for s in stages:
         cells = []
         for name in sets:
             v = table.get((s, name), [])
             cells.append("{:.3f} ± {:.3f}".format(*spread(v)) if v else "-")
-        wall = [w for _, w in sorted({str(r["seed"]): r["stage_wall_s"]
-                                       for r in greedy if r["stage"] == s}.items())]
+        wall = [
+            w
+            for _, w in sorted(
+                {str(r["seed"]): r["stage_wall_s"] for r in greedy if r["stage"] == s}.items()
+            )
+        ]
         seeds = sorted({str(r["seed"]) for r in greedy if r["stage"] == s})
-        md.append(f"| {s} | " + " | ".join(cells) + f" | {','.join(seeds)} | "
-                  f"{'/'.join(f'{x:.0f}' for x in wall)} |")
+        md.append(
+            f"| {s} | " + " | ".join(cells) + f" | {','.join(seeds)} | "
+            f"{'/'.join(f'{x:.0f}' for x in wall)} |"
+        )
     (out / "results.md").write_text(
         f"Greedy {metric} per test set (mean ± half the spread over seeds); wall s per "
-        "seed (training + evaluation).\n\n" + "\n".join(md) + "\n")
+        "seed (training + evaluation).\n\n" + "\n".join(md) + "\n"
+    )
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 3.5))
     x = np.arange(len(stages))
     for j, name in enumerate(sets):
@@ -172,8 +200,7 @@ def write_tables(rows: list[dict], out: Path, title: str, metric: str) -> None:
     plt.close(fig)
 
 
-def write_experiment_summary(recipe: Recipe, rows: list[dict], out: Path, config,
-                             seeds) -> None:
+def write_experiment_summary(recipe: Recipe, rows: list[dict], out: Path, config, seeds) -> None:
     """``experiment.json``: the GRPO stage's config and a one-paragraph result (greedy
     ``acc`` per set and stage, mean ± half-range over seeds, wall time), which
     ``experiments/reproduce.py`` puts in the reproduction table."""
@@ -185,17 +212,25 @@ def write_experiment_summary(recipe: Recipe, rows: list[dict], out: Path, config
             v = [r["acc"] for r in greedy if r["stage"] == stage and r["set"] == name]
             if v:
                 mean, half = spread(v)
-                cells.append(f"{stage} {100 * mean:.1f}%"
-                             + (f" ± {100 * half:.1f}" if len(v) > 1 else ""))
+                cells.append(
+                    f"{stage} {100 * mean:.1f}%" + (f" ± {100 * half:.1f}" if len(v) > 1 else "")
+                )
         n = next(r["problems"] for r in greedy if r["set"] == name)
         parts.append(f"{name} ({n} problems): " + ", ".join(cells))
     wall = sum({(r["stage"], str(r["seed"])): r["stage_wall_s"] for r in greedy}.values())
-    summary = (f"SmolLM2-135M-Instruct, greedy {recipe.metric} base -> SFT -> GRPO (mean ± "
-               f"half the spread over seeds {','.join(map(str, seeds))}): " + "; ".join(parts)
-               + f"; {wall / 60:.0f} min of training and evaluation on 2 CPU cores")
-    (out / "experiment.json").write_text(json.dumps(
-        {"experiment": recipe.name, "config": config.to_dict(), "summary": summary},
-        indent=2, default=str))
+    summary = (
+        f"SmolLM2-135M-Instruct, greedy {recipe.metric} base -> SFT -> GRPO (mean ± "
+        f"half the spread over seeds {','.join(map(str, seeds))}): "
+        + "; ".join(parts)
+        + f"; {wall / 60:.0f} min of training and evaluation on 2 CPU cores"
+    )
+    (out / "experiment.json").write_text(
+        json.dumps(
+            {"experiment": recipe.name, "config": config.to_dict(), "summary": summary},
+            indent=2,
+            default=str,
+        )
+    )
 
 
 def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> int:
@@ -203,15 +238,30 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
     ap.add_argument("--data-dir", required=True, help=recipe.data_help)
     ap.add_argument("--out", default=f"runs/{recipe.name}")
     ap.add_argument("--seeds", default="1,2", help="comma-separated training seeds")
-    ap.add_argument("--smoke", action="store_true",
-                    help=f"{recipe.config_file}:tiny (a tiny random model, seconds)")
-    ap.add_argument("--samples", type=int, default=0,
-                    help="also evaluate N samples per problem at T=1 (pass@1 mean, pass@N)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override for every stage (repeatable)")
-    ap.add_argument("--stages", default=",".join(STAGES),
-                    help="comma-separated stages to run now (default: all); the tables "
-                         "include every stage already done")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"{recipe.config_file}:tiny (a tiny random model, seconds)",
+    )
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="also evaluate N samples per problem at T=1 (pass@1 mean, pass@N)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for every stage (repeatable)",
+    )
+    ap.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help="comma-separated stages to run now (default: all); the tables "
+        "include every stage already done",
+    )
     a = ap.parse_args(argv)
     wanted = [x.strip() for x in a.stages.split(",") if x.strip()]
     if not wanted or set(wanted) - set(STAGES):
@@ -237,6 +287,7 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
     from verltool_jax.run_config import run_config_from_dict
     from verltool_jax.train import build
     from verltool_jax.train.trainer import train
+
     prefix = recipe.name
     variant = "tiny" if a.smoke else "smol"
     out = Path(a.out).resolve()
@@ -248,30 +299,49 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
         return stage_config(recipe, variant, data, run_dir, overrides + more, smoke=a.smoke)
 
     # One starting model for every stage (the tiny variant builds it once here).
-    model_dir = build.prepare_model_dir(run_config_from_dict(config(out / "base", [])),
-                                        out / "base")
+    model_dir = build.prepare_model_dir(
+        run_config_from_dict(config(out / "base", [])), out / "base"
+    )
     overrides = [("model.path", str(model_dir))] + overrides
 
     def evaluate(run_dir: Path, checkpoint: str, seed: int) -> dict:
         c = config(run_dir, [("sampler.seed", str(seed))])
-        return run_eval(c, checkpoint, samples=a.samples, temperature=1.0,
-                        report=str(run_dir / "trajectories.html"))
+        return run_eval(
+            c,
+            checkpoint,
+            samples=a.samples,
+            temperature=1.0,
+            report=str(run_dir / "trajectories.html"),
+        )
 
     def training(stage: str, seed: int, extra: Overrides):
         run_dir = out / f"{stage}_seed{seed}"
 
         def go() -> dict:
-            c = config(run_dir, [("trainer.seed", str(seed)), ("data.seed", str(seed)),
-                                 ("sampler.seed", str(seed)), ("data.max_eval_examples", "0"),
-                                 ("checkpoint.export_hf", "true")] + extra)
+            c = config(
+                run_dir,
+                [
+                    ("trainer.seed", str(seed)),
+                    ("data.seed", str(seed)),
+                    ("sampler.seed", str(seed)),
+                    ("data.max_eval_examples", "0"),
+                    ("checkpoint.export_hf", "true"),
+                ]
+                + extra,
+            )
             done = run_dir / "summary.json"
-            if done.is_file() and (run_dir / "hf_model").is_dir() and \
-                    not json.loads(done.read_text()).get("interrupted"):
+            if (
+                done.is_file()
+                and (run_dir / "hf_model").is_dir()
+                and not json.loads(done.read_text()).get("interrupted")
+            ):
                 # trained before, interrupted while evaluating: evaluate only
                 summary = json.loads(done.read_text())
                 train_s = float(summary.get("wall_s", 0.0))
-                print(f"[{prefix}] {stage} seed {seed}: trained before "
-                      f"({train_s:.0f}s), evaluating", flush=True)
+                print(
+                    f"[{prefix}] {stage} seed {seed}: trained before ({train_s:.0f}s), evaluating",
+                    flush=True,
+                )
             else:
                 t0 = time.perf_counter()
                 summary = train(c).summary
@@ -279,13 +349,20 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
                 if summary.get("interrupted"):
                     # a stopped run is not a result: nothing is recorded or evaluated, and
                     # the same command resumes it from its checkpoint
-                    raise StageInterrupted(f"{stage} seed {seed} was interrupted at step "
-                                           f"{summary.get('steps')}; run the same command "
-                                           f"to resume it")
+                    raise StageInterrupted(
+                        f"{stage} seed {seed} was interrupted at step "
+                        f"{summary.get('steps')}; run the same command "
+                        f"to resume it"
+                    )
             res = evaluate(run_dir / "eval", str(run_dir / "hf_model"), seed)
-            return {"train": {k: v for k, v in summary.items()
-                              if isinstance(v, (int, float, str, bool))},
-                    "train_s": train_s, "eval": res}
+            return {
+                "train": {
+                    k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))
+                },
+                "train_s": train_s,
+                "eval": res,
+            }
+
         return run_stage(prefix, f"{stage} seed {seed}", out / f"{stage}_seed{seed}.json", go)
 
     def stage(name: str, result_path: Path, run):
@@ -297,22 +374,42 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
     rows: list[dict] = []
     try:
         for seed in seeds:
-            res = stage("sft", out / f"sft_seed{seed}.json",
-                        lambda seed=seed: training("sft", seed, [("stage", "sft")]))
+            res = stage(
+                "sft",
+                out / f"sft_seed{seed}.json",
+                lambda seed=seed: training("sft", seed, [("stage", "sft")]),
+            )
             rows += rows_of("sft", seed, res) if res else []
             sft_model = out / f"sft_seed{seed}" / "hf_model"
-            if "grpo" in wanted and not (out / f"grpo_seed{seed}.json").is_file() \
-                    and not sft_model.is_dir():
-                ap.error(f"grpo seed {seed} starts from the SFT export {sft_model}, which "
-                         f"does not exist: run --stages sft (or all) first")
-            res = stage("grpo", out / f"grpo_seed{seed}.json",
-                        lambda seed=seed, sft_model=sft_model: training(
-                            "grpo", seed, [("stage", "rl"), ("sft.steps", "0"),
-                                           ("model.path", str(sft_model))]))
+            if (
+                "grpo" in wanted
+                and not (out / f"grpo_seed{seed}.json").is_file()
+                and not sft_model.is_dir()
+            ):
+                ap.error(
+                    f"grpo seed {seed} starts from the SFT export {sft_model}, which "
+                    f"does not exist: run --stages sft (or all) first"
+                )
+            res = stage(
+                "grpo",
+                out / f"grpo_seed{seed}.json",
+                lambda seed=seed, sft_model=sft_model: training(
+                    "grpo",
+                    seed,
+                    [("stage", "rl"), ("sft.steps", "0"), ("model.path", str(sft_model))],
+                ),
+            )
             rows += rows_of("grpo", seed, res) if res else []
-        res = stage("base", out / "base.json", lambda: run_stage(
-            prefix, "base", out / "base.json",
-            lambda: {"eval": evaluate(out / "base", "base", seeds[0])}))
+        res = stage(
+            "base",
+            out / "base.json",
+            lambda: run_stage(
+                prefix,
+                "base",
+                out / "base.json",
+                lambda: {"eval": evaluate(out / "base", "base", seeds[0])},
+            ),
+        )
         rows = (rows_of("base", "-", res) if res else []) + rows
     except StageInterrupted as e:
         print(f"[{prefix}] {e}", flush=True)
@@ -320,12 +417,19 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
     if not rows:
         print(f"[{prefix}] no stage has a result yet", flush=True)
         return 1
-    write_tables(rows, out, f"{recipe.config_file}:tiny smoke run (random tiny model)"
-                 if a.smoke else recipe.title, recipe.metric)
+    write_tables(
+        rows,
+        out,
+        f"{recipe.config_file}:tiny smoke run (random tiny model)" if a.smoke else recipe.title,
+        recipe.metric,
+    )
     write_experiment_summary(recipe, rows, out, config(out / "grpo_summary", []), seeds)
     print((out / "results.md").read_text())
-    print(f"[{prefix}] all stages: {time.perf_counter() - t_all:.0f}s; "
-          f"results in {out}/results.{{csv,md}} and accuracy.png", flush=True)
+    print(
+        f"[{prefix}] all stages: {time.perf_counter() - t_all:.0f}s; "
+        f"results in {out}/results.{{csv,md}} and accuracy.png",
+        flush=True,
+    )
     return 0
 
 
@@ -334,6 +438,8 @@ def run_script(recipe: Recipe, doc: str) -> None:
     (``verltool_jax.malloc_tuning``: huge pages, freed memory kept), then
     :func:`main` on the command line, its return value the exit status."""
     import sys
+
     from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+
     reexec_with_malloc_tuning()
     sys.exit(main(recipe, None, doc))

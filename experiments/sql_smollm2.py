@@ -16,20 +16,25 @@ prints execution accuracy overall and by hardness. Stages, resumption, outputs a
 options: see ``experiments/sft_grpo_stages.py``. On CPU set
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=2 TOKENIZERS_PARALLELISM=false``.
 """
+
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sft_grpo_stages import Overrides, Recipe, main as run_stages, run_script  # noqa: E402
+from sft_grpo_stages import Overrides, Recipe, run_script
+from sft_grpo_stages import main as run_stages
 
 
-def _check_data(data_dir: str) -> Optional[str]:
-    missing = [f for f in ("train_queries.csv", "test_queries.csv", "databases")
-               if not (Path(data_dir) / f).exists()]
+def _check_data(data_dir: str) -> str | None:
+    missing = [
+        f
+        for f in ("train_queries.csv", "test_queries.csv", "databases")
+        if not (Path(data_dir) / f).exists()
+    ]
     return f"missing {', '.join(missing)} (give the Spider folder)" if missing else None
 
 
@@ -40,10 +45,14 @@ def data_overrides(data_dir: str, out: Path, smoke: bool) -> Overrides:
 
 
 RECIPE = Recipe(
-    name="sql_smollm2", config_file="configs/vt_sql.py",
-    title="SmolLM2-135M-Instruct + sql tool (Spider)", metric="execution accuracy",
+    name="sql_smollm2",
+    config_file="configs/vt_sql.py",
+    title="SmolLM2-135M-Instruct + sql tool (Spider)",
+    metric="execution accuracy",
     data_help="the Spider folder (train_queries.csv, test_queries.csv, databases/)",
-    check_data=_check_data, data_overrides=data_overrides)
+    check_data=_check_data,
+    data_overrides=data_overrides,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

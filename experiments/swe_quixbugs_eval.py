@@ -17,6 +17,7 @@ eval metrics (:func:`verltool_jax.tasks.eval_metrics.swe_eval_metrics`) and tota
 The same table and metrics come from ``python -m verltool_jax.eval`` for a model
 (README, "SWE on QuixBugs").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,7 @@ if str(REPO) not in sys.path:
 
 from tool_server.launcher import run_server  # noqa: E402
 from verltool_jax.tasks import swe  # noqa: E402
-from verltool_jax.tasks.eval_metrics import (format_metrics, format_swe_tasks,  # noqa: E402
-                                             swe_eval_metrics)
+from verltool_jax.tasks.eval_metrics import format_metrics, format_swe_tasks, swe_eval_metrics  # noqa: E402
 from verltool_jax.tasks.swe_rollout import POLICIES, run_episode, unique_id  # noqa: E402
 from verltool_jax.tools_client import ToolClient  # noqa: E402
 
@@ -58,8 +58,12 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", default="", help="comma-separated (default: all 40)")
     ap.add_argument("--policies", default="oracle,noop")
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--test-timeout", type=float, default=60.0,
-                    help="tool server --timeout (bounds one test run)")
+    ap.add_argument(
+        "--test-timeout",
+        type=float,
+        default=60.0,
+        help="tool server --timeout (bounds one test run)",
+    )
     ap.add_argument("--json", default="", help="also write the results here")
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
@@ -79,15 +83,22 @@ def main(argv=None) -> int:
     for r in rejected:
         print(f"  rejected: {r}")
     results = {}
-    with run_server(tools=["bash", "file_editor", "run_tests"], timeout=args.test_timeout,
-                    max_obs_length=4000, workdir=str(Path(out) / "workdir")) as url:
+    with run_server(
+        tools=["bash", "file_editor", "run_tests"],
+        timeout=args.test_timeout,
+        max_obs_length=4000,
+        workdir=str(Path(out) / "workdir"),
+    ) as url:
         for policy in policies:
             t1 = time.perf_counter()
-            eps = asyncio.run(run_policy(url, tasks, policy, args.concurrency,
-                                         args.test_timeout + 30))
+            eps = asyncio.run(
+                run_policy(url, tasks, policy, args.concurrency, args.test_timeout + 30)
+            )
             wall = time.perf_counter() - t1
-            print(f"\n== policy {policy}: {len(eps)} tasks in {wall:.1f}s "
-                  f"(concurrency {args.concurrency})")
+            print(
+                f"\n== policy {policy}: {len(eps)} tasks in {wall:.1f}s "
+                f"(concurrency {args.concurrency})"
+            )
             rewards = [e.reward for e in eps]
             print(format_swe_tasks(eps, rewards))
             m = swe_eval_metrics(eps, rewards, wall_s_total=wall)
@@ -95,13 +106,25 @@ def main(argv=None) -> int:
             m.update({"resolved": float(resolved), "tasks": float(len(eps))})
             print(f"resolved {resolved}/{len(eps)}")
             print(format_metrics(m))
-            results[policy] = {"metrics": m, "episodes": [
-                {"task_id": e.task_id, "reward": e.reward, "tool_calls": e.tool_calls,
-                 "wall_s": e.wall_s, "sandbox_s": e.sandbox_s, "hidden": e.hidden,
-                 "termination": e.termination} for e in eps]}
+            results[policy] = {
+                "metrics": m,
+                "episodes": [
+                    {
+                        "task_id": e.task_id,
+                        "reward": e.reward,
+                        "tool_calls": e.tool_calls,
+                        "wall_s": e.wall_s,
+                        "sandbox_s": e.sandbox_s,
+                        "hidden": e.hidden,
+                        "termination": e.termination,
+                    }
+                    for e in eps
+                ],
+            }
     if args.json:
-        Path(args.json).write_text(json.dumps({"prepare_s": prep_s, "rejected": rejected,
-                                               "results": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"prepare_s": prep_s, "rejected": rejected, "results": results}, indent=1)
+        )
     if tmp is not None:
         tmp.cleanup()
     return 0

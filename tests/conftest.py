@@ -4,4 +4,5 @@ Session fixtures shared across folders are pytest plugins in ``support/`` (one v
 engine, the tiny tokenizer, a real tool server); plain helpers are ``support.*`` modules.
 ``tests/`` is on ``sys.path`` (``pythonpath`` in pyproject.toml).
 """
+
 pytest_plugins = ["support.samplers", "support.rollout_fixtures"]

@@ -3,6 +3,7 @@
 Prints ``TOOL_SERVER_READY http://HOST:PORT`` on stdout once it listens (``--port 0``
 picks a free port; :func:`tool_server.launcher.run_server` reads that line).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,51 +12,108 @@ import logging
 import os
 import signal
 
-from tool_server.kit.compat import COMPAT_MODES
 from tool_server.kit.base import ToolSettings
+from tool_server.kit.compat import COMPAT_MODES
 
 log = logging.getLogger("tool_server")
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = ToolSettings()
-    p = argparse.ArgumentParser(prog="python -m tool_server", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tools", required=True,
-                   help="comma-separated tool names, in routing order (e.g. python_code,sql)")
+    p = argparse.ArgumentParser(
+        prog="python -m tool_server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--tools",
+        required=True,
+        help="comma-separated tool names, in routing order (e.g. python_code,sql)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000, help="0 picks a free port")
-    p.add_argument("--workers", type=int, default=d.workers,
-                   help="sandboxed python worker processes (default %(default)s)")
-    p.add_argument("--max-concurrency", type=int, default=d.max_concurrency,
-                   help="tool calls in flight, all tools together (default %(default)s)")
-    p.add_argument("--tool-max-concurrency", type=int, default=d.tool_max_concurrency,
-                   help="default per-tool bound (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=d.timeout_s,
-                   help="per-call wall-clock limit in seconds (default %(default)s)")
-    p.add_argument("--max-obs-length", type=int, default=d.max_obs_chars,
-                   help="observations longer than this many characters are truncated")
-    p.add_argument("--state-ttl", type=float, default=d.state_ttl_s,
-                   help="idle per-trajectory state is freed after this many seconds")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=d.workers,
+        help="sandboxed python worker processes (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=d.max_concurrency,
+        help="tool calls in flight, all tools together (default %(default)s)",
+    )
+    p.add_argument(
+        "--tool-max-concurrency",
+        type=int,
+        default=d.tool_max_concurrency,
+        help="default per-tool bound (default %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=d.timeout_s,
+        help="per-call wall-clock limit in seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-obs-length",
+        type=int,
+        default=d.max_obs_chars,
+        help="observations longer than this many characters are truncated",
+    )
+    p.add_argument(
+        "--state-ttl",
+        type=float,
+        default=d.state_ttl_s,
+        help="idle per-trajectory state is freed after this many seconds",
+    )
     p.add_argument("--sweep-interval", type=float, default=d.sweep_interval_s)
     p.add_argument("--workdir", default=d.workdir, help="scratch root for sandboxes")
-    p.add_argument("--max-request-mb", type=float, default=d.max_request_mb,
-                   help="larger request bodies are refused with HTTP 413 (default %(default)s)")
-    p.add_argument("--max-batch", type=int, default=d.max_batch,
-                   help="requests with more actions are refused with HTTP 422 "
-                        "(default %(default)s)")
-    p.add_argument("--client-timeout", type=float, default=d.client_timeout_s,
-                   help="seconds a client may take to send a request, and to stay idle on a "
-                        "connection (default %(default)s)")
-    p.add_argument("--tool-dir", action="append", default=[],
-                   help="extra folder scanned for tool files (repeatable)")
-    p.add_argument("--tool-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="tool-specific option (repeatable), e.g. python_stateful=true")
-    p.add_argument("--compat", choices=COMPAT_MODES, default=d.compat,
-                   help="answer format: native (default) or verltool (observations, dones "
-                        "and valids as VerlTool's server gives them; see tool_server.kit.compat)")
-    p.add_argument("--unsafe-no-sandbox", action="store_true",
-                   help="run code WITHOUT bubblewrap (dangerous; for machines without it)")
+    p.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=d.max_request_mb,
+        help="larger request bodies are refused with HTTP 413 (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=d.max_batch,
+        help="requests with more actions are refused with HTTP 422 (default %(default)s)",
+    )
+    p.add_argument(
+        "--client-timeout",
+        type=float,
+        default=d.client_timeout_s,
+        help="seconds a client may take to send a request, and to stay idle on a "
+        "connection (default %(default)s)",
+    )
+    p.add_argument(
+        "--tool-dir",
+        action="append",
+        default=[],
+        help="extra folder scanned for tool files (repeatable)",
+    )
+    p.add_argument(
+        "--tool-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="tool-specific option (repeatable), e.g. python_stateful=true",
+    )
+    p.add_argument(
+        "--compat",
+        choices=COMPAT_MODES,
+        default=d.compat,
+        help="answer format: native (default) or verltool (observations, dones "
+        "and valids as VerlTool's server gives them; see tool_server.kit.compat)",
+    )
+    p.add_argument(
+        "--unsafe-no-sandbox",
+        action="store_true",
+        help="run code WITHOUT bubblewrap (dangerous; for machines without it)",
+    )
     p.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
     p.add_argument("--log-level", default=os.environ.get("TOOL_SERVER_LOG", "WARNING"))
     return p
@@ -68,9 +126,18 @@ def _positive(name: str, value: float) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> ToolSettings:
     """Turn parsed flags into :class:`ToolSettings` (exits with a message on bad values)."""
-    for name in ("workers", "max_concurrency", "tool_max_concurrency", "timeout",
-                 "max_obs_length", "state_ttl", "sweep_interval", "max_request_mb",
-                 "max_batch", "client_timeout"):
+    for name in (
+        "workers",
+        "max_concurrency",
+        "tool_max_concurrency",
+        "timeout",
+        "max_obs_length",
+        "state_ttl",
+        "sweep_interval",
+        "max_request_mb",
+        "max_batch",
+        "client_timeout",
+    ):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     extra = {}
     for kv in args.tool_opt:
@@ -78,27 +145,40 @@ def settings_from_args(args: argparse.Namespace) -> ToolSettings:
             raise SystemExit(f"error: --tool-opt expects KEY=VALUE, got {kv!r}")
         k, v = kv.split("=", 1)
         extra[k.strip()] = v.strip()
-    return ToolSettings(timeout_s=args.timeout, max_obs_chars=args.max_obs_length,
-                        state_ttl_s=args.state_ttl, unsafe_no_sandbox=args.unsafe_no_sandbox,
-                        workdir=args.workdir, extra=extra, workers=args.workers,
-                        max_concurrency=args.max_concurrency,
-                        tool_max_concurrency=args.tool_max_concurrency,
-                        sweep_interval_s=args.sweep_interval, tool_dirs=list(args.tool_dir),
-                        compat=args.compat,
-                        max_request_mb=args.max_request_mb, max_batch=args.max_batch,
-                        client_timeout_s=args.client_timeout)
+    return ToolSettings(
+        timeout_s=args.timeout,
+        max_obs_chars=args.max_obs_length,
+        state_ttl_s=args.state_ttl,
+        unsafe_no_sandbox=args.unsafe_no_sandbox,
+        workdir=args.workdir,
+        extra=extra,
+        workers=args.workers,
+        max_concurrency=args.max_concurrency,
+        tool_max_concurrency=args.tool_max_concurrency,
+        sweep_interval_s=args.sweep_interval,
+        tool_dirs=list(args.tool_dir),
+        compat=args.compat,
+        max_request_mb=args.max_request_mb,
+        max_batch=args.max_batch,
+        client_timeout_s=args.client_timeout,
+    )
 
 
 async def serve(tools: list[str], settings: ToolSettings, host: str, port: int) -> None:
     from aiohttp import web
 
     from tool_server.app import create_app
+
     app = create_app(tools, settings)
     # handler_cancellation: a client that disconnects cancels its request's tool calls;
     # keepalive_timeout: a connection idle (or stuck in its headers) that long is closed
-    runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                           handler_cancellation=True,
-                           keepalive_timeout=settings.client_timeout_s)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        keepalive_timeout=settings.client_timeout_s,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
     await site.start()
@@ -114,19 +194,23 @@ async def serve(tools: list[str], settings: ToolSettings, host: str, port: int) 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     settings = settings_from_args(args)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     if not tools:
         raise SystemExit("error: --tools needs at least one tool name")
     if settings.unsafe_no_sandbox:
-        log.warning("!" * 72 + "\n--unsafe-no-sandbox: model-written code runs WITHOUT a "
-                    "sandbox, with this server's privileges. Never use this on a machine "
-                    "you care about.\n" + "!" * 72)
+        log.warning(
+            "!" * 72 + "\n--unsafe-no-sandbox: model-written code runs WITHOUT a "
+            "sandbox, with this server's privileges. Never use this on a machine "
+            "you care about.\n" + "!" * 72
+        )
     if not args.no_uvloop:
         try:
             import uvloop
+
             asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         except ImportError:
             pass

@@ -1,17 +1,18 @@
 """The HTTP service (aiohttp): ``POST /get_observation``, ``GET /health``, ``GET /tools``."""
+
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from aiohttp import web
 
 from tool_server.dispatcher import Dispatcher
+from tool_server.kit.base import BaseTool, ToolSettings
 from tool_server.protocol import ProtocolError, parse_request
 from tool_server.registry import discover_tools
-from tool_server.kit.base import BaseTool, ToolSettings
 
 log = logging.getLogger("tool_server")
 
@@ -20,11 +21,14 @@ MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
 
 
 def _json(data: object, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data, ensure_ascii=False).encode(), status=status,
-                        content_type="application/json")
+    return web.Response(
+        body=json.dumps(data, ensure_ascii=False).encode(),
+        status=status,
+        content_type="application/json",
+    )
 
 
-def _error(status: int, message: str, field: Optional[str] = None) -> web.Response:
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
     body = {"error": message}
     if field:
         body["field"] = field
@@ -48,19 +52,28 @@ async def get_observation(request: web.Request) -> web.Response:
     settings = dispatcher.settings
     limit = request.app[MAX_BODY_KEY]
     if request.content_length is not None and request.content_length > limit:
-        return _error(413, f"the request body has {request.content_length} bytes, over this "
-                           f"server's limit of {limit} (--max-request-mb); send fewer actions "
-                           "per request")
+        return _error(
+            413,
+            f"the request body has {request.content_length} bytes, over this "
+            f"server's limit of {limit} (--max-request-mb); send fewer actions "
+            "per request",
+        )
     try:
         async with asyncio.timeout(settings.client_timeout_s):
             raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        return _error(413, f"the request body is over this server's limit of {limit} bytes "
-                           "(--max-request-mb); send fewer actions per request")
+        return _error(
+            413,
+            f"the request body is over this server's limit of {limit} bytes "
+            "(--max-request-mb); send fewer actions per request",
+        )
     except asyncio.TimeoutError:
-        return _error(408, f"the request body did not arrive within "
-                           f"{settings.client_timeout_s:g} s (--client-timeout)")
-    except ConnectionError:          # the client went away mid-body: nobody to answer
+        return _error(
+            408,
+            f"the request body did not arrive within "
+            f"{settings.client_timeout_s:g} s (--client-timeout)",
+        )
+    except ConnectionError:  # the client went away mid-body: nobody to answer
         return _error(400, "the connection was lost while reading the request body")
     try:
         if len(raw) >= _THREAD_DECODE_BYTES:
@@ -100,8 +113,9 @@ def instantiate_tools(tools: Sequence[str | BaseTool], settings: ToolSettings) -
     return out
 
 
-def create_app(tools: Sequence[str | BaseTool], settings: Optional[ToolSettings] = None
-               ) -> web.Application:
+def create_app(
+    tools: Sequence[str | BaseTool], settings: ToolSettings | None = None
+) -> web.Application:
     """The aiohttp application serving ``tools`` (names in routing order, or instances)."""
     settings = settings or ToolSettings()
     dispatcher = Dispatcher(instantiate_tools(tools, settings), settings)

@@ -2,6 +2,7 @@
 concurrency, enforces the per-call timeout, truncates observations and frees
 per-trajectory state (on ``finish``, ``is_last_step``, ``done`` and after an idle TTL).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -10,13 +11,16 @@ import inspect
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any
 
-from tool_server.kit.compat import VERLTOOL, verltool_invalid_observation, verltool_usage_block
-from tool_server.kit.observations import (invalid_observation, normalize_observation,
-                                      truncate_observation)
-from tool_server.protocol import ObservationRequest, make_response
 from tool_server.kit.base import BaseTool, Observation, ToolSettings
+from tool_server.kit.compat import VERLTOOL, verltool_invalid_observation, verltool_usage_block
+from tool_server.kit.observations import (
+    invalid_observation,
+    normalize_observation,
+    truncate_observation,
+)
+from tool_server.protocol import ObservationRequest, make_response
 
 log = logging.getLogger("tool_server")
 
@@ -49,23 +53,32 @@ class Dispatcher:
         self.tools = tools
         self.settings = settings
         self._global_sem = asyncio.Semaphore(settings.max_concurrency)
-        self._tool_sem = {t.name: asyncio.Semaphore(t.max_concurrency
-                                                    or settings.tool_max_concurrency)
-                          for t in tools}
+        self._tool_sem = {
+            t.name: asyncio.Semaphore(t.max_concurrency or settings.tool_max_concurrency)
+            for t in tools
+        }
         self._is_async = {t.name: inspect.iscoroutinefunction(t.conduct_action) for t in tools}
-        self._executor = ThreadPoolExecutor(max_workers=max(8, min(256, settings.max_concurrency)),
-                                            thread_name_prefix="tool")
-        self._invalid_reason = ("no tool accepted the action; tools: "
-                                + ", ".join(t.name for t in tools))
+        self._executor = ThreadPoolExecutor(
+            max_workers=max(8, min(256, settings.max_concurrency)), thread_name_prefix="tool"
+        )
+        self._invalid_reason = "no tool accepted the action; tools: " + ", ".join(
+            t.name for t in tools
+        )
         self.verltool = settings.compat == VERLTOOL
         self._verltool_usage = verltool_usage_block(tools)
         # VerlTool's server with finish as its only tool hands it every action
         self._only_finish = all(t.name == "finish" for t in tools)
         self.started_at = time.monotonic()
         self.in_flight = 0
-        self.stats = {"requests": 0, "actions": 0, "invalid": 0, "timeouts": 0,
-                      "tool_errors": 0, "freed_by_ttl": 0}
-        self._sweeper: Optional[asyncio.Task] = None
+        self.stats = {
+            "requests": 0,
+            "actions": 0,
+            "invalid": 0,
+            "timeouts": 0,
+            "tool_errors": 0,
+            "freed_by_ttl": 0,
+        }
+        self._sweeper: asyncio.Task | None = None
 
     # --- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -100,7 +113,8 @@ class Dispatcher:
                 finish = bool(extra.get("finish", finish))
                 last = bool(extra.get("is_last_step", last))
             obs[i], dones[i], valids[i] = await self.step(
-                req.trajectory_ids[i], req.actions[i], extra, finish, last)
+                req.trajectory_ids[i], req.actions[i], extra, finish, last
+            )
 
         groups: dict[str, list[int]] = {}
         for i, tid in enumerate(req.trajectory_ids):
@@ -108,13 +122,15 @@ class Dispatcher:
         if len(groups) == n:
             await asyncio.gather(*(one(i) for i in range(n)))
         else:
+
             async def in_order(idx: list[int]) -> None:
                 for i in idx:
                     await one(i)
+
             await asyncio.gather(*(in_order(g) for g in groups.values()))
         return make_response(obs, dones, valids)
 
-    def route(self, action: str) -> tuple[Optional[BaseTool], Any]:
+    def route(self, action: str) -> tuple[BaseTool | None, Any]:
         """The first tool whose parser accepts ``action`` and its parse (or ``(None, None)``).
         A parser that raises counts as not accepting."""
         for tool in self.tools:
@@ -132,7 +148,7 @@ class Dispatcher:
         if finish or (self.verltool and self._only_finish):
             self.free(tid)
             return "", True, True
-        if len(action) >= ROUTE_IN_THREAD_CHARS:   # keep the event loop responsive
+        if len(action) >= ROUTE_IN_THREAD_CHARS:  # keep the event loop responsive
             tool, parsed = await asyncio.to_thread(self.route, action)
         else:
             tool, parsed = self.route(action)
@@ -162,25 +178,41 @@ class Dispatcher:
                     aw = tool.conduct_action(tid, parsed, extra)
                 else:
                     aw = asyncio.get_running_loop().run_in_executor(
-                        self._executor, functools.partial(tool.conduct_action, tid, parsed, extra))
+                        self._executor, functools.partial(tool.conduct_action, tid, parsed, extra)
+                    )
                 result = await asyncio.wait_for(aw, timeout)
             except asyncio.TimeoutError:
                 self.stats["timeouts"] += 1
-                return invalid_observation(
-                    "timeout", obs=f"Tool '{tool.name}' timed out after {timeout:g} s."), False, False
+                return (
+                    invalid_observation(
+                        "timeout", obs=f"Tool '{tool.name}' timed out after {timeout:g} s."
+                    ),
+                    False,
+                    False,
+                )
             except Exception as e:
                 self.stats["tool_errors"] += 1
                 log.exception("tool %s raised", tool.name)
-                return invalid_observation(
-                    "tool_error", obs=f"Tool '{tool.name}' failed: {type(e).__name__}: {e}"
-                ), False, False
+                return (
+                    invalid_observation(
+                        "tool_error", obs=f"Tool '{tool.name}' failed: {type(e).__name__}: {e}"
+                    ),
+                    False,
+                    False,
+                )
             finally:
                 self.in_flight -= 1
         if not (isinstance(result, tuple) and len(result) == 3):
             self.stats["tool_errors"] += 1
-            return invalid_observation(
-                "tool_error", obs=f"Tool '{tool.name}' returned {type(result).__name__}, "
-                                  "expected (observation, done, valid)"), False, False
+            return (
+                invalid_observation(
+                    "tool_error",
+                    obs=f"Tool '{tool.name}' returned {type(result).__name__}, "
+                    "expected (observation, done, valid)",
+                ),
+                False,
+                False,
+            )
         return result
 
     # --- state ---------------------------------------------------------------------
@@ -192,7 +224,7 @@ class Dispatcher:
             except Exception:
                 log.exception("freeing %s in %s failed", tid, tool.name)
 
-    def sweep(self, now: Optional[float] = None) -> int:
+    def sweep(self, now: float | None = None) -> int:
         """Free state idle longer than ``settings.state_ttl_s``; returns how many."""
         freed = 0
         for tool in self.tools:
@@ -215,7 +247,11 @@ class Dispatcher:
         return len({tid for t in self.tools for tid in t.env})
 
     def health(self) -> dict:
-        return {"status": "ok", "tools": [t.name for t in self.tools],
-                "uptime_s": round(time.monotonic() - self.started_at, 3),
-                "in_flight": self.in_flight, "live_trajectories": self.live_trajectories(),
-                **self.stats}
+        return {
+            "status": "ok",
+            "tools": [t.name for t in self.tools],
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "in_flight": self.in_flight,
+            "live_trajectories": self.live_trajectories(),
+            **self.stats,
+        }

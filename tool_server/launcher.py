@@ -10,6 +10,7 @@ Keyword arguments become command-line flags (``max_obs_length=100`` ->
 ``--max-obs-length 100``; ``True`` -> a bare flag; lists repeat the flag; a dict
 ``tool_opt={"k": "v"}`` -> ``--tool-opt k=v``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,15 +23,24 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def server_argv(tools: Sequence[str], **flags) -> list[str]:
     """The command line that :func:`run_server` starts."""
-    argv = [sys.executable, "-m", "tool_server", "--tools", ",".join(tools),
-            "--host", "127.0.0.1", "--port", str(flags.pop("port", 0))]
+    argv = [
+        sys.executable,
+        "-m",
+        "tool_server",
+        "--tools",
+        ",".join(tools),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(flags.pop("port", 0)),
+    ]
     for key, value in flags.items():
         flag = "--" + key.replace("_", "-")
         if value is None or value is False:
@@ -73,26 +83,32 @@ class ToolServerProcess:
     server killed with SIGKILL leaves no files behind.
     """
 
-    def __init__(self, tools: Sequence[str] = ("python_code",), *,
-                 startup_timeout: float = 60.0, env: Optional[dict] = None, **flags) -> None:
+    def __init__(
+        self,
+        tools: Sequence[str] = ("python_code",),
+        *,
+        startup_timeout: float = 60.0,
+        env: dict | None = None,
+        **flags,
+    ) -> None:
         self.tools = list(tools)
         self.startup_timeout = startup_timeout
         self.env = env
         self.flags = dict(flags)
-        self.url: Optional[str] = None
+        self.url: str | None = None
         self.restarts = 0
-        self.proc: Optional[subprocess.Popen] = None
-        self.scratch: Optional[str] = None
+        self.proc: subprocess.Popen | None = None
+        self.scratch: str | None = None
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, port: Optional[int] = None) -> str:
+    def start(self, port: int | None = None) -> str:
         """Start the server (on ``port``, else the ``port`` flag, else a free one);
         return its base URL once ``/health`` answers."""
         flags = dict(self.flags)
@@ -106,9 +122,14 @@ class ToolServerProcess:
         proc_env["PYTHONPATH"] = _REPO_ROOT + os.pathsep + proc_env.get("PYTHONPATH", "")
         if self.env:
             proc_env.update(self.env)
-        self.proc = proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True,
-                                            cwd=_REPO_ROOT, env=proc_env)
+        self.proc = proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=_REPO_ROOT,
+            env=proc_env,
+        )
         stderr_lines: list[str] = []
         threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
         url_box: list[str] = []
@@ -117,14 +138,17 @@ class ToolServerProcess:
             for line in proc.stdout:
                 if line.startswith("TOOL_SERVER_READY ") and not url_box:
                     url_box.append(line.split()[1])
+
         threading.Thread(target=read_stdout, daemon=True).start()
         try:
             deadline = time.monotonic() + self.startup_timeout
             while not url_box:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     time.sleep(0.2)
-                    raise RuntimeError(f"tool server did not start ({' '.join(argv)}), exit "
-                                       f"{proc.poll()}:\n{''.join(stderr_lines)[-4000:]}")
+                    raise RuntimeError(
+                        f"tool server did not start ({' '.join(argv)}), exit "
+                        f"{proc.poll()}:\n{''.join(stderr_lines)[-4000:]}"
+                    )
                 time.sleep(0.02)
             # it listens before it prints READY, yet a probe can still be refused (seen
             # once on CI when restarting on a just-freed port): retry until the deadline
@@ -153,7 +177,7 @@ class ToolServerProcess:
         except RuntimeError:
             if port is None:
                 raise
-            return self.start(port=0)      # the old port was taken meanwhile
+            return self.start(port=0)  # the old port was taken meanwhile
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s; remove the scratch directory."""
@@ -169,7 +193,7 @@ class ToolServerProcess:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
 
-    def __enter__(self) -> "ToolServerProcess":
+    def __enter__(self) -> ToolServerProcess:
         self.start()
         return self
 
@@ -178,8 +202,13 @@ class ToolServerProcess:
 
 
 @contextlib.contextmanager
-def run_server(tools: Sequence[str] = ("python_code",), *, startup_timeout: float = 60.0,
-               env: Optional[dict] = None, **flags) -> Iterator[str]:
+def run_server(
+    tools: Sequence[str] = ("python_code",),
+    *,
+    startup_timeout: float = 60.0,
+    env: dict | None = None,
+    **flags,
+) -> Iterator[str]:
     """Start ``python -m tool_server`` on a free port, wait for ``/health``, yield the
     base URL (``http://127.0.0.1:PORT``), then stop it (SIGTERM, then SIGKILL) and remove
     its scratch directory (see :class:`ToolServerProcess`)."""

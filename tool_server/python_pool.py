@@ -5,6 +5,7 @@ over its stdin/stdout; :class:`PythonPool` keeps ``size`` of them (fork servers)
 hands each call to an idle one. A worker that dies (killed by the code, or cut off by
 the backstop timeout) is replaced in the background; the call gets an error result.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,18 +17,24 @@ import struct
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from typing import Optional
 
-from tool_server.sandbox import (DEFAULT_TMP_MB, SANDBOX_WORKDIR, ResourceLimits,
-                                 ProcessHandle, SandboxUnavailable, bwrap_argv, packed_argv,
-                                 require_sandbox)
+from tool_server.sandbox import (
+    DEFAULT_TMP_MB,
+    SANDBOX_WORKDIR,
+    ProcessHandle,
+    ResourceLimits,
+    SandboxUnavailable,
+    bwrap_argv,
+    packed_argv,
+    require_sandbox,
+)
 
 log = logging.getLogger("tool_server.python")
 
 STARTUP_TIMEOUT_S = 30.0
 BACKSTOP_S = 3.0  # extra time the server grants a worker beyond the call's wall limit
 WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python_worker.py")
-WORKER_SANDBOX_PATH = "/opt/verltool/python_worker.py"   # where the sandbox sees it
+WORKER_SANDBOX_PATH = "/opt/verltool/python_worker.py"  # where the sandbox sees it
 MAX_HEADER = 1 << 16  # bytes of a reply's JSON header; a longer one is a protocol violation
 
 
@@ -38,12 +45,12 @@ class RunResult:
 
     stdout: str = ""
     stderr: str = ""
-    exit_code: Optional[int] = None
-    signal: Optional[int] = None
+    exit_code: int | None = None
+    signal: int | None = None
     timed_out: bool = False
     truncated: bool = False
     elapsed_s: float = 0.0
-    error: Optional[str] = None
+    error: str | None = None
     memory_exceeded: bool = False
     kernel_lost: bool = False
 
@@ -62,18 +69,19 @@ class SandboxProcess:
     ``unsafe=True`` runs it without bubblewrap. ``tmp_mb`` sizes the sandbox's ``/tmp`` and
     ``/workspace`` (two tmpfs; no host directory is writable)."""
 
-    def __init__(self, mode: str, root_dir: str, unsafe: bool = False,
-                 tmp_mb: int = DEFAULT_TMP_MB) -> None:
+    def __init__(
+        self, mode: str, root_dir: str, unsafe: bool = False, tmp_mb: int = DEFAULT_TMP_MB
+    ) -> None:
         if mode not in ("fork", "kernel"):
             raise ValueError(f"mode must be 'fork' or 'kernel', got {mode!r}")
         self.mode = mode
         self.root_dir = root_dir
         self.unsafe = unsafe
         self.tmp_mb = tmp_mb
-        self.proc: Optional[asyncio.subprocess.Process] = None
-        self.handle: Optional[ProcessHandle] = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.handle: ProcessHandle | None = None
         self.killed = False
-        self.host_dir: Optional[str] = None
+        self.host_dir: str | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -95,16 +103,30 @@ class SandboxProcess:
             require_sandbox()
             worker_mode = "isolated" if self.mode == "fork" else "kernel"
             argv, fd = packed_argv(
-                bwrap_argv(None, limits=None, tmp_mb=self.tmp_mb,
-                           ro_binds=[(WORKER_FILE, WORKER_SANDBOX_PATH)])
-                + [os.path.basename(sys.executable), "-I", WORKER_SANDBOX_PATH, worker_mode,
-                   SANDBOX_WORKDIR])
+                bwrap_argv(
+                    None,
+                    limits=None,
+                    tmp_mb=self.tmp_mb,
+                    ro_binds=[(WORKER_FILE, WORKER_SANDBOX_PATH)],
+                )
+                + [
+                    os.path.basename(sys.executable),
+                    "-I",
+                    WORKER_SANDBOX_PATH,
+                    worker_mode,
+                    SANDBOX_WORKDIR,
+                ]
+            )
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL if self.mode == "kernel"
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL
+                if self.mode == "kernel"
                 else asyncio.subprocess.PIPE,
-                pass_fds=() if fd is None else (fd,))
+                pass_fds=() if fd is None else (fd,),
+            )
             self.handle = ProcessHandle(self.proc.pid)
         finally:
             if fd is not None:
@@ -122,8 +144,10 @@ class SandboxProcess:
                 except asyncio.TimeoutError:
                     pass
             self.kill()
-            raise SandboxUnavailable(f"the sandboxed python worker did not start: "
-                                     f"{err.decode(errors='replace').strip() or e!r}") from None
+            raise SandboxUnavailable(
+                f"the sandboxed python worker did not start: "
+                f"{err.decode(errors='replace').strip() or e!r}"
+            ) from None
         if not msg.get("ready"):
             self.kill()
             raise SandboxUnavailable(f"unexpected worker greeting {msg!r}")
@@ -152,23 +176,39 @@ class SandboxProcess:
         msg = await self._read_header()
         sizes = [msg.pop("stdout_len", None), msg.pop("stderr_len", None)]
         if not all(isinstance(n, int) and 0 <= n <= max_output for n in sizes):
-            raise WorkerDied(f"protocol violation: output sizes {sizes!r:.80} over the "
-                             f"{max_output}-byte cap")
+            raise WorkerDied(
+                f"protocol violation: output sizes {sizes!r:.80} over the {max_output}-byte cap"
+            )
         try:
             out = await self.proc.stdout.readexactly(sizes[0])
             err = await self.proc.stdout.readexactly(sizes[1])
         except asyncio.IncompleteReadError:
             raise WorkerDied("the worker process exited") from None
-        fields = {k: msg[k] for k in ("exit_code", "signal", "timed_out", "truncated",
-                                      "elapsed_s", "memory_exceeded", "kernel_lost") if k in msg}
+        fields = {
+            k: msg[k]
+            for k in (
+                "exit_code",
+                "signal",
+                "timed_out",
+                "truncated",
+                "elapsed_s",
+                "memory_exceeded",
+                "kernel_lost",
+            )
+            if k in msg
+        }
         try:
-            return RunResult(stdout=out.decode("utf-8", "backslashreplace"),
-                             stderr=err.decode("utf-8", "backslashreplace"), **fields)
+            return RunResult(
+                stdout=out.decode("utf-8", "backslashreplace"),
+                stderr=err.decode("utf-8", "backslashreplace"),
+                **fields,
+            )
         except TypeError:
             raise WorkerDied("protocol violation: a malformed reply") from None
 
-    async def call(self, code: str, limits: ResourceLimits, max_output: int,
-                   stdin: Optional[str] = None) -> RunResult:
+    async def call(
+        self, code: str, limits: ResourceLimits, max_output: int, stdin: str | None = None
+    ) -> RunResult:
         """Run one snippet (``stdin``: its standard input; None: empty); raises
         :class:`WorkerDied` if the process ends, overruns ``limits.wall_s + BACKSTOP_S``
         or breaks the protocol (then it is killed)."""
@@ -177,16 +217,22 @@ class SandboxProcess:
                 raise WorkerDied("the worker process is not running")
             data = code.encode("utf-8", "surrogatepass")
             stdin_data = (stdin or "").encode("utf-8", "surrogatepass")
-            head = json.dumps({"code_len": len(data), "stdin_len": len(stdin_data),
-                               "limits": _limits_dict(limits),
-                               "max_output": max_output}).encode()
+            head = json.dumps(
+                {
+                    "code_len": len(data),
+                    "stdin_len": len(stdin_data),
+                    "limits": _limits_dict(limits),
+                    "max_output": max_output,
+                }
+            ).encode()
             try:
                 self.proc.stdin.write(struct.pack(">I", len(head)) + head)
                 self.proc.stdin.write(data)
                 self.proc.stdin.write(stdin_data)
                 await self.proc.stdin.drain()
-                reply = await asyncio.wait_for(self._read_reply(max_output),
-                                               limits.wall_s + BACKSTOP_S)
+                reply = await asyncio.wait_for(
+                    self._read_reply(max_output), limits.wall_s + BACKSTOP_S
+                )
             except asyncio.CancelledError:
                 # the caller gave up mid-call: the reply would reach the next caller
                 self.kill()
@@ -220,7 +266,7 @@ class SandboxProcess:
         """Stop the process (its whole sandbox goes with it) and delete its host dir."""
         self.killed = True
         if self.handle is not None:
-            self.handle.kill()     # by pidfd: never a recycled pid
+            self.handle.kill()  # by pidfd: never a recycled pid
         if self.host_dir is not None:
             shutil.rmtree(self.host_dir, ignore_errors=True)
             self.host_dir = None
@@ -229,22 +275,25 @@ class SandboxProcess:
 class PythonPool:
     """``size`` fork-server workers; :meth:`run` uses an idle one (waiting if none)."""
 
-    def __init__(self, size: int, root_dir: str, unsafe: bool = False,
-                 tmp_mb: int = DEFAULT_TMP_MB) -> None:
+    def __init__(
+        self, size: int, root_dir: str, unsafe: bool = False, tmp_mb: int = DEFAULT_TMP_MB
+    ) -> None:
         if size < 1:
             raise ValueError(f"pool size (--workers) must be >= 1, got {size}")
         self.size = size
         self.root_dir = root_dir
         self.unsafe = unsafe
         self.tmp_mb = tmp_mb
-        self._idle: Optional[asyncio.Queue] = None
+        self._idle: asyncio.Queue | None = None
         self._all: list[SandboxProcess] = []
         self.restarts = 0
 
     async def start(self) -> None:
         self._idle = asyncio.Queue()
-        workers = [SandboxProcess("fork", self.root_dir, self.unsafe, self.tmp_mb)
-                   for _ in range(self.size)]
+        workers = [
+            SandboxProcess("fork", self.root_dir, self.unsafe, self.tmp_mb)
+            for _ in range(self.size)
+        ]
         results = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
         for w, r in zip(workers, results):
             if isinstance(r, BaseException):
@@ -252,8 +301,9 @@ class PythonPool:
             self._all.append(w)
             self._idle.put_nowait(w)
 
-    async def run(self, code: str, limits: ResourceLimits, max_output: int = 1 << 20,
-                  stdin: Optional[str] = None) -> RunResult:
+    async def run(
+        self, code: str, limits: ResourceLimits, max_output: int = 1 << 20, stdin: str | None = None
+    ) -> RunResult:
         if self._idle is None:
             await self.start()
         worker: SandboxProcess = await self._idle.get()

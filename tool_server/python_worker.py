@@ -32,6 +32,7 @@ Request header ``{"code_len": int, "stdin_len"?: int, "limits": {...}, "max_outp
 Reply header ``{"stdout_len", "stderr_len", "exit_code", "signal", "timed_out",
 "truncated", "memory_exceeded", "kernel_lost", "elapsed_s"}`` + stdout bytes + stderr bytes.
 """
+
 import io
 import json
 import mmap
@@ -46,16 +47,38 @@ import tempfile
 import time
 import traceback
 
-PRELUDE = ("math", "cmath", "re", "json", "itertools", "functools", "collections",
-           "random", "fractions", "decimal", "statistics", "datetime", "heapq", "bisect",
-           "string", "operator", "copy", "typing", "dataclasses", "numbers", "linecache",
-           "traceback", "io", "textwrap")
+PRELUDE = (
+    "math",
+    "cmath",
+    "re",
+    "json",
+    "itertools",
+    "functools",
+    "collections",
+    "random",
+    "fractions",
+    "decimal",
+    "statistics",
+    "datetime",
+    "heapq",
+    "bisect",
+    "string",
+    "operator",
+    "copy",
+    "typing",
+    "dataclasses",
+    "numbers",
+    "linecache",
+    "traceback",
+    "io",
+    "textwrap",
+)
 CODE_FILE = "main.py"
-MAX_HEADER = 1 << 16        # bytes of a JSON header frame
-MEMORY_POLL_S = 0.02        # how often the call's memory is measured
-WATCH_POLL_S = 0.05         # the same for a shell's processes (MODE watch)
-TRACEBACK_LIMIT = 1000     # frames CPython prints for an uncaught exception (the last ones)
-SCRUBBED = ("/tmp",)        # besides the work root: every place a call can write
+MAX_HEADER = 1 << 16  # bytes of a JSON header frame
+MEMORY_POLL_S = 0.02  # how often the call's memory is measured
+WATCH_POLL_S = 0.05  # the same for a shell's processes (MODE watch)
+TRACEBACK_LIMIT = 1000  # frames CPython prints for an uncaught exception (the last ones)
+SCRUBBED = ("/tmp",)  # besides the work root: every place a call can write
 
 
 def _read_exact(fd, n):
@@ -98,7 +121,7 @@ def read_into(fd, buf, n):
 def write_all(fd, data):
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def write_msg(fd, obj, *payloads):
@@ -142,14 +165,17 @@ def read_stdin(fd, msg):
 
 def apply_limits(limits):
     import resource
+
     mib = 1024 * 1024
     cpu = max(1, int(round(limits["cpu_s"])))
-    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
-                       (resource.RLIMIT_AS, (limits["memory_mb"] * mib,) * 2),
-                       (resource.RLIMIT_NPROC, (limits["nproc"],) * 2),
-                       (resource.RLIMIT_NOFILE, (limits["nofile"],) * 2),
-                       (resource.RLIMIT_FSIZE, (limits["fsize_mb"] * mib,) * 2),
-                       (resource.RLIMIT_CORE, (0, 0))):
+    for res, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (limits["memory_mb"] * mib,) * 2),
+        (resource.RLIMIT_NPROC, (limits["nproc"],) * 2),
+        (resource.RLIMIT_NOFILE, (limits["nofile"],) * 2),
+        (resource.RLIMIT_FSIZE, (limits["fsize_mb"] * mib,) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ):
         resource.setrlimit(res, value)
 
 
@@ -158,6 +184,7 @@ def _no_ptrace():
     read its memory or fds."""
     try:
         import ctypes
+
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
     except Exception:
         pass
@@ -167,6 +194,7 @@ def run_user_code(code, namespace):
     """Run ``code`` as ``main.py`` in ``namespace``; print a traceback without our own
     frame on error. Returns the exit status."""
     import linecache
+
     linecache.cache[CODE_FILE] = (len(code), None, code.splitlines(True), CODE_FILE)
     try:
         exec(compile(code, CODE_FILE, "exec"), namespace)
@@ -180,8 +208,9 @@ def run_user_code(code, namespace):
         return 1
     except BaseException as e:
         tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
-        sys.stderr.write("".join(traceback.format_exception(type(e), e, tb,
-                                                            limit=-TRACEBACK_LIMIT)))
+        sys.stderr.write(
+            "".join(traceback.format_exception(type(e), e, tb, limit=-TRACEBACK_LIMIT))
+        )
         return 1
 
 
@@ -191,13 +220,14 @@ def stdin_fd(data):
     fd = os.memfd_create("stdin")
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
 def fresh_namespace():
     import builtins
+
     return {"__name__": "__main__", "__builtins__": builtins, "__file__": CODE_FILE}
 
 
@@ -205,6 +235,7 @@ def _child_setup(out_w, err_w, workdir, close_fds):
     """In a forked child: own session, stdin /dev/null, stdout/stderr to the pipes, the
     protocol and other fds closed, cwd ``workdir``, a normal gc."""
     import gc
+
     gc.enable()  # the worker runs with gc frozen/disabled; user code gets a normal gc
     os.setsid()
     devnull = os.open("/dev/null", os.O_RDONLY)
@@ -218,10 +249,12 @@ def _child_setup(out_w, err_w, workdir, close_fds):
             except OSError:
                 pass
     os.chdir(workdir)
-    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, encoding="utf-8",
-                                       errors="backslashreplace", closefd=False)
-    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, encoding="utf-8",
-                                       errors="backslashreplace", closefd=False)
+    sys.stdout = sys.__stdout__ = open(
+        1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
+    )
+    sys.stderr = sys.__stderr__ = open(
+        2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
+    )
     sys.argv = [CODE_FILE]
     if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
         sys.path.pop(0)
@@ -262,7 +295,7 @@ def call_memory_bytes(exclude):
                 data = f.read(4096)
             i = data.find(b"\nPss:")
             if i >= 0:
-                total += int(data[i + 5:data.index(b"kB", i)]) * 1024
+                total += int(data[i + 5 : data.index(b"kB", i)]) * 1024
                 continue
         except (OSError, ValueError):
             pass
@@ -291,7 +324,7 @@ class Output:
         """Read what is available: ``"data"``, ``"again"`` (nothing now) or ``"eof"``."""
         try:
             if self.n < self.cap:
-                got = os.readv(self.fd, [self.view[self.n:self.cap]])
+                got = os.readv(self.fd, [self.view[self.n : self.cap]])
                 self.n += got
             else:
                 got = len(os.read(self.fd, 65536))
@@ -309,7 +342,7 @@ class Output:
             pass
 
     def data(self):
-        return self.view[:self.n]
+        return self.view[: self.n]
 
     def close(self):
         self.view.release()
@@ -333,12 +366,13 @@ def collect(pid, streams, wall_s, memory_budget, exclude, done_fd=None, stop_on_
     deadline = time.monotonic() + wall_s
     next_poll = time.monotonic() + MEMORY_POLL_S
     timed_out = over = False
-    finished = None          # "exit" or "done"
+    finished = None  # "exit" or "done"
     drain_until = 0.0
     while True:
         now = time.monotonic()
-        if finished == "done" or (finished == "exit" and (
-                now >= drain_until or all(s.eof for s in streams))):
+        if finished == "done" or (
+            finished == "exit" and (now >= drain_until or all(s.eof for s in streams))
+        ):
             break
         if now >= deadline:
             timed_out = finished is None
@@ -363,7 +397,7 @@ def collect(pid, streams, wall_s, memory_budget, exclude, done_fd=None, stop_on_
             if key.data.read() == "eof":
                 sel.unregister(key.fd)
         if stop_on_truncate and any(s.truncated for s in streams):
-            break   # the caller kills the program
+            break  # the caller kills the program
     if finished == "done":
         for s in streams:
             s.drain()
@@ -391,17 +425,17 @@ def _clear_dir(path, dev=None):
         except OSError:
             continue
         if st.st_dev != dev:
-            continue                      # a mount point: not ours to clear
+            continue  # a mount point: not ours to clear
         if stat.S_ISDIR(st.st_mode):
             try:
-                os.chmod(p, 0o700)        # a call may have made it unwritable
+                os.chmod(p, 0o700)  # a call may have made it unwritable
             except OSError:
                 pass
             _clear_dir(p, dev)
             try:
                 os.rmdir(p)
             except OSError:
-                pass                      # still holds a mount (or was not ours)
+                pass  # still holds a mount (or was not ours)
         else:
             try:
                 os.unlink(p)
@@ -424,6 +458,7 @@ def clear_sysv_ipc():
         if rows and not _LIBC:
             try:
                 import ctypes
+
                 _LIBC.append(ctypes.CDLL(None, use_errno=True))
             except Exception:
                 return
@@ -433,7 +468,7 @@ def clear_sysv_ipc():
                 continue
             ident = int(fields[1])
             if kind == "sem":
-                _LIBC[0].semctl(ident, 0, 0)          # IPC_RMID = 0
+                _LIBC[0].semctl(ident, 0, 0)  # IPC_RMID = 0
             else:
                 getattr(_LIBC[0], fn)(ident, 0, None)
 
@@ -480,16 +515,23 @@ def serve_fork(proto_in, proto_out, mode, workroot):
         err_r, err_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            child_main(code_mm, code_len, limits, out_w, err_w, workdir,
-                       (proto_in, proto_out, out_r, err_r), stdin_data)
+            child_main(
+                code_mm,
+                code_len,
+                limits,
+                out_w,
+                err_w,
+                workdir,
+                (proto_in, proto_out, out_r, err_r),
+                stdin_data,
+            )
         code_mm.close()
         os.close(out_w)
         os.close(err_w)
         cap = int(msg.get("max_output", 1 << 20))
         out, err = Output(out_r, cap), Output(err_r, cap)
         budget = memory_budget_bytes(limits) if mode == "isolated" else None
-        timed_out, over, _ = collect(pid, (out, err), limits["wall_s"], budget,
-                                     {1, os.getpid()})
+        timed_out, over, _ = collect(pid, (out, err), limits["wall_s"], budget, {1, os.getpid()})
         kill_others(mode, pid)
         _, status = os.waitpid(pid, 0)
         os.close(out_r)
@@ -499,13 +541,22 @@ def serve_fork(proto_in, proto_out, mode, workroot):
         else:
             shutil.rmtree(workdir, ignore_errors=True)
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        write_msg(proto_out, {
-            "stdout_len": out.n, "stderr_len": err.n,
-            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            "signal": sig, "timed_out": timed_out,
-            "truncated": out.truncated or err.truncated, "memory_exceeded": over,
-            "kernel_lost": False, "elapsed_s": round(time.monotonic() - t0, 4)},
-            out.data(), err.data())
+        write_msg(
+            proto_out,
+            {
+                "stdout_len": out.n,
+                "stderr_len": err.n,
+                "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                "signal": sig,
+                "timed_out": timed_out,
+                "truncated": out.truncated or err.truncated,
+                "memory_exceeded": over,
+                "kernel_lost": False,
+                "elapsed_s": round(time.monotonic() - t0, 4),
+            },
+            out.data(),
+            err.data(),
+        )
         out.close()
         err.close()
 
@@ -515,10 +566,11 @@ def kernel_main(code_r, status_w, out_w, err_w, workroot, limits, close_fds):
     one persistent namespace; after each, flush and write a status frame that echoes the
     request's nonce."""
     import resource
+
     _child_setup(out_w, err_w, workroot, close_fds)
     lim = dict(limits)
-    lim["cpu_s"] = 10 ** 6
-    apply_limits(lim)       # memory, processes, files: for the whole kernel
+    lim["cpu_s"] = 10**6
+    apply_limits(lim)  # memory, processes, files: for the whole kernel
     namespace = fresh_namespace()
     while True:
         msg = read_msg(code_r)
@@ -530,7 +582,7 @@ def kernel_main(code_r, status_w, out_w, err_w, workroot, limits, close_fds):
             os._exit(0)
         used = resource.getrusage(resource.RUSAGE_SELF)
         soft = int(used.ru_utime + used.ru_stime + msg["limits"]["cpu_s"]) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, 10 ** 6))
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, 10**6))
         nonce = msg["nonce"]
         sys.stdin = io.StringIO(stdin_data.decode("utf-8", "replace"))
         status = run_user_code(data.decode("utf-8", "replace"), namespace)
@@ -565,8 +617,15 @@ def serve_kernel(proto_in, proto_out, mode, workroot):
             err_r, err_w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                kernel_main(code_r, status_w, out_w, err_w, workroot, limits,
-                            (proto_in, proto_out, code_w, status_r, out_r, err_r))
+                kernel_main(
+                    code_r,
+                    status_w,
+                    out_w,
+                    err_w,
+                    workroot,
+                    limits,
+                    (proto_in, proto_out, code_w, status_r, out_r, err_r),
+                )
             for fd in (code_r, status_w, out_w, err_w):
                 os.close(fd)
             kernel = (pid, code_w, status_r, out_r, err_r)
@@ -577,21 +636,38 @@ def serve_kernel(proto_in, proto_out, mode, workroot):
         lost = timed_out = over = False
         exit_code = sig = None
         try:
-            write_msg(code_w, {"code_len": code_len, "stdin_len": len(stdin_data),
-                               "limits": limits, "nonce": nonce},
-                      memoryview(code_mm)[:code_len], stdin_data)
+            write_msg(
+                code_w,
+                {
+                    "code_len": code_len,
+                    "stdin_len": len(stdin_data),
+                    "limits": limits,
+                    "nonce": nonce,
+                },
+                memoryview(code_mm)[:code_len],
+                stdin_data,
+            )
         except OSError:
             lost = True
         code_mm.close()
         if not lost:
             timed_out, over, finished = collect(
-                pid, (out, err), limits["wall_s"],
+                pid,
+                (out, err),
+                limits["wall_s"],
                 memory_budget_bytes(limits) if mode == "kernel" else None,
-                {1, os.getpid()}, done_fd=status_r, stop_on_truncate=False)
+                {1, os.getpid()},
+                done_fd=status_r,
+                stop_on_truncate=False,
+            )
             reply = read_msg(status_r) if finished and _readable(status_r) else None
-            if (isinstance(reply, dict) and set(reply) == {"exit_code", "nonce"}
-                    and reply["nonce"] == nonce and isinstance(reply["exit_code"], int)
-                    and not _readable(status_r)):
+            if (
+                isinstance(reply, dict)
+                and set(reply) == {"exit_code", "nonce"}
+                and reply["nonce"] == nonce
+                and isinstance(reply["exit_code"], int)
+                and not _readable(status_r)
+            ):
                 exit_code = reply["exit_code"]
             else:
                 lost = True
@@ -601,16 +677,27 @@ def serve_kernel(proto_in, proto_out, mode, workroot):
             kill_others(mode, pid)
             if not done:
                 os.waitpid(pid, 0)
-            elif not (timed_out or over):         # it ended by itself: say how
+            elif not (timed_out or over):  # it ended by itself: say how
                 if os.WIFSIGNALED(status):
                     sig = os.WTERMSIG(status)
                 elif os.WIFEXITED(status):
                     exit_code = os.WEXITSTATUS(status)
-        write_msg(proto_out, {
-            "stdout_len": out.n, "stderr_len": err.n, "exit_code": exit_code, "signal": sig,
-            "timed_out": timed_out, "truncated": out.truncated or err.truncated,
-            "memory_exceeded": over, "kernel_lost": lost,
-            "elapsed_s": round(time.monotonic() - t0, 4)}, out.data(), err.data())
+        write_msg(
+            proto_out,
+            {
+                "stdout_len": out.n,
+                "stderr_len": err.n,
+                "exit_code": exit_code,
+                "signal": sig,
+                "timed_out": timed_out,
+                "truncated": out.truncated or err.truncated,
+                "memory_exceeded": over,
+                "kernel_lost": lost,
+                "elapsed_s": round(time.monotonic() - t0, 4),
+            },
+            out.data(),
+            err.data(),
+        )
         out.close()
         err.close()
         if lost:
@@ -653,8 +740,11 @@ def serve_watch(budget_mb, argv):
             kill_others("isolated", pid)
             os.waitpid(pid, 0)
             try:
-                os.write(2, f"\n[MemoryError: the processes used more than {budget_mb} MB "
-                            "together and were all killed]\n".encode())
+                os.write(
+                    2,
+                    f"\n[MemoryError: the processes used more than {budget_mb} MB "
+                    "together and were all killed]\n".encode(),
+                )
             except OSError:
                 pass
             os._exit(137)
@@ -677,12 +767,13 @@ def main():
             __import__(name)
         except ImportError:
             pass
-    kernel = mode.startswith("kernel")   # "kernel" (sandboxed) or "kernel-unsafe"
+    kernel = mode.startswith("kernel")  # "kernel" (sandboxed) or "kernel-unsafe"
     signal.signal(signal.SIGPIPE, signal.SIG_IGN if kernel else signal.SIG_DFL)
     os.makedirs(workroot, exist_ok=True)
     import gc
+
     gc.collect()
-    gc.freeze()    # children do not scan (and so do not copy) the worker's objects
+    gc.freeze()  # children do not scan (and so do not copy) the worker's objects
     write_msg(proto_out, {"ready": True, "pid": os.getpid()})
     if kernel:
         serve_kernel(proto_in, proto_out, mode, workroot)

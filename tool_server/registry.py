@@ -6,6 +6,7 @@ Lookup is lazy: for a requested name the file ``<name>.py`` is tried first, and 
 rest of the folder is imported only when that does not define it, so starting a server
 for two tools does not import every other tool's heavy dependencies.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,8 +14,8 @@ import importlib.util
 import inspect
 import logging
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 from tool_server.kit.base import BaseTool
 
@@ -23,7 +24,7 @@ log = logging.getLogger("tool_server.registry")
 BUILTIN_TOOL_DIR = Path(__file__).resolve().parent / "tools"
 
 
-def _module_for(path: Path) -> Optional[object]:
+def _module_for(path: Path) -> object | None:
     """Import one tool file; builtin files as ``tool_server.tools.<stem>``, others under
     a private module name. Returns ``None`` (and logs) if the import fails."""
     try:
@@ -46,8 +47,12 @@ def tools_in_module(module: object) -> dict[str, type]:
     """``{name: class}`` for the BaseTool subclasses defined in ``module``."""
     out = {}
     for _, obj in inspect.getmembers(module, inspect.isclass):
-        if (issubclass(obj, BaseTool) and obj is not BaseTool and obj.name
-                and obj.__module__ == module.__name__):
+        if (
+            issubclass(obj, BaseTool)
+            and obj is not BaseTool
+            and obj.name
+            and obj.__module__ == module.__name__
+        ):
             out[obj.name] = obj
     return out
 
@@ -63,8 +68,9 @@ def _tool_files(dirs: Iterable[Path]) -> list[Path]:
     return files
 
 
-def discover_tools(names: Optional[list[str]] = None, tool_dirs: Iterable[str] = ()
-                   ) -> dict[str, type]:
+def discover_tools(
+    names: list[str] | None = None, tool_dirs: Iterable[str] = ()
+) -> dict[str, type]:
     """Find tool classes. With ``names``, return exactly those (raising ``KeyError``
     naming the missing ones and the available ones); without, every tool found."""
     dirs = [Path(d).resolve() for d in tool_dirs] + [BUILTIN_TOOL_DIR]
@@ -79,8 +85,9 @@ def discover_tools(names: Optional[list[str]] = None, tool_dirs: Iterable[str] =
                 if f.is_file():
                     mod = _module_for(f)
                     if mod is not None:
-                        found.update({k: v for k, v in tools_in_module(mod).items()
-                                      if k not in found})
+                        found.update(
+                            {k: v for k, v in tools_in_module(mod).items() if k not in found}
+                        )
                 if name in found:
                     break
         if all(n in found for n in names):
@@ -93,7 +100,9 @@ def discover_tools(names: Optional[list[str]] = None, tool_dirs: Iterable[str] =
     if names:
         missing = [n for n in names if n not in found]
         if missing:
-            raise KeyError(f"unknown tool(s) {missing} in --tools; available: {sorted(found)} "
-                           "(a tool is a BaseTool subclass in tool_server/tools/ or a --tool-dir)")
+            raise KeyError(
+                f"unknown tool(s) {missing} in --tools; available: {sorted(found)} "
+                "(a tool is a BaseTool subclass in tool_server/tools/ or a --tool-dir)"
+            )
         return {n: found[n] for n in names}
     return found

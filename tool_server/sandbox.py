@@ -43,6 +43,7 @@ Usage::
     finally:
         os.close(fd)
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -54,13 +55,24 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence, Union
 
 __all__ = [
-    "SANDBOX_WORKDIR", "ResourceLimits", "SandboxUnavailable", "sandbox_status",
-    "require_sandbox", "bwrap_argv", "sandbox_uid", "python_prefixes", "bwrap_path",
-    "packed_argv", "uid_block", "UID_BLOCK", "DEFAULT_TMP_MB", "ProcessHandle",
+    "SANDBOX_WORKDIR",
+    "ResourceLimits",
+    "SandboxUnavailable",
+    "sandbox_status",
+    "require_sandbox",
+    "bwrap_argv",
+    "sandbox_uid",
+    "python_prefixes",
+    "bwrap_path",
+    "packed_argv",
+    "uid_block",
+    "UID_BLOCK",
+    "DEFAULT_TMP_MB",
+    "ProcessHandle",
 ]
 
 # Where the work dir appears inside the sandbox (also the default cwd and $HOME).
@@ -71,23 +83,30 @@ SANDBOX_WORKDIR = "/workspace"
 # Each server process claims its own block of UID_BLOCK uids (see uid_block).
 _UID_BASE = 200_000
 UID_BLOCK = 4096
-_UID_SLOTS = 4096              # blocks available: uids 200000 .. 200000 + 4096 * 4096
+_UID_SLOTS = 4096  # blocks available: uids 200000 .. 200000 + 4096 * 4096
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
-_uid_block: Optional[tuple[int, int, int]] = None   # (first uid, lock fd, pid)
+_uid_block: tuple[int, int, int] | None = None  # (first uid, lock fd, pid)
 
 # Size of the sandbox's /tmp (and of /workspace when it is a tmpfs), MiB.
 DEFAULT_TMP_MB = 256
 
 # Host files of /etc a program may need (dynamic loader, locale, users, alternatives).
 _ETC_FILES = (
-    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
-    "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/alternatives",
-    "/etc/mime.types", "/etc/ssl/certs",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/alternatives",
+    "/etc/mime.types",
+    "/etc/ssl/certs",
 )
 _USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
-Bind = Union[str, tuple[str, str]]
+Bind = str | tuple[str, str]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -116,11 +135,18 @@ class ResourceLimits:
     nofile: int = 256
     fsize_mb: int = 64
     wall_s: float = 10.0
-    total_memory_mb: Optional[int] = None
+    total_memory_mb: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "memory_mb", "nproc", "nofile", "fsize_mb", "wall_s",
-                     "total_memory_mb"):
+        for name in (
+            "cpu_s",
+            "memory_mb",
+            "nproc",
+            "nofile",
+            "fsize_mb",
+            "wall_s",
+            "total_memory_mb",
+        ):
             value = getattr(self, name)
             if value is None and name == "total_memory_mb":
                 continue
@@ -130,6 +156,7 @@ class ResourceLimits:
     def rlimits(self) -> list[tuple[int, tuple[int, int]]]:
         """``[(resource.RLIMIT_*, (soft, hard)), ...]`` for :func:`resource.setrlimit`."""
         import resource
+
         mib = 1024 * 1024
         cpu = int(max(1, round(self.cpu_s)))
         return [
@@ -145,6 +172,7 @@ class ResourceLimits:
         """Set these limits on the calling process (e.g. in a forked child, or as a
         ``preexec_fn``). Lowering limits needs no privilege."""
         import resource
+
         for res, pair in self.rlimits():
             resource.setrlimit(res, pair)
 
@@ -153,13 +181,18 @@ class ResourceLimits:
         mib = 1024 * 1024
         cpu = int(max(1, round(self.cpu_s)))
         return [
-            "prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={self.memory_mb * mib}",
-            f"--nproc={self.nproc}", f"--nofile={self.nofile}",
-            f"--fsize={self.fsize_mb * mib}", "--core=0", "--",
+            "prlimit",
+            f"--cpu={cpu}:{cpu + 1}",
+            f"--as={self.memory_mb * mib}",
+            f"--nproc={self.nproc}",
+            f"--nofile={self.nofile}",
+            f"--fsize={self.fsize_mb * mib}",
+            "--core=0",
+            "--",
         ]
 
 
-def bwrap_path() -> Optional[str]:
+def bwrap_path() -> str | None:
     """The bubblewrap binary (``$VERLTOOL_BWRAP`` overrides; tests point it at a
     missing file to exercise the fail-closed path)."""
     override = os.environ.get("VERLTOOL_BWRAP")
@@ -212,7 +245,7 @@ def uid_block() -> int:
         raise RuntimeError(f"all {_UID_SLOTS} sandbox uid blocks are taken (lock files in {d})")
 
 
-def sandbox_uid() -> Optional[int]:
+def sandbox_uid() -> int | None:
     """A fresh unprivileged uid to run sandboxed code as when the server is root
     (``None`` when not root: the code runs as the current user in a user namespace).
     Uids rotate through this server's block (:func:`uid_block`)."""
@@ -243,14 +276,25 @@ def _norm_bind(b: Bind, field: str) -> tuple[str, str]:
         return b, b
     if isinstance(b, (tuple, list)) and len(b) == 2 and all(isinstance(x, str) for x in b):
         return b[0], b[1]
-    raise TypeError(f"{field} entries must be a path or a (host_path, sandbox_path) pair, got {b!r}")
+    raise TypeError(
+        f"{field} entries must be a path or a (host_path, sandbox_path) pair, got {b!r}"
+    )
 
 
-def bwrap_argv(workdir: Optional[str], *, ro_binds: Iterable[Bind] = (),
-               rw_binds: Iterable[Bind] = (), limits: Optional[ResourceLimits],
-               network: bool = False, cwd: Optional[str] = None, uid: Optional[int] = None,
-               env: Optional[dict[str, str]] = None, workdir_dest: str = SANDBOX_WORKDIR,
-               tmp_mb: int = DEFAULT_TMP_MB, workdir_mb: Optional[int] = None) -> list[str]:
+def bwrap_argv(
+    workdir: str | None,
+    *,
+    ro_binds: Iterable[Bind] = (),
+    rw_binds: Iterable[Bind] = (),
+    limits: ResourceLimits | None,
+    network: bool = False,
+    cwd: str | None = None,
+    uid: int | None = None,
+    env: dict[str, str] | None = None,
+    workdir_dest: str = SANDBOX_WORKDIR,
+    tmp_mb: int = DEFAULT_TMP_MB,
+    workdir_mb: int | None = None,
+) -> list[str]:
     """The argv prefix that runs a command inside the sandbox; append the command.
 
     ``workdir`` (a host directory; made private, 0700, and owned by the sandbox uid)
@@ -269,8 +313,10 @@ def bwrap_argv(workdir: Optional[str], *, ro_binds: Iterable[Bind] = (),
     """
     bwrap = bwrap_path()
     if bwrap is None:
-        raise SandboxUnavailable("bubblewrap (bwrap) is not installed; install the 'bubblewrap' "
-                                 "package or pass --unsafe-no-sandbox (not recommended)")
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed; install the 'bubblewrap' "
+            "package or pass --unsafe-no-sandbox (not recommended)"
+        )
     if workdir is not None and (not isinstance(workdir, str) or not os.path.isdir(workdir)):
         raise ValueError(f"workdir must be an existing directory (or None), got {workdir!r}")
     for name, mb in (("tmp_mb", tmp_mb), ("workdir_mb", workdir_mb)):
@@ -284,9 +330,17 @@ def bwrap_argv(workdir: Optional[str], *, ro_binds: Iterable[Bind] = (),
         if root:
             os.chown(workdir, uid, uid)
 
-    argv = [bwrap, "--die-with-parent", "--new-session",
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", "sandbox"]
+    argv = [
+        bwrap,
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "sandbox",
+    ]
     if not network:
         argv.append("--unshare-net")
     if not root:
@@ -308,9 +362,23 @@ def bwrap_argv(workdir: Optional[str], *, ro_binds: Iterable[Bind] = (),
     # /tmp world-writable (sticky): the sandbox uid is not its owner when root. Bounded,
     # and /var/tmp is the same file system (one budget, one place to clear).
     mib = 1024 * 1024
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777",
-             "--size", str(tmp_mb * mib), "--tmpfs", "/tmp",
-             "--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(tmp_mb * mib),
+        "--tmpfs",
+        "/tmp",
+        "--dir",
+        "/var",
+        "--symlink",
+        "../tmp",
+        "/var/tmp",
+    ]
     made: set[str] = {"/", "/usr", "/etc", "/proc", "/dev", "/tmp", "/var", "/var/tmp"}
 
     def bind(flag: str, src: str, dst: str) -> None:
@@ -344,8 +412,12 @@ def bwrap_argv(workdir: Optional[str], *, ro_binds: Iterable[Bind] = (),
     # environment
     base_env = {
         "PATH": os.path.join(os.path.realpath(sys.prefix), "bin") + ":/usr/local/bin:/usr/bin:/bin",
-        "HOME": workdir_dest, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "HOME": workdir_dest,
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     if env:
@@ -354,9 +426,21 @@ def bwrap_argv(workdir: Optional[str], *, ro_binds: Iterable[Bind] = (),
     for k, v in base_env.items():
         argv += ["--setenv", k, v]
     if root:
-        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
-                 "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        argv += [
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+            "--",
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
     else:
         argv.append("--")
     if limits is not None:
@@ -371,8 +455,8 @@ class ProcessHandle:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         try:
-            self._fd: Optional[int] = os.pidfd_open(pid)
-        except OSError:       # already gone
+            self._fd: int | None = os.pidfd_open(pid)
+        except OSError:  # already gone
             self._fd = None
 
     def kill(self) -> None:
@@ -408,7 +492,7 @@ def packed_argv(argv: Sequence[str]) -> tuple[list[str], int]:
         data = b"".join(a.encode() + b"\0" for a in options)
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.lseek(fd, 0, os.SEEK_SET)
     except BaseException:
         os.close(fd)
@@ -417,7 +501,7 @@ def packed_argv(argv: Sequence[str]) -> tuple[list[str], int]:
 
 
 _status_lock = threading.Lock()
-_status: Optional[tuple[bool, str]] = None
+_status: tuple[bool, str] | None = None
 
 
 def sandbox_status(refresh: bool = False) -> tuple[bool, str]:
@@ -444,18 +528,20 @@ def _probe() -> tuple[bool, str]:
             return False, f"'{tool}' (util-linux) not found: install util-linux"
     with tempfile.TemporaryDirectory(prefix="sandbox_probe_") as d:
         try:
-            argv, fd = packed_argv(bwrap_argv(d, limits=ResourceLimits(cpu_s=5, wall_s=10))
-                                   + [os.path.basename(sys.executable), "-S", "-c", "pass"])
+            argv, fd = packed_argv(
+                bwrap_argv(d, limits=ResourceLimits(cpu_s=5, wall_s=10))
+                + [os.path.basename(sys.executable), "-S", "-c", "pass"]
+            )
             try:
-                r = subprocess.run(argv, capture_output=True, text=True, timeout=20,
-                                   pass_fds=(fd,))
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=20, pass_fds=(fd,))
             finally:
                 os.close(fd)
         except (OSError, subprocess.SubprocessError, SandboxUnavailable) as e:
             return False, f"running bwrap failed: {e}"
         if r.returncode != 0:
-            return False, (f"bwrap exited with {r.returncode}: "
-                           f"{(r.stderr or r.stdout).strip()[:500]}")
+            return False, (
+                f"bwrap exited with {r.returncode}: {(r.stderr or r.stdout).strip()[:500]}"
+            )
     return True, ""
 
 

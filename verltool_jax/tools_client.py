@@ -26,14 +26,16 @@ is gone), fail with a :class:`ToolServerError` naming the replica; new trajector
 over the remaining replicas (rendezvous hashing moves no other trajectory). A dead
 replica is probed again for new trajectories after ``revive_after_s``.
 """
+
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional, Sequence, Union
+from typing import Any
 
 import aiohttp
 
@@ -53,7 +55,7 @@ class ToolResult:
     observation: str
     done: bool
     valid: bool
-    extra: dict = field(default_factory=dict)   # image, reward, metrics, invalid_reason
+    extra: dict = field(default_factory=dict)  # image, reward, metrics, invalid_reason
     latency_s: float = 0.0
     timed_out: bool = False
 
@@ -69,11 +71,13 @@ def parse_observation(raw: Any) -> tuple[str, dict]:
     if isinstance(raw, dict):
         text = raw.get("obs", "")
         if not isinstance(text, str):
-            raise ToolServerError(f"observation field 'obs' must be a string, got "
-                                  f"{type(text).__name__}")
+            raise ToolServerError(
+                f"observation field 'obs' must be a string, got {type(text).__name__}"
+            )
         return text, {k: v for k, v in raw.items() if k != "obs"}
-    raise ToolServerError(f"an observation must be a string or an object with 'obs', got "
-                          f"{type(raw).__name__}")
+    raise ToolServerError(
+        f"an observation must be a string or an object with 'obs', got {type(raw).__name__}"
+    )
 
 
 def parse_tool_urls(url: str) -> list[str]:
@@ -83,12 +87,14 @@ def parse_tool_urls(url: str) -> list[str]:
         raise ValueError(f"tool server url must be a string, got {type(url).__name__}")
     urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
     if not urls:
-        raise ValueError("tool server url is empty; give http://host:port (several: "
-                         "comma-separated)")
+        raise ValueError(
+            "tool server url is empty; give http://host:port (several: comma-separated)"
+        )
     for u in urls:
         if not u.startswith(("http://", "https://")):
-            raise ValueError(f"ToolClient url must start with http:// or https://, got {u!r} "
-                             f"(in {url!r})")
+            raise ValueError(
+                f"ToolClient url must start with http:// or https://, got {u!r} (in {url!r})"
+            )
     if len(set(urls)) != len(urls):
         raise ValueError(f"tool server url lists a replica twice: {url!r}")
     return urls
@@ -106,8 +112,9 @@ def rendezvous_index(key: str, urls: Sequence[str], live: Sequence[bool]) -> int
         if best < 0 or score > best_score:
             best, best_score = i, score
     if best < 0:
-        raise ToolServerError(f"every tool server replica is down ({', '.join(urls)}); "
-                              "restart them")
+        raise ToolServerError(
+            f"every tool server replica is down ({', '.join(urls)}); restart them"
+        )
     return best
 
 
@@ -126,10 +133,17 @@ class ToolClient:
       revive_after_s: a replica found dead gets new trajectories again after this long.
     """
 
-    def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 3,
-                 backoff_s: float = 0.1, max_connections: int = 256,
-                 revive_after_s: float = 60.0, max_tracked: int = 100_000,
-                 on_unreachable: Optional[Callable[[], Awaitable[bool]]] = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 30.0,
+        retries: int = 3,
+        backoff_s: float = 0.1,
+        max_connections: int = 256,
+        revive_after_s: float = 60.0,
+        max_tracked: int = 100_000,
+        on_unreachable: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         self.urls = parse_tool_urls(url)
         if timeout_s <= 0:
             raise ValueError(f"ToolClient timeout_s must be > 0, got {timeout_s}")
@@ -140,15 +154,15 @@ class ToolClient:
         self.url = self.urls[0]
         self.revive_after_s = float(revive_after_s)
         self.max_tracked = int(max_tracked)
-        self._dead_since: list[Optional[float]] = [None] * len(self.urls)
-        self._home: OrderedDict[str, int] = OrderedDict()   # trajectory id -> replica
+        self._dead_since: list[float | None] = [None] * len(self.urls)
+        self._home: OrderedDict[str, int] = OrderedDict()  # trajectory id -> replica
         self.timeout_s = float(timeout_s)
         self.retries = int(retries)
         self.backoff_s = float(backoff_s)
         self.max_connections = int(max_connections)
         self.on_unreachable = on_unreachable
-        self._session: Optional[aiohttp.ClientSession] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- session ---------------------------------------------------------------------
     def _get_session(self) -> aiohttp.ClientSession:
@@ -158,7 +172,8 @@ class ToolClient:
             # gets a new session.
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.max_connections),
-                timeout=aiohttp.ClientTimeout(total=None))
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
             self._loop = loop
         return self._session
 
@@ -167,7 +182,7 @@ class ToolClient:
             await self._session.close()
         self._session = None
 
-    async def __aenter__(self) -> "ToolClient":
+    async def __aenter__(self) -> ToolClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -189,9 +204,11 @@ class ToolClient:
             return 0
         idx = self._home.get(trajectory_id)
         if idx == -1:
-            raise ToolServerError(f"the tool server replica of trajectory {trajectory_id!r} "
-                                  f"went down and held its tool state; the trajectory ends "
-                                  f"here, the other replicas go on")
+            raise ToolServerError(
+                f"the tool server replica of trajectory {trajectory_id!r} "
+                f"went down and held its tool state; the trajectory ends "
+                f"here, the other replicas go on"
+            )
         if idx is None:
             idx = rendezvous_index(trajectory_id, self.urls, self._live())
             self._home[trajectory_id] = idx
@@ -210,7 +227,7 @@ class ToolClient:
         for t in trajectory_ids:
             self._home.pop(t, None)
 
-    async def _post(self, path: str, payload: dict, base: Optional[str] = None) -> dict:
+    async def _post(self, path: str, payload: dict, base: str | None = None) -> dict:
         """POST json with retries on connection errors / 5xx (and one more round after
         ``on_unreachable`` brought a single server back); raise asyncio.TimeoutError."""
         try:
@@ -223,24 +240,27 @@ class ToolClient:
         except _Unreachable as e:
             raise ToolServerError(str(e)) from None
 
-    async def _post_retrying(self, path: str, payload: dict,
-                             base: Optional[str] = None) -> dict:
+    async def _post_retrying(self, path: str, payload: dict, base: str | None = None) -> dict:
         base = base or self.url
         session = self._get_session()
         delay = self.backoff_s
-        last: Optional[BaseException] = None
+        last: BaseException | None = None
         for attempt in range(self.retries + 1):
             try:
                 async with asyncio.timeout(self.timeout_s):
                     async with session.post(base + path, json=payload) as resp:
                         if resp.status >= 500:
                             body = await resp.text()
-                            last = ToolServerError(f"tool server {base}{path} answered "
-                                                   f"HTTP {resp.status}: {body[:300]}")
+                            last = ToolServerError(
+                                f"tool server {base}{path} answered "
+                                f"HTTP {resp.status}: {body[:300]}"
+                            )
                         elif resp.status >= 400:
                             body = await resp.text()
-                            raise ToolServerError(f"tool server {base}{path} rejected the "
-                                                  f"request (HTTP {resp.status}): {body[:300]}")
+                            raise ToolServerError(
+                                f"tool server {base}{path} rejected the "
+                                f"request (HTTP {resp.status}): {body[:300]}"
+                            )
                         else:
                             return await resp.json()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
@@ -249,22 +269,33 @@ class ToolClient:
                 await asyncio.sleep(delay)
                 delay *= 2
         others = ""
-        if len(self.urls) > 1 and isinstance(last, (aiohttp.ClientConnectionError,
-                                                    aiohttp.ClientPayloadError)):
+        if len(self.urls) > 1 and isinstance(
+            last, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+        ):
             self._mark_dead(self.urls.index(base))
-            others = (f"; replica taken out of rotation, {len(self.live_replicas)} of "
-                      f"{len(self.urls)} left")
+            others = (
+                f"; replica taken out of rotation, {len(self.live_replicas)} of "
+                f"{len(self.urls)} left"
+            )
         # A single server that stays unreachable may be restarted by ``on_unreachable``.
-        err = (_Unreachable if len(self.urls) == 1
-               and isinstance(last, aiohttp.ClientConnectionError) else ToolServerError)
-        raise err(f"tool server {base}{path} unreachable after "
-                  f"{self.retries + 1} attempts: {last!r}. Is it running?{others}")
+        err = (
+            _Unreachable
+            if len(self.urls) == 1 and isinstance(last, aiohttp.ClientConnectionError)
+            else ToolServerError
+        )
+        raise err(
+            f"tool server {base}{path} unreachable after "
+            f"{self.retries + 1} attempts: {last!r}. Is it running?{others}"
+        )
 
-    async def get_observations(self, trajectory_ids: Sequence[str], actions: Sequence[str],
-                               extra_fields: Optional[Sequence[dict]] = None,
-                               finish: Optional[Sequence[bool]] = None,
-                               is_last_step: Union[bool, Sequence[bool]] = False
-                               ) -> list[ToolResult]:
+    async def get_observations(
+        self,
+        trajectory_ids: Sequence[str],
+        actions: Sequence[str],
+        extra_fields: Sequence[dict] | None = None,
+        finish: Sequence[bool] | None = None,
+        is_last_step: bool | Sequence[bool] = False,
+    ) -> list[ToolResult]:
         """Send a batch of actions in one request; one :class:`ToolResult` per action.
 
         ``is_last_step`` is one flag per action (a single bool applies to all).
@@ -277,25 +308,32 @@ class ToolClient:
             return []
         extra_fields = list(extra_fields) if extra_fields is not None else [{} for _ in range(n)]
         finish = list(finish) if finish is not None else [False] * n
-        last = ([bool(is_last_step)] * n if isinstance(is_last_step, bool)
-                else [bool(x) for x in is_last_step])
+        last = (
+            [bool(is_last_step)] * n
+            if isinstance(is_last_step, bool)
+            else [bool(x) for x in is_last_step]
+        )
         if len(extra_fields) != n or len(finish) != n or len(last) != n:
-            raise ValueError("extra_fields, finish and is_last_step must have one entry per "
-                             "trajectory_id")
+            raise ValueError(
+                "extra_fields, finish and is_last_step must have one entry per trajectory_id"
+            )
         try:
-            return await self._observe_all(list(trajectory_ids), list(actions), extra_fields,
-                                           finish, last)
+            return await self._observe_all(
+                list(trajectory_ids), list(actions), extra_fields, finish, last
+            )
         finally:
             self._forget([t for t, f in zip(trajectory_ids, finish) if f])
 
-    async def _observe_all(self, trajectory_ids: list, actions: list, extra_fields: list,
-                           finish: list, last: list) -> list[ToolResult]:
+    async def _observe_all(
+        self, trajectory_ids: list, actions: list, extra_fields: list, finish: list, last: list
+    ) -> list[ToolResult]:
         """Split a batch by replica, send the parts concurrently, merge in order; a part
         on a dead replica raises its ToolServerError after the others finished."""
         n = len(trajectory_ids)
         if len(self.urls) == 1:
-            out = await self._observe_on(0, list(trajectory_ids), list(actions), extra_fields,
-                                         finish, last)
+            out = await self._observe_on(
+                0, list(trajectory_ids), list(actions), extra_fields, finish, last
+            )
         else:
             groups: dict[int, list[int]] = {}
             for i, t in enumerate(trajectory_ids):
@@ -303,42 +341,69 @@ class ToolClient:
 
             async def one(r: int, idx: list[int]):
                 return await self._observe_on(
-                    r, [trajectory_ids[i] for i in idx], [actions[i] for i in idx],
-                    [extra_fields[i] for i in idx], [finish[i] for i in idx],
-                    [last[i] for i in idx])
-            results = await asyncio.gather(*(one(r, idx) for r, idx in groups.items()),
-                                           return_exceptions=True)
+                    r,
+                    [trajectory_ids[i] for i in idx],
+                    [actions[i] for i in idx],
+                    [extra_fields[i] for i in idx],
+                    [finish[i] for i in idx],
+                    [last[i] for i in idx],
+                )
+
+            results = await asyncio.gather(
+                *(one(r, idx) for r, idx in groups.items()), return_exceptions=True
+            )
             out = [None] * n
-            for (r, idx), res in zip(groups.items(), results):
+            for (_r, idx), res in zip(groups.items(), results):
                 if isinstance(res, BaseException):
                     raise res
                 for i, v in zip(idx, res):
                     out[i] = v
         return out
 
-    async def _observe_on(self, replica: int, trajectory_ids: list, actions: list,
-                          extra_fields: list, finish: list, last: list) -> list[ToolResult]:
+    async def _observe_on(
+        self,
+        replica: int,
+        trajectory_ids: list,
+        actions: list,
+        extra_fields: list,
+        finish: list,
+        last: list,
+    ) -> list[ToolResult]:
         """One ``/get_observation`` request to replica ``replica``."""
         n = len(trajectory_ids)
-        payload = {"trajectory_ids": trajectory_ids, "actions": actions,
-                   "extra_fields": extra_fields, "finish": [bool(f) for f in finish],
-                   "is_last_step": last}
+        payload = {
+            "trajectory_ids": trajectory_ids,
+            "actions": actions,
+            "extra_fields": extra_fields,
+            "finish": [bool(f) for f in finish],
+            "is_last_step": last,
+        }
         t0 = time.perf_counter()
         try:
             body = await self._post("/get_observation", payload, self.urls[replica])
         except TimeoutError:
             lat = time.perf_counter() - t0
             msg = f"[tool call timed out after {self.timeout_s:g}s]"
-            return [ToolResult(msg, done=False, valid=False, latency_s=lat, timed_out=True,
-                               extra={"invalid_reason": "timeout"}) for _ in range(n)]
+            return [
+                ToolResult(
+                    msg,
+                    done=False,
+                    valid=False,
+                    latency_s=lat,
+                    timed_out=True,
+                    extra={"invalid_reason": "timeout"},
+                )
+                for _ in range(n)
+            ]
         lat = time.perf_counter() - t0
         try:
             obs, dones, valids = body["observations"], body["dones"], body["valids"]
         except (KeyError, TypeError) as e:
-            raise ToolServerError(f"tool server reply lacks {e}; expected keys "
-                                  f"observations, dones, valids") from None
+            raise ToolServerError(
+                f"tool server reply lacks {e}; expected keys observations, dones, valids"
+            ) from None
         if self._dead_since[replica] is not None:
-            self._dead_since[replica] = None          # answered again: back in rotation
+            self._dead_since[replica] = None  # answered again: back in rotation
         if not (len(obs) == len(dones) == len(valids) == n):
             raise ToolServerError(f"tool server returned {len(obs)} observations for {n} actions")
         out = []
@@ -347,12 +412,17 @@ class ToolClient:
             out.append(ToolResult(text, done=bool(d), valid=bool(v), extra=extra, latency_s=lat))
         return out
 
-    async def get_observation(self, trajectory_id: str, action: str,
-                              extra_field: Optional[dict] = None,
-                              is_last_step: bool = False) -> ToolResult:
+    async def get_observation(
+        self,
+        trajectory_id: str,
+        action: str,
+        extra_field: dict | None = None,
+        is_last_step: bool = False,
+    ) -> ToolResult:
         """Run one trajectory's action (the asynchronous rollout's per-turn call)."""
-        (res,) = await self.get_observations([trajectory_id], [action],
-                                             [extra_field or {}], [False], [is_last_step])
+        (res,) = await self.get_observations(
+            [trajectory_id], [action], [extra_field or {}], [False], [is_last_step]
+        )
         return res
 
     async def finish(self, trajectory_id: str | Sequence[str]) -> None:
@@ -360,8 +430,7 @@ class ToolClient:
         tids = [trajectory_id] if isinstance(trajectory_id, str) else list(trajectory_id)
         if not tids:
             return
-        await self.get_observations(tids, [""] * len(tids), [{} for _ in tids],
-                                    [True] * len(tids))
+        await self.get_observations(tids, [""] * len(tids), [{} for _ in tids], [True] * len(tids))
 
     async def health(self) -> bool:
         """True if ``GET /health`` answers 200 on every replica."""

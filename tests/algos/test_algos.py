@@ -1,4 +1,5 @@
 """Advantages, policy losses, KL, aggregation and DAPO helpers vs hand-computed values."""
+
 import math
 
 import jax
@@ -6,10 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from verltool_jax.algos import (PolicyLossConfig, aggregate, broadcast_to_tokens,
-                                compute_advantages, get_advantage_fn, get_kl_fn,
-                                get_policy_loss, informative_groups, normaliser_for,
-                                overlong_penalty, truncated_is_weights)
+from verltool_jax.algos import (
+    PolicyLossConfig,
+    aggregate,
+    broadcast_to_tokens,
+    compute_advantages,
+    get_advantage_fn,
+    get_kl_fn,
+    get_policy_loss,
+    informative_groups,
+    normaliser_for,
+    overlong_penalty,
+    truncated_is_weights,
+)
 from verltool_jax.algos.kl import entropy_from_logits
 
 REWARDS = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 5.0]
@@ -18,11 +28,11 @@ GROUPS = ["a", "a", "a", "a", "b", "b", "b", "c"]
 
 def test_grpo_hand_values_all_equal_and_singleton():
     adv = compute_advantages("grpo", REWARDS, GROUPS)
-    s = math.sqrt(4 * 0.25 / 3)                       # unbiased std of [1,0,0,1]
+    s = math.sqrt(4 * 0.25 / 3)  # unbiased std of [1,0,0,1]
     want = 0.5 / (s + 1e-6)
     np.testing.assert_allclose(adv[:4], [want, -want, -want, want], rtol=1e-6)
-    np.testing.assert_array_equal(adv[4:7], 0.0)      # all-equal group: no signal
-    assert adv[7] == 0.0                              # group of one gets 0
+    np.testing.assert_array_equal(adv[4:7], 0.0)  # all-equal group: no signal
+    assert adv[7] == 0.0  # group of one gets 0
     assert adv.dtype == np.float32
 
 
@@ -78,18 +88,17 @@ def test_all_equal_groups_property_random_floats():
                     want[sel] = r - (r.sum() - r) / (len(r) - 1)
             if (~equal).any():
                 scale = np.abs(want[~equal]).max()
-                np.testing.assert_allclose(adv[~equal], want[~equal], rtol=1e-4,
-                                           atol=1e-5 * scale)
+                np.testing.assert_allclose(adv[~equal], want[~equal], rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_grpo_inexact_rewards_hand_values():
     # r = [0.1, 0.2, 0.3]: mean 0.2, unbiased std 0.1 -> A = [-0.1, 0, 0.1] / (0.1 + 1e-6)
     adv = compute_advantages("grpo", [0.1, 0.2, 0.3], ["g"] * 3)
-    np.testing.assert_allclose(adv, np.array([-0.1, 0, 0.1]) / (0.1 + 1e-6), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(adv, np.array([-0.1, 0, 0.1]) / (0.1 + 1e-6), rtol=1e-5, atol=1e-6)
     # rloo: 0.1 - (0.5 / 2) = -0.15; 0.2 - 0.2 = 0; 0.3 - 0.15 = 0.15
-    np.testing.assert_allclose(compute_advantages("rloo", [0.1, 0.2, 0.3], ["g"] * 3),
-                               [-0.15, 0.0, 0.15], atol=1e-6)
+    np.testing.assert_allclose(
+        compute_advantages("rloo", [0.1, 0.2, 0.3], ["g"] * 3), [-0.15, 0.0, 0.15], atol=1e-6
+    )
 
 
 def test_drgrpo_and_rloo_hand_values():
@@ -104,8 +113,9 @@ def test_drgrpo_and_rloo_hand_values():
 def test_advantages_jit_with_int_groups_and_unknown_name():
     fn = jax.jit(get_advantage_fn("grpo"), static_argnums=2)
     out = fn(jnp.array([2.0, 4.0, 3.0, 3.0]), jnp.array([1, 1, 0, 0]), 2)
-    np.testing.assert_allclose(out, [-1 / (math.sqrt(2) + 1e-6), 1 / (math.sqrt(2) + 1e-6), 0, 0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        out, [-1 / (math.sqrt(2) + 1e-6), 1 / (math.sqrt(2) + 1e-6), 0, 0], rtol=1e-6
+    )
     with pytest.raises(ValueError, match="algo.adv_estimator.*grpo"):
         get_advantage_fn("ppo-gae")
     with pytest.raises(ValueError, match="NaN"):
@@ -119,33 +129,42 @@ def test_broadcast_to_tokens():
 
 # ----------------------------------------------------------------- aggregation
 L = jnp.array([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0], [7.0, 7.0, 7.0, 7.0]])
-M = jnp.array([[1, 1, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]])   # row 3 fully masked
+M = jnp.array([[1, 1, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]])  # row 3 fully masked
 
 
-@pytest.mark.parametrize("mode,want", [
-    ("token-mean", (1 + 2 + 3 + 20) / 4),
-    ("seq-mean-token-mean", ((1 + 2 + 3) / 3 + 20 / 1) / 2),
-    ("seq-mean-token-sum", (6 + 20) / 2),
-    ("seq-mean-token-sum-norm", (6 + 20) / 4),      # verl agg_loss: sum of seq sums / T
-])
+@pytest.mark.parametrize(
+    "mode,want",
+    [
+        ("token-mean", (1 + 2 + 3 + 20) / 4),
+        ("seq-mean-token-mean", ((1 + 2 + 3) / 3 + 20 / 1) / 2),
+        ("seq-mean-token-sum", (6 + 20) / 2),
+        ("seq-mean-token-sum-norm", (6 + 20) / 4),  # verl agg_loss: sum of seq sums / T
+    ],
+)
 def test_aggregation_hand_values(mode, want):
     assert float(aggregate(L, M, mode)) == pytest.approx(want)
 
 
 def test_aggregation_norm_constant_all_masked_and_nan_in_padding():
-    assert float(aggregate(L, M, "seq-mean-token-sum-norm", norm_constant=13.0)) == \
-        pytest.approx(26 / 13)
-    bad = L.at[2, 0].set(jnp.nan).at[0, 3].set(jnp.inf)    # only on masked positions
+    assert float(aggregate(L, M, "seq-mean-token-sum-norm", norm_constant=13.0)) == pytest.approx(
+        26 / 13
+    )
+    bad = L.at[2, 0].set(jnp.nan).at[0, 3].set(jnp.inf)  # only on masked positions
     assert float(aggregate(bad, M, "token-mean")) == pytest.approx(26 / 4)
-    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                 "seq-mean-token-sum-norm"):
+    for mode in (
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+    ):
         assert float(aggregate(L, jnp.zeros_like(M), mode)) == 0.0
     with pytest.raises(ValueError, match="loss_agg_mode"):
         aggregate(L, M, "mean")
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                  "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_aggregation_micro_batches_sum_to_global(mode):
     """With the global normaliser, per-micro-batch aggregates add up to the whole-batch one."""
     rng = np.random.default_rng(0)
@@ -154,10 +173,10 @@ def test_aggregation_micro_batches_sum_to_global(mode):
     mask = mask.at[4].set(0)
     whole = aggregate(loss, mask, mode)
     norm = normaliser_for(mask)
-    parts = sum(aggregate(loss[i:i + 2], mask[i:i + 2], mode, norm, 5.0) for i in (0, 2, 4))
+    parts = sum(aggregate(loss[i : i + 2], mask[i : i + 2], mode, norm, 5.0) for i in (0, 2, 4))
     assert float(parts) == pytest.approx(float(whole), rel=1e-6)
     # ... whereas a mean of micro-batch means differs (uneven token counts)
-    naive = sum(aggregate(loss[i:i + 2], mask[i:i + 2], mode) for i in (0, 2, 4)) / 3
+    naive = sum(aggregate(loss[i : i + 2], mask[i : i + 2], mode) for i in (0, 2, 4)) / 3
     if mode == "token-mean":
         assert float(naive) != pytest.approx(float(whole), rel=1e-3)
 
@@ -188,10 +207,9 @@ def test_ppo_clip_higher_and_dual_clip_hand_values():
     assert float(m["ratio_min"]) == pytest.approx(0.5, rel=1e-5)
     ratios = [math.exp(0.5), 5.0, 0.5, 1.0]
     assert float(m["ratio_mean"]) == pytest.approx(sum(ratios) / 4, rel=1e-5)
-    assert float(m["ppo_kl"]) == pytest.approx(-(0.5 + math.log(5) + math.log(.5)) / 4, rel=1e-5)
+    assert float(m["ppo_kl"]) == pytest.approx(-(0.5 + math.log(5) + math.log(0.5)) / 4, rel=1e-5)
     # without dual clip token 2 costs 5
-    loss2, m2 = get_policy_loss("ppo")(logp, old, A, mask,
-                                       PolicyLossConfig(0.2, 0.28, None))
+    loss2, m2 = get_policy_loss("ppo")(logp, old, A, mask, PolicyLossConfig(0.2, 0.28, None))
     assert float(loss2) == pytest.approx((-1.28 + 5 + 0.8 - 1) / 4, rel=1e-5)
     assert float(m2["pg_clipfrac_lower"]) == 0.0
 
@@ -209,7 +227,7 @@ def test_ppo_masked_tokens_and_truncated_is_weight():
     A, logp, old = _ppo_case()
     mask = jnp.array([[1.0, 0.0, 0.0, 1.0]])
     loss, _ = get_policy_loss("ppo")(logp, old, A, mask)
-    assert float(loss) == pytest.approx((-1.2 - 1.0) / 2, rel=1e-5)   # default eps .2/.2
+    assert float(loss) == pytest.approx((-1.2 - 1.0) / 2, rel=1e-5)  # default eps .2/.2
     sampler = old - jnp.array([[math.log(4.0), 0, 0, math.log(1.5)]])  # old - sampler
     w = truncated_is_weights(old, sampler, cap=2.0)
     np.testing.assert_allclose(w, [[2.0, 1, 1, 1.5]], rtol=1e-6)
@@ -223,8 +241,9 @@ def test_ppo_masked_tokens_and_truncated_is_weight():
 def test_ppo_log_ratio_clamped_no_overflow():
     logp = jnp.array([[0.0]])
     old = jnp.array([[-100.0]])
-    loss, m = get_policy_loss("ppo")(logp, old, jnp.array([-1.0]), jnp.ones((1, 1)),
-                                     PolicyLossConfig(dual_clip_c=None))
+    loss, m = get_policy_loss("ppo")(
+        logp, old, jnp.array([-1.0]), jnp.ones((1, 1)), PolicyLossConfig(dual_clip_c=None)
+    )
     assert float(m["ratio_max"]) == pytest.approx(math.exp(20), rel=1e-5)
     assert np.isfinite(float(loss))
 
@@ -237,8 +256,8 @@ def test_gspo_sequence_ratio_hand_values_and_gradient():
     cfg = PolicyLossConfig(0.2, 0.28, None, "seq-mean-token-mean")
     fn = get_policy_loss("gspo")
     loss, m = fn(logp, old, A, mask, cfg)
-    s0 = math.exp(0.3)     # row 0: mean log ratio 0.3 -> 1.3499 > 1.28: clipped -> -1.28
-    s1 = math.exp(0.0)     # row 1: ratio 1 -> -(-2) * 1 = 2
+    s0 = math.exp(0.3)  # row 0: mean log ratio 0.3 -> 1.3499 > 1.28: clipped -> -1.28
+    s1 = math.exp(0.0)  # row 1: ratio 1 -> -(-2) * 1 = 2
     assert s0 > 1.28
     assert float(loss) == pytest.approx((-1.28 + 2.0) / 2, rel=1e-5)
     assert float(m["pg_clipfrac"]) == pytest.approx(2 / 5)
@@ -250,7 +269,7 @@ def test_gspo_sequence_ratio_hand_values_and_gradient():
 def test_gspo_log_ratio_clamped_at_10_without_gradient_and_seq_mean_token_mean():
     """verl compute_policy_loss_gspo: log s <= 10 (zero gradient where clamped), and the
     loss is seq-mean-token-mean even when loss_agg_mode says otherwise."""
-    d = jnp.array([[12.0, 12.0, 0.0], [0.1, 0.1, 0.1]])     # row 0: mean log ratio 12 > 10
+    d = jnp.array([[12.0, 12.0, 0.0], [0.1, 0.1, 0.1]])  # row 0: mean log ratio 12 > 10
     logp = jnp.array([[-1.0, -2.0, -3.0], [-1.0, -1.5, -0.5]])
     old = logp - d
     mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -260,7 +279,7 @@ def test_gspo_log_ratio_clamped_at_10_without_gradient_and_seq_mean_token_mean()
     loss, m = fn(logp, old, A, mask, cfg)
     # row 0: s = e^10 (not e^12), l = max(e^10, 1.28) = e^10 on both tokens -> seq mean e^10
     # row 1: s = e^0.1 inside [0.8, 1.28] -> l = e^0.1 on each token
-    want = (math.exp(10.0) + math.exp(0.1)) / 2              # seq-mean-token-mean
+    want = (math.exp(10.0) + math.exp(0.1)) / 2  # seq-mean-token-mean
     assert float(loss) == pytest.approx(want, rel=1e-5)
     assert float(loss) != pytest.approx((2 * math.exp(10) + 3 * math.exp(0.1)) / 5, rel=1e-3)
     assert float(m["ratio_max"]) == pytest.approx(math.exp(10.0), rel=1e-5)
@@ -278,6 +297,7 @@ def test_gspo_log_ratio_clamped_at_10_without_gradient_and_seq_mean_token_mean()
 def test_clamp_gradient_is_torch_clamp_at_the_bounds():
     """clip bounds pass the whole gradient (torch.clamp), outside it is 0."""
     from verltool_jax.algos.policy_loss import clamp
+
     g = jax.grad(lambda x: clamp(x, 0.8, 1.28).sum())(jnp.array([0.5, 0.8, 1.0, 1.28, 2.0]))
     np.testing.assert_array_equal(g, [0, 1, 1, 1, 0])
     np.testing.assert_array_equal(clamp(jnp.array([-1.0, 11.0]), high=10.0), [-1.0, 10.0])
@@ -300,7 +320,7 @@ def test_kl_estimators_hand_values_and_clamps():
     ref = jnp.array([-1.5, -1.0, -30.0, 0.0])
     d = np.array([0.5, -1.0, 30.0, -40.0])
     np.testing.assert_allclose(get_kl_fn("k1")(logp, ref), d)
-    np.testing.assert_allclose(get_kl_fn("k2")(logp, ref), d ** 2 / 2)
+    np.testing.assert_allclose(get_kl_fn("k2")(logp, ref), d**2 / 2)
     np.testing.assert_allclose(get_kl_fn("abs")(logp, ref), np.abs(d))
     k3 = np.asarray(get_kl_fn("low_var_kl")(logp, ref))
     np.testing.assert_allclose(k3[:2], np.exp(-d[:2]) + d[:2] - 1, rtol=1e-6)
@@ -329,8 +349,9 @@ def test_dynamic_sampling_drops_uninformative_groups():
 
 
 def test_overlong_penalty_hand_values():
-    out = overlong_penalty([10, 80, 90, 100, 101, 0], max_length=100, cache_length=20,
-                           penalty_factor=1.0)
+    out = overlong_penalty(
+        [10, 80, 90, 100, 101, 0], max_length=100, cache_length=20, penalty_factor=1.0
+    )
     np.testing.assert_allclose(out, [0, 0, -0.5, -1.0, -1.0, 0])
     with pytest.raises(ValueError, match="overlong_buffer_len"):
         overlong_penalty([1], max_length=10, cache_length=0)

@@ -1,20 +1,31 @@
 """Data pipelines: real parquet / JSONL files, a real HF tokenizer, grain iterators."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from support.tiny_data import tiny_tokenizer
-from verltool_jax.data import (DataRowError, PromptPipeline, SFTPipeline, prompt_token_ids,
-                               read_rows, validate_row, write_rows)
+
+from verltool_jax.data import (
+    DataRowError,
+    PromptPipeline,
+    SFTPipeline,
+    prompt_token_ids,
+    read_rows,
+    validate_row,
+    write_rows,
+)
 
 
 def _row(i: int, **changes) -> dict:
-    row = {"prompt": [{"role": "user", "content": f"What is {i} * 3?"}],
-           "data_source": "tiny_math", "ability": "math",
-           "reward_model": {"style": "rule", "ground_truth": str(3 * i)},
-           "extra_info": {"index": i, "split": "train"}}
+    row = {
+        "prompt": [{"role": "user", "content": f"What is {i} * 3?"}],
+        "data_source": "tiny_math",
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(3 * i)},
+        "extra_info": {"index": i, "split": "train"},
+    }
     row.update(changes)
     return row
 
@@ -22,12 +33,12 @@ def _row(i: int, **changes) -> dict:
 @pytest.mark.parametrize("suffix", ["parquet", "jsonl"])
 def test_roundtrip_and_templating(tmp_path, suffix):
     rows = [_row(i) for i in range(5)]
-    rows[1]["extra_info"] = {"index": 1, "split": "train", "db": "x.sqlite"}   # uneven structs
+    rows[1]["extra_info"] = {"index": 1, "split": "train", "db": "x.sqlite"}  # uneven structs
     path = write_rows(rows, tmp_path / f"d.{suffix}")
     back = read_rows(path)
     assert [r["reward_model"]["ground_truth"] for r in back] == ["0", "3", "6", "9", "12"]
     assert back[0]["prompt"] == rows[0]["prompt"]
-    assert back[0]["extra_info"] == {"index": 0, "split": "train"}   # no null padding
+    assert back[0]["extra_info"] == {"index": 0, "split": "train"}  # no null padding
     assert back[1]["extra_info"]["db"] == "x.sqlite"
     tok = tiny_tokenizer()
     ids = prompt_token_ids(tok, back[2]["prompt"])
@@ -36,16 +47,28 @@ def test_roundtrip_and_templating(tmp_path, suffix):
     assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"prompt": "What is 2?"}, r"row 3: field 'prompt' is a string"),
-    ({"prompt": []}, r"row 3: field 'prompt' must be a non-empty list"),
-    ({"prompt": [{"role": "bot", "content": "x"}]}, r"row 3: field 'prompt\[0\].role' must be one of"),
-    ({"prompt": [{"role": "user", "content": 5}]}, r"row 3: field 'prompt\[0\].content' must be a string"),
-    ({"data_source": ""}, r"row 3: field 'data_source' must be a non-empty string"),
-    ({"reward_model": {"style": "rule"}}, r"row 3: field 'reward_model.ground_truth' is missing"),
-    ({"reward_model": None}, r"row 3: field 'reward_model' is missing or not a dict"),
-    ({"extra_info": [1]}, r"row 3: field 'extra_info' must be a dict"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"prompt": "What is 2?"}, r"row 3: field 'prompt' is a string"),
+        ({"prompt": []}, r"row 3: field 'prompt' must be a non-empty list"),
+        (
+            {"prompt": [{"role": "bot", "content": "x"}]},
+            r"row 3: field 'prompt\[0\].role' must be one of",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": 5}]},
+            r"row 3: field 'prompt\[0\].content' must be a string",
+        ),
+        ({"data_source": ""}, r"row 3: field 'data_source' must be a non-empty string"),
+        (
+            {"reward_model": {"style": "rule"}},
+            r"row 3: field 'reward_model.ground_truth' is missing",
+        ),
+        ({"reward_model": None}, r"row 3: field 'reward_model' is missing or not a dict"),
+        ({"extra_info": [1]}, r"row 3: field 'extra_info' must be a dict"),
+    ],
+)
 def test_bad_rows_name_file_row_and_field(tmp_path, change, message):
     rows = [_row(i) for i in range(5)]
     rows[3].update(change)
@@ -78,12 +101,12 @@ def test_shuffle_is_deterministic_and_resume_is_exact(tmp_path):
 
     a = PromptPipeline.from_files([path], tok, seed=3)
     first = order(a, 10)
-    assert sorted(first[:7]) == list(range(7))            # one full epoch, each row once
-    assert first[:7] != list(range(7))                    # shuffled
+    assert sorted(first[:7]) == list(range(7))  # one full epoch, each row once
+    assert first[:7] != list(range(7))  # shuffled
     assert order(PromptPipeline.from_files([path], tok, seed=3), 10) == first
     assert order(PromptPipeline.from_files([path], tok, seed=4), 10) != first
 
-    state = json.loads(json.dumps(a.get_state()))         # JSON-serialisable
+    state = json.loads(json.dumps(a.get_state()))  # JSON-serialisable
     expected = order(a, 12)
     b = PromptPipeline.from_files([path], tok, seed=3)
     b.set_state(state)
@@ -105,31 +128,39 @@ def test_finite_epochs_and_overlong_prompts():
     rows[2]["prompt"] = [{"role": "user", "content": "long " * 200}]
     pipe = PromptPipeline(rows, tok, shuffle=False, num_epochs=1, max_prompt_tokens=40)
     got = pipe.next_batch(10)
-    assert [ex.index for ex in got] == [0, 1, 3]          # the long prompt is dropped
+    assert [ex.index for ex in got] == [0, 1, 3]  # the long prompt is dropped
     assert got[1].ground_truth == "3" and got[1].data_source == "tiny_math"
     from verltool_jax.rollout.agent_loop import as_prompt_item
-    item = as_prompt_item(got[1].to_prompt("step3-g1"), 0)    # what the rollout accepts
+
+    item = as_prompt_item(got[1].to_prompt("step3-g1"), 0)  # what the rollout accepts
     assert item.group_id == "step3-g1" and item.prompt_ids == got[1].prompt_ids
     assert item.data["reward_model"]["ground_truth"] == "3"
-    strict = PromptPipeline(rows, tok, shuffle=False, num_epochs=1, max_prompt_tokens=40,
-                            overlong="error")
+    strict = PromptPipeline(
+        rows, tok, shuffle=False, num_epochs=1, max_prompt_tokens=40, overlong="error"
+    )
     with pytest.raises(ValueError, match="row 2: the prompt has .* max_prompt_tokens=40"):
         strict.next_batch(10)
 
 
 def test_sft_pipeline_masks_observations(tmp_path):
     tok = tiny_tokenizer()
-    row = _row(2, response_segments=[{"text": "<python>print(2 * 3)</python>", "loss": True},
-                                     {"text": "<result>\n6\n</result>", "loss": False},
-                                     {"text": "<answer>6</answer>", "loss": True}])
+    row = _row(
+        2,
+        response_segments=[
+            {"text": "<python>print(2 * 3)</python>", "loss": True},
+            {"text": "<result>\n6\n</result>", "loss": False},
+            {"text": "<answer>6</answer>", "loss": True},
+        ],
+    )
     path = write_rows([row], tmp_path / "sft.parquet")
     ex = next(SFTPipeline.from_files([path], tok))
     toks = tok.convert_ids_to_tokens(ex.response_ids)
     masked = [t for t, m in zip(toks, ex.loss_mask) if m == 0]
     assert masked == ["<result>", "Ċ", "6", "Ċ", "</result>"]
     assert toks[-1] == "<|im_end|>" and ex.loss_mask[-1] == 1
-    assert tok.decode(ex.response_ids) == ("<python>print(2 * 3)</python><result>\n6\n"
-                                           "</result><answer>6</answer><|im_end|>")
+    assert tok.decode(ex.response_ids) == (
+        "<python>print(2 * 3)</python><result>\n6\n</result><answer>6</answer><|im_end|>"
+    )
     bad = dict(row, response_segments=[{"text": "x", "loss": "yes"}])
     write_rows([bad], tmp_path / "bad.jsonl")
     with pytest.raises(DataRowError, match=r"row 0: field 'response_segments\[0\].loss'"):
@@ -141,20 +172,28 @@ def test_sft_observation_segments_are_formatted_as_the_rollout_formats_them(tmp_
     rollout's ObservationFormatter (template around it, truncation), mixed in one parquet
     file with plain segments; without a formatter, or trained on, it is an error."""
     from verltool_jax.rollout.observation import ObservationFormatter
+
     tok = tiny_tokenizer()
-    fmt = ObservationFormatter(tok, "<result>\n{obs}\n</result>", max_obs_tokens=3, side="head",
-                               marker="")
+    fmt = ObservationFormatter(
+        tok, "<result>\n{obs}\n</result>", max_obs_tokens=3, side="head", marker=""
+    )
     obs = "1 2 3 4 5 6"
-    row = _row(1, response_segments=[{"text": "<python>print(1)</python>", "loss": True},
-                                     {"text": obs, "loss": False, "observation": True},
-                                     {"text": "<answer>6</answer>", "loss": True}])
-    path = write_rows([row, _row(2, response_segments=[{"text": "x", "loss": True}])],
-                      tmp_path / "sft.parquet")
+    row = _row(
+        1,
+        response_segments=[
+            {"text": "<python>print(1)</python>", "loss": True},
+            {"text": obs, "loss": False, "observation": True},
+            {"text": "<answer>6</answer>", "loss": True},
+        ],
+    )
+    path = write_rows(
+        [row, _row(2, response_segments=[{"text": "x", "loss": True}])], tmp_path / "sft.parquet"
+    )
     ex = next(SFTPipeline.from_files([path], tok, shuffle=False, observation_ids=fmt))
     want = fmt(obs)[0]
     assert fmt(obs)[1] and len(want) < len(tok.encode(f"<result>\n{obs}\n</result>"))
     masked = [i for i, m in zip(ex.response_ids, ex.loss_mask) if m == 0]
-    assert masked == want                                      # exactly the rollout's ids
+    assert masked == want  # exactly the rollout's ids
     assert sum(ex.loss_mask) == len(ex.response_ids) - len(want)
     with pytest.raises(ValueError, match="observation formatter"):
         next(SFTPipeline.from_files([path], tok, shuffle=False))

@@ -1,4 +1,5 @@
 """The lower bound of experiments/async_vs_sync.py, on hand-made trajectories."""
+
 import importlib.util
 import random
 from pathlib import Path
@@ -31,8 +32,7 @@ def _traj(tid, gen_tokens, tool_latencies, drawn, actions):
 def test_alone_latencies_use_the_draw_for_search_and_the_faster_python_time(exp):
     # call 0 follows turn 1 (search, drew 2.0 s, took 2.3 s in the batch);
     # call 1 follows turn 2 (python: 0.5 s in the batch, 0.004 s alone)
-    t = _traj("a", [10, 10, 5], [2.3, 0.5], {1: 2.0},
-              ["<search>q</search>", "<python>1</python>"])
+    t = _traj("a", [10, 10, 5], [2.3, 0.5], {1: 2.0}, ["<search>q</search>", "<python>1</python>"])
     assert exp.alone_tool_latencies(t, 0.004) == [2.0, 0.004]
     # a python call that was faster in the batch than the probe keeps its own time
     t2 = _traj("b", [4, 4], [0.001], {}, ["<python>1</python>"])
@@ -40,15 +40,16 @@ def test_alone_latencies_use_the_draw_for_search_and_the_faster_python_time(exp)
 
 
 def test_lower_bound_is_the_larger_of_slowest_serial_and_generation_work(exp):
-    a, b = 0.002, 0.001                     # t(n) = 2 ms + 1 ms * n
+    a, b = 0.002, 0.001  # t(n) = 2 ms + 1 ms * n
     slow = _traj("slow", [10, 20], [3.0], {1: 2.5}, ["<search>q</search>"])
-    busy = _traj("busy", [100, 100, 100], [0.2, 0.2], {},
-                 ["<python>1</python>", "<python>2</python>"])
+    busy = _traj(
+        "busy", [100, 100, 100], [0.2, 0.2], {}, ["<python>1</python>", "<python>2</python>"]
+    )
     bound, serial, work = exp.lower_bound([slow, busy], 100.0, a, b, 0.01)
     serial_slow = 2.5 + (a + b * 10) + (a + b * 20)
     serial_busy = 0.01 + 0.01 + 3 * (a + b * 100)
     assert serial == pytest.approx(max(serial_slow, serial_busy))
-    assert work == pytest.approx(330 / 100.0)           # all tokens at 100 tok/s
+    assert work == pytest.approx(330 / 100.0)  # all tokens at 100 tok/s
     assert bound == pytest.approx(max(serial, work)) and bound == pytest.approx(3.3)
     assert exp.python_calls([slow, busy]) == 2
 

@@ -1,12 +1,12 @@
 """experiments/math_smollm2.py's stage control, fast: ``--stages`` is checked, and an
 interrupted training stage records nothing (the full smoke run is in
 test_math_smollm2_smoke.py, slow)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
 from support.experiment_scripts import load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,8 +18,9 @@ def _script():
 
 
 @pytest.mark.parametrize("stages", ["sft", "grpo"])
-def test_an_interrupted_stage_records_nothing_and_stops_the_experiment(tmp_path, capsys,
-                                                                        monkeypatch, stages):
+def test_an_interrupted_stage_records_nothing_and_stops_the_experiment(
+    tmp_path, capsys, monkeypatch, stages
+):
     """A training run stopped by a signal returns an ``interrupted`` summary (the trainer's
     own tests cover that); the experiment must neither evaluate nor record it (a stopped
     GRPO run once left the SFT model's accuracy in grpo_seed1.json), and says how to go on.
@@ -28,6 +29,7 @@ def test_an_interrupted_stage_records_nothing_and_stops_the_experiment(tmp_path,
         pytest.skip("real data not present beside the repo (../shared/data)")
     import verltool_jax.eval
     import verltool_jax.train.trainer as trainer_mod
+
     script = _script()
     out = tmp_path / "exp"
     if stages == "grpo":
@@ -35,14 +37,29 @@ def test_an_interrupted_stage_records_nothing_and_stops_the_experiment(tmp_path,
 
     class Stopped:
         summary = {"steps": 3, "interrupted": True, "wall_s": 1.0}
+
     monkeypatch.setattr(trainer_mod, "train", lambda c: Stopped())
-    monkeypatch.setattr(verltool_jax.eval, "run_eval",
-                        lambda *a, **k: pytest.fail("an interrupted stage was evaluated"))
-    argv = ["--smoke", "--data-dir", str(DATA), "--out", str(out), "--seeds", "1",
-            "--stages", stages]
+    monkeypatch.setattr(
+        verltool_jax.eval,
+        "run_eval",
+        lambda *a, **k: pytest.fail("an interrupted stage was evaluated"),
+    )
+    argv = [
+        "--smoke",
+        "--data-dir",
+        str(DATA),
+        "--out",
+        str(out),
+        "--seeds",
+        "1",
+        "--stages",
+        stages,
+    ]
     assert script.main(argv) == 130
-    assert f"{stages} seed 1 was interrupted at step 3; run the same command" in \
-        capsys.readouterr().out
+    assert (
+        f"{stages} seed 1 was interrupted at step 3; run the same command"
+        in capsys.readouterr().out
+    )
     assert not list(out.glob("*.json")) and not (out / "results.md").exists()
 
 
@@ -51,8 +68,8 @@ def test_stages_option_is_checked(tmp_path):
         pytest.skip("real data not present beside the repo (../shared/data)")
     script = _script()
     with pytest.raises(SystemExit):
-        script.main(["--smoke", "--data-dir", str(DATA), "--out", str(tmp_path),
-                     "--stages", "rl"])
-    with pytest.raises(SystemExit):        # GRPO needs the SFT export
-        script.main(["--smoke", "--data-dir", str(DATA), "--out", str(tmp_path),
-                     "--stages", "grpo"])
+        script.main(["--smoke", "--data-dir", str(DATA), "--out", str(tmp_path), "--stages", "rl"])
+    with pytest.raises(SystemExit):  # GRPO needs the SFT export
+        script.main(
+            ["--smoke", "--data-dir", str(DATA), "--out", str(tmp_path), "--stages", "grpo"]
+        )

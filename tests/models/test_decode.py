@@ -1,12 +1,13 @@
 """KV-cache decoding equals the full forward, for a batch of prompts of different lengths."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from support.models import hf_logits, hf_model, padded_batch, tiny_ckpt
+
 from verltool_jax.models.decode import decode_step, init_cache, prefill
 from verltool_jax.models.hf_io import load_hf
 
@@ -16,7 +17,7 @@ STEPS = 6
 @pytest.mark.parametrize("family,tie", [("qwen2", True), ("llama", False)])
 def test_greedy_cached_decode_matches_full_forward(family, tie):
     model = load_hf(tiny_ckpt(family, tie))
-    ids, mask = padded_batch(seed=6)      # rows 0,1 left-padded, rows 2,3 right-padded
+    ids, mask = padded_batch(seed=6)  # rows 0,1 left-padded, rows 2,3 right-padded
     B, T = ids.shape
     jprefill = nnx.jit(prefill)
     jstep = nnx.jit(decode_step)
@@ -25,15 +26,15 @@ def test_greedy_cached_decode_matches_full_forward(family, tie):
     cache = init_cache(model.config, B, T + STEPS)
     cache, logits = jprefill(model, cache, jnp.asarray(ids), jnp.asarray(mask))
     seqs = [list(ids[b][mask[b] == 1]) for b in range(B)]
-    for step in range(STEPS):
+    for _step in range(STEPS):
         # reference: each row's real tokens so far, right-padded into one batch, full
         # forward in transformers (PyTorch)
         L = max(len(s) for s in seqs)
         ref_ids = np.zeros((B, L), np.int64)
         ref_mask = np.zeros((B, L), np.int64)
         for b, s in enumerate(seqs):
-            ref_ids[b, :len(s)] = s
-            ref_mask[b, :len(s)] = 1
+            ref_ids[b, : len(s)] = s
+            ref_mask[b, : len(s)] = 1
         ref = hf_logits(hf, ref_ids, ref_mask)
         ref_last = ref[np.arange(B), ref_mask.sum(1) - 1]
         np.testing.assert_allclose(np.asarray(logits), ref_last, atol=1e-4)
@@ -54,14 +55,16 @@ def test_chunked_prefill_equals_one_pass(chunk):
     model = load_hf(tiny_ckpt("llama", False))
     ids, mask = padded_batch(seed=6)
     B, T = ids.shape
-    assert T > chunk and (chunk == 1 or T % chunk)   # several chunks, a partial last one
+    assert T > chunk and (chunk == 1 or T % chunk)  # several chunks, a partial last one
     run = nnx.jit(prefill, static_argnames="chunk")
-    c_one, l_one = run(model, init_cache(model.config, B, T + 2), jnp.asarray(ids),
-                       jnp.asarray(mask), chunk=T)
-    c_chk, l_chk = run(model, init_cache(model.config, B, T + 2), jnp.asarray(ids),
-                       jnp.asarray(mask), chunk=chunk)
+    c_one, l_one = run(
+        model, init_cache(model.config, B, T + 2), jnp.asarray(ids), jnp.asarray(mask), chunk=T
+    )
+    c_chk, l_chk = run(
+        model, init_cache(model.config, B, T + 2), jnp.asarray(ids), jnp.asarray(mask), chunk=chunk
+    )
     np.testing.assert_allclose(np.asarray(l_chk), np.asarray(l_one), atol=1e-5)
-    real = np.asarray(c_one.kv_mask)      # padding slots are masked: their keys never count
+    real = np.asarray(c_one.kv_mask)  # padding slots are masked: their keys never count
     for a, b in zip(c_chk.k + c_chk.v, c_one.k + c_one.v):
         np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real], atol=1e-5)
     for f in ("kv_mask", "positions", "index"):
@@ -72,10 +75,11 @@ def test_chunked_prefill_equals_one_pass(chunk):
 
 def test_prefill_chunk_keeps_the_scores_within_budget():
     from verltool_jax.models.decode import PREFILL_SCORE_BUDGET, prefill_chunk
-    assert prefill_chunk(4, 2, 256) == 512                   # small: the largest chunk
-    c = prefill_chunk(64, 1, 8192)                           # the SQL smoke's JAX sampler
+
+    assert prefill_chunk(4, 2, 256) == 512  # small: the largest chunk
+    c = prefill_chunk(64, 1, 8192)  # the SQL smoke's JAX sampler
     assert 64 * 8192 * c <= PREFILL_SCORE_BUDGET < 64 * 8192 * 2 * c and c & (c - 1) == 0
-    assert prefill_chunk(1024, 64, 1 << 20) == 16            # never below 16
+    assert prefill_chunk(1024, 64, 1 << 20) == 16  # never below 16
 
 
 def test_finished_rows_do_not_advance():

@@ -1,4 +1,5 @@
 """Chunked token log-probabilities: equal to the naive full-logits ones, at a fraction of the memory."""
+
 from __future__ import annotations
 
 import jax
@@ -6,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from support.models import padded_batch, tiny_ckpt
+
 from verltool_jax.models.hf_io import load_hf
 from verltool_jax.models.logprobs import chunked_logprobs, naive_logprobs, token_logprobs
 
@@ -17,7 +18,7 @@ def model():
     return load_hf(tiny_ckpt("qwen2"))
 
 
-@pytest.mark.parametrize("chunk", [5, 64])   # 5 does not divide T = 12; 64 > T
+@pytest.mark.parametrize("chunk", [5, 64])  # 5 does not divide T = 12; 64 > T
 def test_token_logprobs_equal_naive_with_temperature_and_entropy(model, chunk):
     ids, mask = map(jnp.asarray, padded_batch(seed=4))
     targets = jnp.roll(ids, -1, axis=1)
@@ -25,8 +26,9 @@ def test_token_logprobs_equal_naive_with_temperature_and_entropy(model, chunk):
 
     @nnx.jit
     def both(m):
-        lp, ent = token_logprobs(m, ids, mask, targets, temperature=T, chunk_size=chunk,
-                                 return_entropy=True)
+        lp, ent = token_logprobs(
+            m, ids, mask, targets, temperature=T, chunk_size=chunk, return_entropy=True
+        )
         logits = m(ids, mask)
         p = jax.nn.softmax(logits / T, -1)
         ref_ent = -(p * jax.nn.log_softmax(logits / T, -1)).sum(-1)
@@ -52,6 +54,7 @@ def test_gradient_equals_naive(model):
         def naive(p):
             logits = nnx.merge(graphdef, p)(ids, mask)
             return (naive_logprobs(logits, targets, 1.3) * mask).sum()
+
         return jax.grad(chunked)(p), jax.grad(naive)(p)
 
     g1, g2 = grads(params)
@@ -108,7 +111,7 @@ def test_chunked_peak_memory_is_below_naive():
 
     full = B * T * V * 4
     chunked, naive = temp_bytes(loss_chunked), temp_bytes(loss_naive)
-    assert naive >= full            # the naive one holds the [B,T,V] logits
+    assert naive >= full  # the naive one holds the [B,T,V] logits
     # the chunked one holds a few [B, 64, V] chunks and the [H, V] gradient, never [B,T,V]
     assert chunked < full / 2
     assert chunked < naive / 10

@@ -1,6 +1,7 @@
 """LoRA adapters: identity at start, merged == unmerged logits, only adapters train (and
 the backward pass skips the frozen layers below them), samplers and exports get merged
 weights, and a LoRA run trains end to end through the real trainer."""
+
 from __future__ import annotations
 
 import jax
@@ -9,9 +10,9 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-
 from support.train import MODEL_CFG as _CFG
 from support.train import batch
+
 from verltool_jax.models.hf_io import hf_named_tensors, load_hf, save_hf
 from verltool_jax.models.lora import fold_lora, sampler_params, with_lora
 from verltool_jax.models.transformer import Transformer
@@ -20,11 +21,13 @@ from verltool_jax.train.step import make_train_step
 
 
 def _flat(state) -> dict:
-    return {k: np.asarray(v.get_value() if isinstance(v, nnx.Variable) else v)
-            for k, v in nnx.to_flat_state(state)}
+    return {
+        k: np.asarray(v.get_value() if isinstance(v, nnx.Variable) else v)
+        for k, v in nnx.to_flat_state(state)
+    }
 
 
-MODEL_CFG = _CFG.replace(model_type="llama")      # writable as an HF checkpoint
+MODEL_CFG = _CFG.replace(model_type="llama")  # writable as an HF checkpoint
 
 
 def new_model(seed: int = 0) -> Transformer:
@@ -32,8 +35,9 @@ def new_model(seed: int = 0) -> Transformer:
 
 
 def _lora_model(last_layers=0, targets=("q_proj", "v_proj", "down_proj"), seed=0):
-    m = with_lora(new_model(seed), rank=4, alpha=8.0, targets=targets,
-                  last_layers=last_layers, seed=seed)
+    m = with_lora(
+        new_model(seed), rank=4, alpha=8.0, targets=targets, last_layers=last_layers, seed=seed
+    )
     # non-zero B so the adapters change the function
     for path, v in nnx.to_flat_state(nnx.state(m, nnx.LoRAParam)):
         if path[-1] == "lora_b":
@@ -75,8 +79,9 @@ def test_hf_export_and_sync_tensors_are_merged(tmp_path):
     m = _lora_model()
     save_hf(m, tmp_path / "hf")
     back = load_hf(tmp_path / "hf")
-    np.testing.assert_allclose(np.asarray(back(IDS, MASK)), np.asarray(m(IDS, MASK)),
-                               atol=2e-5, rtol=0)
+    np.testing.assert_allclose(
+        np.asarray(back(IDS, MASK)), np.asarray(m(IDS, MASK)), atol=2e-5, rtol=0
+    )
     # a bare state with adapters and a config without them: an error, never dropped silently
     with pytest.raises(ValueError, match="lora_rank=0"):
         list(hf_named_tensors(nnx.state(m, nnx.Param), MODEL_CFG))
@@ -91,10 +96,11 @@ def test_only_adapters_train_and_frozen_layers_get_no_backward():
     # optimizer moments exist for the adapters only
     n_opt = sum(x.size for x in jax.tree.leaves(state.opt_state))
     n_lora = sum(x.size for x in jax.tree.leaves(train_p))
-    assert n_opt == 2 * n_lora + 1            # mu, nu (+ the step count)
+    assert n_opt == 2 * n_lora + 1  # mu, nu (+ the step count)
     before = _flat(state.params)
-    step = make_train_step(dict(mini_batch_size=None, micro_batch_size=None), state.graphdef,
-                           opt, donate=False)
+    step = make_train_step(
+        dict(mini_batch_size=None, micro_batch_size=None), state.graphdef, opt, donate=False
+    )
     new, metrics = step(state, batch(0))
     assert np.isfinite(float(metrics["loss"]))
     after = _flat(new.params)
@@ -104,6 +110,7 @@ def test_only_adapters_train_and_frozen_layers_get_no_backward():
     sp = _flat(new.sampler_params())
     k = next(iter(changed))[:-1] + ("kernel",)
     assert not np.array_equal(sp[k], before[k])
+
     # the gradient graph has no matmul for the frozen first layer's weights: the backward
     # of a LoRA-on-the-last-layer model has fewer dots than full fine-tuning's
     def backward_dots(st):
@@ -111,9 +118,9 @@ def test_only_adapters_train_and_frozen_layers_get_no_backward():
         f = lambda t: jnp.sum(st.model(st.join(t, fr))(IDS, MASK))
         dots = lambda g: str(jax.make_jaxpr(g)(tp)).count("dot_general")
         return dots(jax.grad(f)) - dots(f)
+
     # (layers one by one: a jaxpr holds a scanned layer's dots once for all its layers)
-    full = TrainState.create(Transformer(MODEL_CFG.replace(scan_layers=False), nnx.Rngs(0)),
-                             opt)
+    full = TrainState.create(Transformer(MODEL_CFG.replace(scan_layers=False), nnx.Rngs(0)), opt)
     assert backward_dots(state) < 0.5 * backward_dots(full)
 
 
@@ -131,6 +138,7 @@ def test_fold_is_exact_for_a_hand_computed_case():
 def test_remat_with_adapters_gives_the_same_loss_and_gradient(policy):
     """Per-layer remat with LoRA (adapters traced by grad, frozen weights by jit): the
     SmolLM2 SQL recipe needs both, and nnx.remat refused the mix."""
+
     def run(remat):
         m = _lora_model(last_layers=1)
         if remat != "none":
@@ -139,9 +147,13 @@ def test_remat_with_adapters_gives_the_same_loss_and_gradient(policy):
             m = m2
         st = TrainState.create(m, optax.sgd(0.1))
         tp, fr = st.split_trainable()
-        f = jax.jit(jax.value_and_grad(
-            lambda t: jnp.sum(st.model(st.join(t, fr))(IDS, MASK) * MASK[..., None])))
+        f = jax.jit(
+            jax.value_and_grad(
+                lambda t: jnp.sum(st.model(st.join(t, fr))(IDS, MASK) * MASK[..., None])
+            )
+        )
         return f(tp)
+
     (l0, g0), (l1, g1) = run("none"), run(policy)
     np.testing.assert_allclose(float(l1), float(l0), rtol=1e-5)
     leaves0, leaves1 = jax.tree.leaves(g0), jax.tree.leaves(g1)

@@ -1,4 +1,5 @@
 """Flax models vs transformers (PyTorch) on tiny random checkpoints of every family."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from support.models import hf_float64, hf_logits, hf_model, padded_batch, tiny_ckpt
+
 from verltool_jax.models import ModelConfig, Transformer
 from verltool_jax.models.hf_io import hf_named_tensors, load_hf, save_hf
 
@@ -17,8 +18,7 @@ FAMILIES = [("qwen2", True), ("qwen3", True), ("llama", False)]
 
 
 def _flax_logits(model, ids, mask):
-    return np.asarray(nnx.jit(lambda m, i, a: m(i, a))(model, jnp.asarray(ids),
-                                                        jnp.asarray(mask)))
+    return np.asarray(nnx.jit(lambda m, i, a: m(i, a))(model, jnp.asarray(ids), jnp.asarray(mask)))
 
 
 @pytest.mark.parametrize("family,tie", FAMILIES)
@@ -44,7 +44,7 @@ def _assert_attention_is_the_one_pass(**options) -> ModelConfig:
     """A tiny Llama loaded with attention ``options`` gives the one pass's logits (real
     tokens; also against transformers) and gradients; returns its config."""
     path = tiny_ckpt("llama")
-    ids, mask = padded_batch()                     # 12 positions, padded both sides
+    ids, mask = padded_batch()  # 12 positions, padded both sides
     ref = hf_logits(hf_model(path), ids, mask)
     real = mask.astype(bool)
     one = load_hf(path, attention_query_chunk=0, attention_causal_block=0)
@@ -55,11 +55,13 @@ def _assert_attention_is_the_one_pass(**options) -> ModelConfig:
 
     def grads(model):
         gd, p = nnx.split(model, nnx.Param)
-        f = lambda p: (nnx.merge(gd, p)(jnp.asarray(ids), jnp.asarray(mask))
-                       * jnp.asarray(mask)[..., None]).sum()
+        f = lambda p: (
+            nnx.merge(gd, p)(jnp.asarray(ids), jnp.asarray(mask)) * jnp.asarray(mask)[..., None]
+        ).sum()
         return jax.tree.leaves(jax.jit(jax.grad(f))(p))
+
     for x, y in zip(grads(one), grads(other)):
-        x, y = np.asarray(x), np.asarray(y)     # float32 sums in another order: relative
+        x, y = np.asarray(x), np.asarray(y)  # float32 sums in another order: relative
         np.testing.assert_allclose(y, x, atol=1e-4 * np.abs(x).max(), rtol=0)
     return other.config
 
@@ -79,17 +81,22 @@ def test_causal_blocks_skip_later_keys_and_keep_the_one_pass_result(query_chunk)
     its last query (a ragged last block; with and without the memory chunking that
     rematerialises each block): the logits of real tokens match transformers and the one
     pass, gradients match the one pass, and the blocked step's scores are smaller."""
-    cfg = _assert_attention_is_the_one_pass(attention_causal_block=5,
-                                            attention_query_chunk=query_chunk)
+    cfg = _assert_attention_is_the_one_pass(
+        attention_causal_block=5, attention_query_chunk=query_chunk
+    )
     # the work skipped is visible in the compiled step: its largest score block is
     # [B, N, 5, 12] at most, not [B, N, 12, 12]
     from verltool_jax.models.layers import attention_weights_apply
+
     B, T, N, K, D = 2, 12, 4, 2, 8
     q = jnp.ones((B, T, N, D))
     kv = jnp.ones((B, T, K, D))
     causal = jnp.tril(jnp.ones((T, T), bool))[None].repeat(B, 0)
-    text = jax.jit(lambda q, k, v, m: attention_weights_apply(q, k, v, m, 0, 5)).lower(
-        q, kv, kv, causal).as_text()
+    text = (
+        jax.jit(lambda q, k, v, m: attention_weights_apply(q, k, v, m, 0, 5))
+        .lower(q, kv, kv, causal)
+        .as_text()
+    )
     assert "2x2x2x12x12" not in text and "2x2x2x5x5" in text and "2x2x2x2x12" in text
     with pytest.raises(ValueError, match="attention_causal_block"):
         cfg.replace(attention_causal_block=-1)
@@ -144,8 +151,9 @@ def test_save_hf_sharded_files_and_index(tmp_path):
     files = set(index["weight_map"].values())
     assert len(files) > 1 and all((out / f).exists() for f in files)
     again = load_hf(out)
-    for (n1, a), (n2, b) in zip(hf_named_tensors(model, model.config),
-                                hf_named_tensors(again, again.config)):
+    for (n1, a), (n2, b) in zip(
+        hf_named_tensors(model, model.config), hf_named_tensors(again, again.config)
+    ):
         assert n1 == n2
         np.testing.assert_array_equal(a, b)
 
@@ -196,7 +204,9 @@ def test_remat_policies_give_the_same_gradient():
             def loss(p):
                 logits = nnx.merge(graphdef, p)(ids, mask)
                 return (jax.nn.logsumexp(logits, -1) * mask).sum()
+
             return jax.value_and_grad(loss)(p)
+
         return g(params)
 
     (l0, g0), (l1, g1) = grads("none"), grads("full")
@@ -208,16 +218,25 @@ def test_remat_policies_give_the_same_gradient():
 def _scan_pair(policy: str, num_layers: int, hidden: int, lora_last: int = 0):
     """The same weights in two models, layers unrolled and layers scanned."""
     from verltool_jax.models.lora import with_lora
-    cfg = ModelConfig(vocab_size=64, hidden_size=hidden, num_layers=num_layers, num_heads=2,
-                      num_kv_heads=1, head_dim=hidden // 2, intermediate_size=2 * hidden,
-                      model_type="llama", remat_policy=policy)
+
+    cfg = ModelConfig(
+        vocab_size=64,
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=hidden // 2,
+        intermediate_size=2 * hidden,
+        model_type="llama",
+        remat_policy=policy,
+    )
     models = []
     for scan in (False, True):
         m = Transformer(cfg.replace(scan_layers=scan), nnx.Rngs(0))
         if lora_last:
             m = with_lora(m, 4, 8.0, targets=("q_proj", "down_proj"), last_layers=lora_last)
         models.append(m)
-    if lora_last:   # non-zero B, so the adapters change the function
+    if lora_last:  # non-zero B, so the adapters change the function
         for path, v in nnx.to_flat_state(nnx.state(models[0], nnx.LoRAParam)):
             if path[-1] == "lora_b":
                 v.set_value(jax.random.normal(jax.random.PRNGKey(len(path)), v.shape) * 0.05)
@@ -231,6 +250,7 @@ def _loss_and_grad(model, ids, mask):
     def loss(p):
         logits = nnx.merge(graphdef, p, rest)(ids, mask)
         return (jax.nn.log_softmax(logits)[..., 1] * mask).sum()
+
     f = jax.jit(jax.value_and_grad(loss))
     return f(params), f.lower(params)
 
@@ -241,6 +261,7 @@ def test_scanned_layers_compute_what_the_unrolled_layers_do(policy):
     go through one ``lax.scan`` each; loss and every gradient equal the layer-by-layer
     forward's, with and without remat."""
     from verltool_jax.models.transformer import layer_runs
+
     unrolled, scanned = _scan_pair(policy, num_layers=6, hidden=32, lora_last=2)
     assert [len(states) for _, states in layer_runs(scanned.layers)] == [4, 2]
     ids, mask = padded_batch(seed=5)
@@ -263,14 +284,23 @@ def test_scanned_layers_make_remat_lower_the_peak():
     unrolled, scanned = _scan_pair("full", num_layers=4, hidden=64)
     ids = jax.random.randint(jax.random.PRNGKey(0), (4, 256), 0, 64)
     mask = jnp.ones_like(ids)
-    temps = [_loss_and_grad(m, ids, mask)[1].compile().memory_analysis().temp_size_in_bytes
-             for m in (unrolled, scanned)]
-    assert temps[1] < 0.5 * temps[0], temps      # 13.8 MB vs 37.9 MB when written
+    temps = [
+        _loss_and_grad(m, ids, mask)[1].compile().memory_analysis().temp_size_in_bytes
+        for m in (unrolled, scanned)
+    ]
+    assert temps[1] < 0.5 * temps[0], temps  # 13.8 MB vs 37.9 MB when written
 
 
 def test_random_init_model_runs_and_bad_input_errors():
-    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                      head_dim=16, intermediate_size=64)
+    cfg = ModelConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+    )
     model = Transformer(cfg, nnx.Rngs(0))
     assert nnx.jit(lambda m, x: m(x))(model, jnp.ones((2, 5), jnp.int32)).shape == (2, 5, 64)
     with pytest.raises(ValueError, match="input_ids"):
@@ -292,17 +322,24 @@ def test_random_init_model_runs_and_bad_input_errors():
         ModelConfig.from_hf_dict({"model_type": "gpt2"})
 
 
-@pytest.mark.parametrize("head_dim,theta", [(64, 100000.0), (64, 10000.0), (128, 500000.0),
-                                            (128, 1000000.0), (80, 10000.0)])
+@pytest.mark.parametrize(
+    "head_dim,theta",
+    [(64, 100000.0), (64, 10000.0), (128, 500000.0), (128, 1000000.0), (80, 10000.0)],
+)
 def test_rope_frequencies_match_transformers(head_dim, theta):
     """transformers' own float32 frequencies: identical (within an ulp where torch's
     float32 pow is not correctly rounded, one entry of 128 / 1e6)."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
     from verltool_jax.models.rope import rope_inv_freq
 
-    hf_cfg = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim,
-                         rope_parameters={"rope_type": "default", "rope_theta": theta})
+    hf_cfg = LlamaConfig(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+    )
     ref = LlamaRotaryEmbedding.compute_default_rope_parameters(hf_cfg)[0].numpy()
     ours = rope_inv_freq(head_dim, theta)
     assert ours.dtype == ref.dtype == np.float32
@@ -310,22 +347,35 @@ def test_rope_frequencies_match_transformers(head_dim, theta):
     assert (ours != ref).sum() <= (1 if (head_dim, theta) == (128, 1000000.0) else 0)
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 256},
-    {"rope_type": "linear", "factor": 4.0},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
+        {"rope_type": "linear", "factor": 4.0},
+    ],
+)
 def test_rope_scaling_frequencies_match_transformers(rope):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     from verltool_jax.models.rope import rope_inv_freq
 
-    hf_cfg = LlamaConfig(hidden_size=256, num_attention_heads=2, head_dim=128,
-                         rope_parameters={**rope, "rope_theta": 500000.0})
+    hf_cfg = LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=2,
+        head_dim=128,
+        rope_parameters={**rope, "rope_theta": 500000.0},
+    )
     ref, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_cfg)
     cfg = ModelConfig.from_hf_dict({**hf_cfg.to_dict(), "vocab_size": 8})
     ours = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-    np.testing.assert_array_equal(ours, ref.numpy())   # transformers' float32 values exactly
+    np.testing.assert_array_equal(ours, ref.numpy())  # transformers' float32 values exactly
     base = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
     assert not np.allclose(ours, base)  # the scaling did something
 

@@ -1,5 +1,6 @@
 """Mesh sharding on 8 simulated CPU devices: each parameter split as its rule says, and the
 sharded forward and gradient equal the single-device ones. Multi-host start-up."""
+
 from __future__ import annotations
 
 import os
@@ -13,15 +14,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
-
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from support.models import padded_batch, tiny_ckpt
-from verltool_jax.models.hf_io import load_hf
-from verltool_jax.sharding import (batch_sharding, distributed_init_kwargs, make_mesh,
-                                   param_spec, shard_model, state_shardings)
 
-needs8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs XLA_FLAGS="
-                            "--xla_force_host_platform_device_count=8 (scripts/test.sh sets it)")
+from verltool_jax.models.hf_io import load_hf
+from verltool_jax.sharding import (
+    batch_sharding,
+    distributed_init_kwargs,
+    make_mesh,
+    param_spec,
+    shard_model,
+    state_shardings,
+)
+
+needs8 = pytest.mark.skipif(
+    jax.device_count() < 8,
+    reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (scripts/test.sh sets it)",
+)
 
 # What the rules promise for the tiny qwen2 model (hidden 128, 2 heads x 64, 1 kv head,
 # intermediate 256, vocab 512) on mesh (data=1, fsdp=4, tp=2): the local shard shapes.
@@ -73,15 +83,19 @@ def test_sharded_forward_and_grad_equal_single_device(mesh):
 
     single = load_hf(path)
     gd, params = nnx.split(single, nnx.Param)
-    (l0, logits0), g0 = jax.jit(jax.value_and_grad(
-        lambda p: loss(gd, p, ids, mask), has_aux=True))(params)
+    (l0, logits0), g0 = jax.jit(jax.value_and_grad(lambda p: loss(gd, p, ids, mask), has_aux=True))(
+        params
+    )
 
     sharded = shard_model(load_hf(path), mesh)
     gd1, params1 = nnx.split(sharded, nnx.Param)
     p_sh = state_shardings(params1, mesh)
     b_sh = batch_sharding(mesh)
-    step = jax.jit(jax.value_and_grad(lambda p, i, a: loss(gd1, p, i, a), has_aux=True),
-                   in_shardings=(p_sh, b_sh, b_sh), out_shardings=((None, b_sh), p_sh))
+    step = jax.jit(
+        jax.value_and_grad(lambda p, i, a: loss(gd1, p, i, a), has_aux=True),
+        in_shardings=(p_sh, b_sh, b_sh),
+        out_shardings=((None, b_sh), p_sh),
+    )
     with jax.set_mesh(mesh):
         (l1, logits1), g1 = step(params1, jax.device_put(ids, b_sh), jax.device_put(mask, b_sh))
     assert logits1.sharding.spec == P(("data", "fsdp"), None)
@@ -91,8 +105,9 @@ def test_sharded_forward_and_grad_equal_single_device(mesh):
     for k, v in nnx.to_flat_state(g1):
         a = v.get_value()
         assert a.sharding.spec == param_spec(k, a.shape, mesh), k
-        np.testing.assert_allclose(np.asarray(a), np.asarray(flat0[k].get_value()),
-                                   atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(a), np.asarray(flat0[k].get_value()), atol=2e-5, rtol=1e-4
+        )
 
 
 def test_make_mesh_shapes_and_errors():
@@ -113,11 +128,17 @@ def test_distributed_init_kwargs_from_environment():
     assert distributed_init_kwargs({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "16"}) == {}
     assert distributed_init_kwargs({"TPU_WORKER_HOSTNAMES": "a,b,c,d"}) == {}
     assert distributed_init_kwargs({"TPU_WORKER_HOSTNAMES": "localhost"}) is None
-    kw = distributed_init_kwargs({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234",
-                                  "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "2",
-                                  "JAX_LOCAL_DEVICE_IDS": "0,1"})
-    assert kw == dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=2,
-                      local_device_ids=[0, 1])
+    kw = distributed_init_kwargs(
+        {
+            "JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234",
+            "JAX_NUM_PROCESSES": "4",
+            "JAX_PROCESS_ID": "2",
+            "JAX_LOCAL_DEVICE_IDS": "0,1",
+        }
+    )
+    assert kw == dict(
+        coordinator_address="10.0.0.1:1234", num_processes=4, process_id=2, local_device_ids=[0, 1]
+    )
     with pytest.raises(ValueError, match="JAX_NUM_PROCESSES"):
         distributed_init_kwargs({"JAX_COORDINATOR_ADDRESS": "h:1"})
 
@@ -137,17 +158,33 @@ def test_init_distributed_two_real_processes():
     """)
     procs = []
     for pid in range(2):
-        env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                   JAX_PROCESS_ID=str(pid), XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                   JAX_PLATFORMS="cpu")
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        env = dict(
+            os.environ,
+            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+            JAX_NUM_PROCESSES="2",
+            JAX_PROCESS_ID=str(pid),
+            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            JAX_PLATFORMS="cpu",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     try:
         outs = [p.communicate(timeout=120) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    results = sorted(line.split()[1:] for out, _ in outs for line in out.splitlines()
-                     if line.startswith("RESULT"))
+    results = sorted(
+        line.split()[1:]
+        for out, _ in outs
+        for line in out.splitlines()
+        if line.startswith("RESULT")
+    )
     assert results == [["0", "2", "4", "2"], ["1", "2", "4", "2"]], outs

@@ -1,4 +1,5 @@
 """Reporting: metrics JSONL + TensorBoard events, the progress line, the PNG plot, the HTML page."""
+
 from __future__ import annotations
 
 import base64
@@ -11,23 +12,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-
 from support.tiny_data import tiny_tokenizer
-from verltool_jax.reporting import (MetricsWriter, ProgressBar, format_progress, names,
-                                    plot_metrics, read_metrics, write_trajectory_report)
+
+from verltool_jax.reporting import (
+    MetricsWriter,
+    ProgressBar,
+    format_progress,
+    names,
+    plot_metrics,
+    read_metrics,
+    write_trajectory_report,
+)
 from verltool_jax.rollout.trajectory import Trajectory
 
 
 def _tb_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Decode the TFRecord event files that tensorboardX wrote."""
     from tensorboardX.proto import event_pb2
+
     out: dict = {}
     for f in sorted(tb_dir.glob("events.out.tfevents.*")):
         data = f.read_bytes()
         i = 0
         while i < len(data):
-            (n,) = struct.unpack("<Q", data[i:i + 8])
-            ev = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+            (n,) = struct.unpack("<Q", data[i : i + 8])
+            ev = event_pb2.Event.FromString(data[i + 12 : i + 12 + n])
             i += 12 + n + 4
             for v in ev.summary.value:
                 out.setdefault(v.tag, []).append((ev.step, v.simple_value))
@@ -37,14 +46,21 @@ def _tb_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
 def test_metrics_jsonl_tensorboard_and_plot(tmp_path):
     with MetricsWriter(tmp_path, tensorboard=True) as w:
         for step in range(1, 6):
-            w.write(step, {names.REWARD: 0.1 * step, names.ACC: np.float32(0.2 * step - 0.1),
-                           "loss": float("nan"), "note": "x"})
+            w.write(
+                step,
+                {
+                    names.REWARD: 0.1 * step,
+                    names.ACC: np.float32(0.2 * step - 0.1),
+                    "loss": float("nan"),
+                    "note": "x",
+                },
+            )
         w.write(5, {names.EVAL_ACC: 0.8})
     recs = read_metrics(tmp_path / "metrics.jsonl")
     assert len(recs) == 6 and recs[0]["step"] == 1
     assert recs[2][names.REWARD] == pytest.approx(0.3)
     assert recs[2][names.ACC] == pytest.approx(0.5) and recs[0]["loss"] is None
-    with open(tmp_path / "metrics.jsonl", "a") as f:       # a torn line from a crash
+    with open(tmp_path / "metrics.jsonl", "a") as f:  # a torn line from a crash
         f.write('{"step": 7, "rew')
     assert len(read_metrics(tmp_path / "metrics.jsonl")) == 6
     tb = _tb_scalars(tmp_path / "tensorboard")
@@ -56,7 +72,7 @@ def test_metrics_jsonl_tensorboard_and_plot(tmp_path):
     img = Image.open(png)
     assert img.format == "PNG" and img.size == (1000, 380)
     px = np.asarray(img.convert("L"), dtype=np.float32)
-    assert px.std() > 10                                    # not a blank canvas
+    assert px.std() > 10  # not a blank canvas
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"step": 1, "loss": 0.3}) + "\n")
@@ -65,10 +81,18 @@ def test_metrics_jsonl_tensorboard_and_plot(tmp_path):
 
 
 def test_progress_line():
-    m = {names.REWARD: 0.4123, names.ACC: 0.375, names.TOKENS_PER_S: 1234.0,
-         names.TIME_ROLLOUT_WAIT: 3.14, names.TIME_TRAIN: 1.0, names.TIME_SYNC: 0.25}
-    assert format_progress(12, 100, m) == ("step 12/100 | reward 0.412 | acc 0.375 | "
-                                           "1.23k tok/s | rollout-wait 3.1s train 1.0s sync 0.2s")
+    m = {
+        names.REWARD: 0.4123,
+        names.ACC: 0.375,
+        names.TOKENS_PER_S: 1234.0,
+        names.TIME_ROLLOUT_WAIT: 3.14,
+        names.TIME_TRAIN: 1.0,
+        names.TIME_SYNC: 0.25,
+    }
+    assert format_progress(12, 100, m) == (
+        "step 12/100 | reward 0.412 | acc 0.375 | "
+        "1.23k tok/s | rollout-wait 3.1s train 1.0s sync 0.2s"
+    )
     assert format_progress(3, None, {names.ACC: 1.0}) == "step 3 | acc 1.000"
     buf = io.StringIO()
     bar = ProgressBar(total=4, file=buf)
@@ -105,35 +129,67 @@ def test_html_report_structure_and_escaping(tmp_path):
     obs = enc("<result>\n<script>alert(1)</script>\n</result>")
     ans = enc("<answer>7</answer>")
     n = len(act) + len(obs) + len(ans)
-    row = {"prompt": [{"role": "user", "content": "What is 3 + 4? <b>bold?</b>"}],
-           "data_source": "tiny_math", "reward_model": {"ground_truth": "7"}}
-    good = Trajectory(trajectory_id="g0-0", group_id="g0", prompt_ids=enc("x"),
-                      response_ids=act + obs + ans,
-                      loss_mask=[1] * len(act) + [0] * len(obs) + [1] * len(ans),
-                      logprobs=[0.0] * n, versions=[3] * n, num_turns=2, tool_calls=1,
-                      termination="eos", reward=1.0, reward_info={"acc": 1.0, "pred": "7"},
-                      extras=[{"turn": 1, "image": _png_data_url()},
-                              {"turn": 1, "image": "javascript:alert(1)"}],
-                      actions=["<python>print(1)</python>"], observations=["1"], data=row)
-    bad = {"trajectory_id": "g0-1", "group_id": "g0", "prompt_ids": [1, 2],
-           "actions": ["<python>1/0</python>"], "observations": ["ZeroDivisionError"],
-           "reward": 0.0, "reward_info": {"acc": 0.0}, "termination": "max_turns",
-           "num_turns": 3, "tool_calls": 2, "invalid_tool_calls": 1, "data": {}}
-    path = write_trajectory_report([good, bad], tmp_path / "report" / "t.html",
-                                   title="step 5 <samples>", tokenizer=tok)
+    row = {
+        "prompt": [{"role": "user", "content": "What is 3 + 4? <b>bold?</b>"}],
+        "data_source": "tiny_math",
+        "reward_model": {"ground_truth": "7"},
+    }
+    good = Trajectory(
+        trajectory_id="g0-0",
+        group_id="g0",
+        prompt_ids=enc("x"),
+        response_ids=act + obs + ans,
+        loss_mask=[1] * len(act) + [0] * len(obs) + [1] * len(ans),
+        logprobs=[0.0] * n,
+        versions=[3] * n,
+        num_turns=2,
+        tool_calls=1,
+        termination="eos",
+        reward=1.0,
+        reward_info={"acc": 1.0, "pred": "7"},
+        extras=[{"turn": 1, "image": _png_data_url()}, {"turn": 1, "image": "javascript:alert(1)"}],
+        actions=["<python>print(1)</python>"],
+        observations=["1"],
+        data=row,
+    )
+    bad = {
+        "trajectory_id": "g0-1",
+        "group_id": "g0",
+        "prompt_ids": [1, 2],
+        "actions": ["<python>1/0</python>"],
+        "observations": ["ZeroDivisionError"],
+        "reward": 0.0,
+        "reward_info": {"acc": 0.0},
+        "termination": "max_turns",
+        "num_turns": 3,
+        "tool_calls": 2,
+        "invalid_tool_calls": 1,
+        "data": {},
+    }
+    path = write_trajectory_report(
+        [good, bad], tmp_path / "report" / "t.html", title="step 5 <samples>", tokenizer=tok
+    )
     page = path.read_text()
     p = _Collector()
     p.feed(page)
     tags = [t for t, _ in p.tags]
-    assert "script" not in tags and "b" not in tags          # everything escaped
+    assert "script" not in tags and "b" not in tags  # everything escaped
     assert tags.count("details") == 2
     imgs = [a for t, a in p.tags if t == "img"]
     assert len(imgs) == 1 and imgs[0]["src"].startswith("data:image/png;base64,")
     text = "".join(p.text)
     assert "step 5 <samples>" in text and "<script>alert(1)</script>" in text
     assert "What is 3 + 4? <b>bold?</b>" in text
-    for label in ("model turn 1", "observation 1", "model turn 2", "action 1",
-                  "ZeroDivisionError", "max_turns", "(1 invalid)", "truth 7"):
+    for label in (
+        "model turn 1",
+        "observation 1",
+        "model turn 2",
+        "action 1",
+        "ZeroDivisionError",
+        "max_turns",
+        "(1 invalid)",
+        "truth 7",
+    ):
         assert label in text, label
     assert text.index("model turn 1") < text.index("observation 1") < text.index("model turn 2")
     assert "<answer>7</answer>" in text
@@ -142,6 +198,7 @@ def test_html_report_structure_and_escaping(tmp_path):
 
 def test_trailing_mean_and_seed_mean_curve():
     from verltool_jax.reporting.plots import seed_mean_curve, trailing_mean
+
     assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert trailing_mean([2.0, 4.0], 5) == [2.0, 3.0]
     assert trailing_mean([], 3) == []

@@ -1,4 +1,5 @@
 """TrajectoryQueue: group release, batches, staleness dropping, backpressure, admission."""
+
 import asyncio
 
 import pytest
@@ -8,9 +9,15 @@ from verltool_jax.rollout.trajectory import Trajectory
 
 
 def traj(gid, k, version=0, n=3):
-    return Trajectory(trajectory_id=f"{gid}-{k}", group_id=gid, prompt_ids=[1],
-                      response_ids=[5] * n, loss_mask=[1] * n, logprobs=[0.0] * n,
-                      versions=[version] * n)
+    return Trajectory(
+        trajectory_id=f"{gid}-{k}",
+        group_id=gid,
+        prompt_ids=[1],
+        response_ids=[5] * n,
+        loss_mask=[1] * n,
+        logprobs=[0.0] * n,
+        versions=[version] * n,
+    )
 
 
 async def test_groups_released_only_when_complete():
@@ -31,7 +38,7 @@ async def test_staleness_dropping_is_counted():
     q = TrajectoryQueue(max_groups=8, max_staleness=1)
     for gid, v in [("old", 0), ("mid", 1), ("new", 2)]:
         await q.put_group([traj(gid, 0, v), traj(gid, 1, v)])
-    await q.set_version(2)                    # "old" is 2 versions behind: dropped
+    await q.set_version(2)  # "old" is 2 versions behind: dropped
     assert q.metrics.dropped_stale == 1
     batch = await q.get_batch(2, timeout=1)
     assert [g[0].group_id for g in batch] == ["mid", "new"]
@@ -60,7 +67,7 @@ async def test_get_batch_timeout_loses_nothing():
     await q.put_group([traj("a", 0)])
     with pytest.raises(TimeoutError):
         await q.get_batch(2, timeout=0.05)
-    assert q.depth() == 1                      # the group taken before the timeout is back
+    assert q.depth() == 1  # the group taken before the timeout is back
     (g,) = await q.get_batch(1, timeout=1)
     assert g[0].group_id == "a"
 
@@ -78,8 +85,9 @@ async def test_close_wakes_waiters():
 
 async def run_pipeline(max_staleness, steps=3, groups_per_batch=2, gen_s=0.05, train_s=0.05):
     """A producer rolling out groups with the sampler's current version and a trainer."""
-    q = TrajectoryQueue(max_groups=16, max_staleness=max_staleness,
-                        groups_per_batch=groups_per_batch)
+    q = TrajectoryQueue(
+        max_groups=16, max_staleness=max_staleness, groups_per_batch=groups_per_batch
+    )
     state = {"version": 0}
     events = []
     loop = asyncio.get_running_loop()
@@ -115,7 +123,7 @@ def overlaps(events):
 async def test_on_policy_when_max_staleness_is_zero():
     q, events = await run_pipeline(max_staleness=0)
     assert all(s == 0 for e in events if e[0] == "train" for s in e[2])
-    assert not overlaps(events)               # rollout waits for each update
+    assert not overlaps(events)  # rollout waits for each update
     assert q.metrics.dropped_stale == 0
 
 
@@ -136,13 +144,14 @@ def test_bad_settings_name_the_field():
 async def test_admission_counts_from_start_version():
     """A resumed run's queue admits (max_staleness + 1) batches ahead of *its* start."""
     import asyncio
+
     q = TrajectoryQueue(max_groups=8, max_staleness=1, groups_per_batch=2, start_version=5)
     assert q.version == 5
-    for _ in range(4):                       # (0 + 1 + 1) * 2 groups may start now
+    for _ in range(4):  # (0 + 1 + 1) * 2 groups may start now
         await asyncio.wait_for(q.admit(), 1)
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(q.admit(), 0.1)
-    await q.set_version(6)                   # one update later: two more
+    await q.set_version(6)  # one update later: two more
     await asyncio.wait_for(q.admit(), 1)
     with pytest.raises(ValueError, match="start_version"):
         TrajectoryQueue(start_version=-1)

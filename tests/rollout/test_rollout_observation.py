@@ -1,4 +1,5 @@
 """Observation tokens: truncation in tokens (head/tail + marker) and template wrapping."""
+
 import pytest
 
 from verltool_jax.rollout.config import OBS_TEMPLATE_CHATML, RolloutConfig
@@ -10,15 +11,16 @@ def test_truncate_tokens_head_tail_and_edge_cases():
     assert truncate_tokens(ids, 10, "head", [99]) == ids
     assert truncate_tokens(ids, 4, "head", [99]) == [0, 1, 2, 99]
     assert truncate_tokens(ids, 4, "tail", [99]) == [99, 7, 8, 9]
-    assert truncate_tokens(ids, 1, "tail", [98, 99]) == [9]      # marker does not fit
+    assert truncate_tokens(ids, 1, "tail", [98, 99]) == [9]  # marker does not fit
     assert truncate_tokens(ids, 0, "head", [99]) == []
     with pytest.raises(ValueError, match="side"):
         truncate_tokens(ids, 4, "middle", [])
 
 
 def test_formatter_counts_tokens_not_characters(tok):
-    f = ObservationFormatter(tok, "<result>{obs}</result>", max_obs_tokens=12, side="head",
-                             marker="...")
+    f = ObservationFormatter(
+        tok, "<result>{obs}</result>", max_obs_tokens=12, side="head", marker="..."
+    )
     long_obs = "123456789 " * 40
     ids, cut = f(long_obs)
     assert cut
@@ -27,8 +29,11 @@ def test_formatter_counts_tokens_not_characters(tok):
     body = ids[1:-1]
     assert len(body) == 12
     marker = tok.encode("...", add_special_tokens=False)
-    assert body[-len(marker):] == marker
-    assert body[:12 - len(marker)] == tok.encode(long_obs, add_special_tokens=False)[:12 - len(marker)]
+    assert body[-len(marker) :] == marker
+    assert (
+        body[: 12 - len(marker)]
+        == tok.encode(long_obs, add_special_tokens=False)[: 12 - len(marker)]
+    )
     short, cut = f("42")
     assert not cut and tok.decode(short) == "<result>42</result>"
 
@@ -48,5 +53,6 @@ def test_config_errors_name_the_field():
         RolloutConfig(action_stop_strings="</python>")
     with pytest.raises(ValueError, match="unknown rollout config keys"):
         RolloutConfig.from_mapping({"max_turn": 3})
-    assert RolloutConfig.from_mapping({"max_turns": 3, "action_stop_strings": ["</sql>"]}
-                                      ).action_stop_strings == ("</sql>",)
+    assert RolloutConfig.from_mapping(
+        {"max_turns": 3, "action_stop_strings": ["</sql>"]}
+    ).action_stop_strings == ("</sql>",)

@@ -4,6 +4,7 @@ The server here is a tiny controllable one (it can fail, stall or answer 5xx on 
 because those failure modes are what the client's retry/timeout logic is about. The
 agent-loop tests use the project's real tool server.
 """
+
 import asyncio
 import socket
 
@@ -16,7 +17,7 @@ from verltool_jax.tools_client import ToolClient, ToolServerError, parse_observa
 class ProtocolServer:
     def __init__(self):
         self.requests = []
-        self.fail_next = 0          # answer HTTP 503 this many times
+        self.fail_next = 0  # answer HTTP 503 this many times
         self.delay_s = 0.0
 
     async def handle(self, request):
@@ -35,9 +36,13 @@ class ProtocolServer:
                 obs.append({"obs": "an image", "image": "data:image/png;base64,AAA", "reward": 0.5})
             else:
                 obs.append(f"echo:{a}")
-        return web.json_response({"observations": obs,
-                                  "dones": [a == "stop" for a in body["actions"]],
-                                  "valids": [not a.startswith("bad") for a in body["actions"]]})
+        return web.json_response(
+            {
+                "observations": obs,
+                "dones": [a == "stop" for a in body["actions"]],
+                "valids": [not a.startswith("bad") for a in body["actions"]],
+            }
+        )
 
 
 @pytest.fixture
@@ -67,11 +72,18 @@ async def test_protocol_fields_and_results(server):
         assert (r.observation, r.done, r.valid, r.extra) == ("echo:hello", False, True, {})
         assert r.latency_s > 0
         body = server.requests[-1]
-        assert body == {"trajectory_ids": ["t1"], "actions": ["hello"], "extra_fields": [{"db": "x"}],
-                        "finish": [False], "is_last_step": [False]}
+        assert body == {
+            "trajectory_ids": ["t1"],
+            "actions": ["hello"],
+            "extra_fields": [{"db": "x"}],
+            "finish": [False],
+            "is_last_step": [False],
+        }
         rs = await c.get_observations(["a", "b", "c"], ["img1", "bad", "stop"])
         assert rs[0].observation == "an image" and rs[0].extra == {
-            "image": "data:image/png;base64,AAA", "reward": 0.5}
+            "image": "data:image/png;base64,AAA",
+            "reward": 0.5,
+        }
         assert [x.valid for x in rs] == [True, False, True]
         assert [x.done for x in rs] == [False, False, True]
         await c.finish(["a", "b"])
@@ -98,14 +110,14 @@ async def test_timeout_is_an_observation_not_an_exception(server):
     async with ToolClient(server.url, timeout_s=0.2) as c:
         r = await c.get_observation("t", "x")
     assert r.timed_out and not r.valid and "timed out" in r.observation
-    assert len(server.requests) == 1          # a timed-out action is never re-sent
+    assert len(server.requests) == 1  # a timed-out action is never re-sent
 
 
 async def test_server_down_raises_after_retries():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-    s.close()                                  # nothing listens there now
+    s.close()  # nothing listens there now
     async with ToolClient(f"http://127.0.0.1:{port}", retries=2, backoff_s=0.01) as c:
         with pytest.raises(ToolServerError, match="unreachable after 3 attempts"):
             await c.get_observation("t", "x")

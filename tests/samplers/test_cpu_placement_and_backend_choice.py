@@ -1,21 +1,38 @@
 """The vLLM CPU engine's placement (cores, reserved cores, KV cache, batch limit) and the
 sampler backend choice: pure rules, checked without starting an engine."""
+
 import math
 
 import pytest
 
 from verltool_jax.run_config import default_config_dict, run_config_from_dict
-from verltool_jax.samplers.cpu_placement import (GIB, CpuPlacement, apply_env,
-                                                 choose_cpu_placement, kv_bytes_per_token)
+from verltool_jax.samplers.cpu_placement import (
+    GIB,
+    CpuPlacement,
+    apply_env,
+    choose_cpu_placement,
+    kv_bytes_per_token,
+)
 from verltool_jax.samplers.factory import CPU_FASTER, choose_backend
 
-SMOL = {"num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-        "num_hidden_layers": 30, "hidden_size": 576}
+SMOL = {
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "num_hidden_layers": 30,
+    "hidden_size": 576,
+}
 
 
 def place(cores, overlaps, free_gib=16, max_len=1024, kv=46080, cap=256):
-    return choose_cpu_placement(cores, free_gib * GIB, trainer_overlaps=overlaps,
-                                max_model_len=max_len, kv_token_bytes=kv, max_num_seqs_cap=cap)
+    return choose_cpu_placement(
+        cores,
+        free_gib * GIB,
+        trainer_overlaps=overlaps,
+        max_model_len=max_len,
+        kv_token_bytes=kv,
+        max_num_seqs_cap=cap,
+    )
 
 
 def test_kv_bytes_per_token_of_smollm2_shape():
@@ -34,7 +51,7 @@ def test_two_cores_alone_bind_both_and_reserve_none():
 def test_trainer_overlapping_gets_the_other_half():
     assert place([0, 1], overlaps=True).cores == (0,)
     assert place([0, 1, 2], overlaps=True).cores == (0, 1)
-    assert place([5], overlaps=True).cores == (5,)        # one core: nothing to split
+    assert place([5], overlaps=True).cores == (5,)  # one core: nothing to split
 
 
 def test_a_scheduler_core_is_reserved_only_on_big_machines():
@@ -56,7 +73,7 @@ def test_kv_cache_is_what_the_batch_needs_capped_by_free_memory():
     beside = place([0, 1], True, free_gib=16)
     assert beside.kvcache_gib == 2 and beside.max_num_seqs < alone.max_num_seqs
     starved = place([0, 1], False, free_gib=1)
-    assert starved.kvcache_gib == 1                      # never below 1 GiB
+    assert starved.kvcache_gib == 1  # never below 1 GiB
     roomy = place([0, 1], False, free_gib=200)
     assert roomy.kvcache_gib == math.ceil(256 * 1024 * 46080 / GIB) and roomy.max_num_seqs == 256
 
@@ -80,7 +97,9 @@ def test_backend_choice():
     backend, why = choose_backend("auto", vllm_installed=True, platform="cpu")
     assert backend == CPU_FASTER and "CPU" in why
     assert choose_backend("auto", vllm_installed=False, platform="gpu") == (
-        "jax", "auto: vLLM is not installed")
+        "jax",
+        "auto: vLLM is not installed",
+    )
     assert choose_backend("vllm", vllm_installed=True, platform="cpu")[0] == "vllm"
     assert choose_backend("jax", vllm_installed=True, platform="gpu")[0] == "jax"
     with pytest.raises(ValueError, match="sampler backend"):
@@ -97,6 +116,7 @@ def test_auto_is_the_config_default_and_a_typo_is_rejected():
 
 def test_the_run_resolves_auto_once_for_sampler_and_train_step():
     from verltool_jax.train.build import sampler_backend
+
     d = default_config_dict()
     backend, why = sampler_backend(run_config_from_dict(d))
     assert backend in ("jax", "vllm") and why.startswith("auto")

@@ -1,4 +1,5 @@
 """The JAX sampler refuses images with a clear error instead of silently dropping them."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,6 +17,6 @@ def test_text_only_model_refuses_images(sampler_flax_model):
         img = np.zeros((8, 8, 3), np.uint8)
         with pytest.raises(SamplerRequestError, match="text-only and cannot take images"):
             asyncio.run(s.generate([5, 6, 7], SamplingParams(max_tokens=2), images=[img]))
-        assert s.load == 0 and s.alive   # refused before queueing; the sampler lives on
+        assert s.load == 0 and s.alive  # refused before queueing; the sampler lives on
     finally:
         s.close()

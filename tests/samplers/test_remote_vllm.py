@@ -7,6 +7,7 @@ The slow test starts two real vLLM CPU servers on 127.0.0.1 and pools them with 
 in-process engine: generation, sticky routing, weight sync with logprob parity after
 it, and a server killed mid-request leaving the rotation with its requests retried.
 """
+
 import asyncio
 import json
 import os
@@ -17,16 +18,18 @@ import pytest
 
 from verltool_jax.samplers.base import SamplerDeadError, SamplingParams
 from verltool_jax.samplers.remote_vllm import RemoteVLLMSampler, free_port, vllm_serve_argv
-from verltool_jax.samplers.weight_sync import (SharedWeightBuffer, open_shared_tensors,
-                                               plan_buckets)
+from verltool_jax.samplers.weight_sync import SharedWeightBuffer, open_shared_tensors, plan_buckets
 
 
 def test_shared_memory_buckets_round_trip_fp32_and_bf16():
     import ml_dtypes
     import torch
+
     rng = np.random.default_rng(0)
-    named = [(f"w{i}", rng.standard_normal(shape).astype(np.float32))
-             for i, shape in enumerate([(300, 7), (5,), (64, 64), (1000,), (3, 3, 3)])]
+    named = [
+        (f"w{i}", rng.standard_normal(shape).astype(np.float32))
+        for i, shape in enumerate([(300, 7), (5,), (64, 64), (1000,), (3, 3, 3)])
+    ]
     assert plan_buckets([100, 100, 5000, 10], 256) == [[0, 1], [2], [3]]
     buf = SharedWeightBuffer(bucket_bytes=20_000)
     try:
@@ -34,7 +37,7 @@ def test_shared_memory_buckets_round_trip_fp32_and_bf16():
         assert buf.nbytes == sum(a.nbytes for _, a in named)
         cache = {}
         back = dict(open_shared_tensors(manifest, cache))
-        assert len(cache) > 1                                     # really bucketed
+        assert len(cache) > 1  # really bucketed
         for n, a in named:
             np.testing.assert_array_equal(back[n].numpy(), a)
         # the next sync reuses the same segments and the engine sees the new values
@@ -57,10 +60,16 @@ def test_shared_memory_buckets_round_trip_fp32_and_bf16():
 
 def test_server_command_and_a_missing_server_is_a_clear_error():
     argv = vllm_serve_argv("/m", 8123, max_model_len=512)
-    for flag in ("--logprobs-mode", "processed_logprobs", "--worker-extension-cls",
-                 "--generation-config", "--port", "8123"):
+    for flag in (
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--worker-extension-cls",
+        "--generation-config",
+        "--port",
+        "8123",
+    ):
         assert flag in argv
-    assert "--no-enable-chunked-prefill" in argv      # this is a CPU host (docs/samplers.md)
+    assert "--no-enable-chunked-prefill" in argv  # this is a CPU host (docs/samplers.md)
     t0 = time.monotonic()
     with pytest.raises(SamplerDeadError, match="no vLLM server answers"):
         RemoteVLLMSampler(f"http://127.0.0.1:{free_port()}", connect_timeout_s=1)
@@ -76,28 +85,40 @@ PROMPTS = [[5, 17, 42, 99, 7], [11, 3, 250, 8], [64, 65, 66, 67, 68, 69]]
 def _perturbed(model, scale=0.05, seed=3):
     import jax
     from flax import nnx
+
     _, params = nnx.split(model, nnx.Param)
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-    return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape, x.dtype)
-                                     for x, k in zip(leaves, keys)])
+    return jax.tree.unflatten(
+        tree, [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    )
 
 
 async def _gather(sampler, prompts, params, ids=None):
     ids = ids or [None] * len(prompts)
-    return await asyncio.gather(*(sampler.generate(p, params, request_id=i)
-                                  for p, i in zip(prompts, ids)))
+    return await asyncio.gather(
+        *(sampler.generate(p, params, request_id=i) for p, i in zip(prompts, ids))
+    )
 
 
 @pytest.fixture(scope="module")
 def two_servers(tmp_path_factory):
     from support.samplers import SAMPLER_MAX_MODEL_LEN, sampler_ckpt
+
     from verltool_jax.samplers.remote_vllm import VLLMServer
+
     logs = tmp_path_factory.mktemp("vllm_logs")
     ckpt = sampler_ckpt()
-    servers = [VLLMServer(str(ckpt), max_model_len=SAMPLER_MAX_MODEL_LEN, wait=False,
-                          log_path=str(logs / f"server{i}.log"), max_num_seqs=32)
-               for i in range(2)]
+    servers = [
+        VLLMServer(
+            str(ckpt),
+            max_model_len=SAMPLER_MAX_MODEL_LEN,
+            wait=False,
+            log_path=str(logs / f"server{i}.log"),
+            max_num_seqs=32,
+        )
+        for i in range(2)
+    ]
     try:
         for s in servers:
             s.wait_ready()
@@ -108,12 +129,15 @@ def two_servers(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_two_vllm_servers_in_a_pool_with_an_in_process_engine(two_servers, vllm_sampler,
-                                                               sampler_flax_model):
+def test_two_vllm_servers_in_a_pool_with_an_in_process_engine(
+    two_servers, vllm_sampler, sampler_flax_model
+):
     from flax import nnx
     from support.samplers import restore_checkpoint_weights
+
     from verltool_jax.samplers.parity import logprob_parity
     from verltool_jax.samplers.pool import SamplerPool
+
     remotes = [RemoteVLLMSampler(s.url, request_timeout_s=300) for s in two_servers]
     pool = SamplerPool([*remotes, vllm_sampler])
     try:
@@ -141,7 +165,7 @@ def test_two_vllm_servers_in_a_pool_with_an_in_process_engine(two_servers, vllm_
         new_model = nnx.merge(graphdef, new)
         for r in remotes:
             assert r.version == 4 and r.last_sync["sync_bytes"] > 0
-            assert r.last_sync["sync_path"] == "inplace"          # the server's fast path
+            assert r.last_sync["sync_path"] == "inplace"  # the server's fast path
             outs = asyncio.run(_gather(r, PROMPTS, sp))
             assert all(c.policy_version == 4 for c in outs)
             par = logprob_parity(new_model, list(zip(PROMPTS, outs)), T)
@@ -152,24 +176,26 @@ def test_two_vllm_servers_in_a_pool_with_an_in_process_engine(two_servers, vllm_
         longer = SamplingParams(max_tokens=400, temperature=1.0, seed=3)
 
         async def kill_mid_flight():
-            task = asyncio.ensure_future(_gather(pool, [PROMPTS[0]] * len(on_victim), longer,
-                                                 on_victim))
+            task = asyncio.ensure_future(
+                _gather(pool, [PROMPTS[0]] * len(on_victim), longer, on_victim)
+            )
             # kill as soon as the requests are on the victim (a fixed 1 s wait raced the
             # server: on a quiet machine the requests had finished by then)
             deadline = time.monotonic() + 30
             while pool.inflight[victim] == 0 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             assert pool.inflight[victim] > 0
-            await asyncio.sleep(0.1)             # the requests reach the server
+            await asyncio.sleep(0.1)  # the requests reach the server
             two_servers[victim].kill()
             return await task
+
         done = asyncio.run(kill_mid_flight())
         assert all(len(c.token_ids) > 0 for c in done)
         assert all(c.metrics["sampler_index"] != victim for c in done)
         assert pool.healthy[victim] is False
         later = asyncio.run(_gather(pool, prompts, short, [f"new{i}" for i in range(6)]))
         assert victim not in {c.metrics["sampler_index"] for c in later}
-        pool.update_weights(new, version=5)                   # the dead one is skipped
+        pool.update_weights(new, version=5)  # the dead one is skipped
         assert remotes[1 - victim].version == 5
     finally:
         restore_checkpoint_weights(vllm_sampler)
@@ -182,9 +208,11 @@ def test_publisher_logs_bytes_and_seconds_of_every_sync(vllm_sampler, sampler_fl
     memory) reports the payload bytes and seconds of every sync."""
     import jax
     from support.samplers import restore_checkpoint_weights
+
     from verltool_jax.reporting import names
     from verltool_jax.samplers.pool import SamplerPool
     from verltool_jax.train.policy_version import PolicyPublisher
+
     new = _perturbed(sampler_flax_model)
     pub = PolicyPublisher(SamplerPool([vllm_sampler]))
     try:

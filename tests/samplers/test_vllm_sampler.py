@@ -2,6 +2,7 @@
 
 Fixtures (vllm_sampler, sampler_flax_model, sampler_tokenizer) come from tests/conftest.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -11,10 +12,14 @@ import time
 
 import numpy as np
 import pytest
-
 from support.samplers import SAMPLER_MAX_MODEL_LEN, restore_checkpoint_weights, sampler_ckpt
-from verltool_jax.samplers import (SamplerDeadError, SamplerRequestError, SamplerTimeoutError,
-                                   SamplingParams)
+
+from verltool_jax.samplers import (
+    SamplerDeadError,
+    SamplerRequestError,
+    SamplerTimeoutError,
+    SamplingParams,
+)
 from verltool_jax.samplers.parity import logprob_parity
 
 pytestmark = pytest.mark.vllm
@@ -24,9 +29,13 @@ PROMPTS = [[3 + i, 40 + 7 * i, 100 + i, 200 + 3 * i, 17] for i in range(6)]
 
 def _gather(sampler, prompts, params, ids=None):
     async def run():
-        return await asyncio.gather(*[
-            sampler.generate(p, params, request_id=None if ids is None else ids[i])
-            for i, p in enumerate(prompts)])
+        return await asyncio.gather(
+            *[
+                sampler.generate(p, params, request_id=None if ids is None else ids[i])
+                for i, p in enumerate(prompts)
+            ]
+        )
+
     return asyncio.run(run())
 
 
@@ -34,6 +43,7 @@ def _hf_logprobs(samples, temperature):
     """transformers (PyTorch) log_softmax(logits / T) of each sampled token."""
     import torch
     from support.models import hf_model
+
     model = hf_model(sampler_ckpt())
     out = []
     for p, c in samples:
@@ -92,14 +102,17 @@ def test_stop_string_is_kept_and_reported(vllm_sampler, sampler_tokenizer):
     text = sampler_tokenizer.decode(c0.token_ids, skip_special_tokens=False)
     # a stop string taken from the middle of the unconstrained output
     k = len(sampler_tokenizer.decode(c0.token_ids[:20], skip_special_tokens=False))
-    stop = text[k - 2:k]
-    assert stop.strip() and stop not in text[:k - 2]
-    c = asyncio.run(vllm_sampler.generate(
-        PROMPTS[0], SamplingParams(max_tokens=40, temperature=1.0, seed=3, stop=(stop,))))
+    stop = text[k - 2 : k]
+    assert stop.strip() and stop not in text[: k - 2]
+    c = asyncio.run(
+        vllm_sampler.generate(
+            PROMPTS[0], SamplingParams(max_tokens=40, temperature=1.0, seed=3, stop=(stop,))
+        )
+    )
     out = sampler_tokenizer.decode(c.token_ids, skip_special_tokens=False)
     assert c.finish_reason == "stop" and c.stop_string == stop
     assert stop in out and out.index(stop) + len(stop) >= len(out) - 8  # ends at the stop
-    assert c.token_ids == c0.token_ids[:len(c.token_ids)] and len(c.token_ids) <= 20
+    assert c.token_ids == c0.token_ids[: len(c.token_ids)] and len(c.token_ids) <= 20
 
 
 def test_stop_token_id_ends_the_completion(vllm_sampler):
@@ -107,9 +120,13 @@ def test_stop_token_id_ends_the_completion(vllm_sampler):
     c0 = asyncio.run(vllm_sampler.generate(PROMPTS[1], free))
     j = next(i for i in range(3, 30) if c0.token_ids[i] not in c0.token_ids[:i])
     stop_id = c0.token_ids[j]
-    c = asyncio.run(vllm_sampler.generate(PROMPTS[1], SamplingParams(
-        max_tokens=30, temperature=1.0, seed=9, stop_token_ids=(stop_id,))))
-    assert c.token_ids == c0.token_ids[:j + 1]          # the stop id is kept
+    c = asyncio.run(
+        vllm_sampler.generate(
+            PROMPTS[1],
+            SamplingParams(max_tokens=30, temperature=1.0, seed=9, stop_token_ids=(stop_id,)),
+        )
+    )
+    assert c.token_ids == c0.token_ids[: j + 1]  # the stop id is kept
     assert c.finish_reason == "stop" and c.stop_string is None
     assert c.metrics["stop_token_id"] == stop_id
 
@@ -119,14 +136,15 @@ def test_bad_requests_raise_clear_errors(vllm_sampler):
     with pytest.raises(SamplerRequestError, match=f"max_model_len={n}"):
         asyncio.run(vllm_sampler.generate([5] * n, SamplingParams(max_tokens=4)))
     with pytest.raises(SamplerRequestError, match="stop_token_ids"):
-        asyncio.run(vllm_sampler.generate([5, 6], SamplingParams(stop_token_ids=(10 ** 6,))))
+        asyncio.run(vllm_sampler.generate([5, 6], SamplingParams(stop_token_ids=(10**6,))))
     with pytest.raises(SamplerRequestError, match="outside"):
         asyncio.run(vllm_sampler.generate([5, -1], SamplingParams()))
     with pytest.raises(ValueError, match="stop"):
-        SamplingParams(stop="</python>")                  # a bare string, not a tuple
+        SamplingParams(stop="</python>")  # a bare string, not a tuple
     # a completion that would run past the context is cut there
-    c = asyncio.run(vllm_sampler.generate([5] * (n - 3), SamplingParams(max_tokens=10,
-                                                                          temperature=0)))
+    c = asyncio.run(
+        vllm_sampler.generate([5] * (n - 3), SamplingParams(max_tokens=10, temperature=0))
+    )
     assert len(c.token_ids) <= 3 and (c.finish_reason == "length" or len(c.token_ids) < 3)
 
 
@@ -134,6 +152,7 @@ def _perturbed(model, scale=0.5, seed=0):
     """The model's params with noise added (a stand-in for a trainer step)."""
     import jax
     from flax import nnx
+
     _, state = nnx.split(model, nnx.Param)
     leaves, tree = jax.tree_util.tree_flatten(state)
     rng = np.random.default_rng(seed)
@@ -141,9 +160,11 @@ def _perturbed(model, scale=0.5, seed=0):
     return jax.tree_util.tree_unflatten(tree, leaves)
 
 
-def test_weight_sync_changes_generation_and_syncing_back_restores_it(vllm_sampler,
-                                                                     sampler_flax_model):
+def test_weight_sync_changes_generation_and_syncing_back_restores_it(
+    vllm_sampler, sampler_flax_model
+):
     from flax import nnx
+
     greedy = SamplingParams(max_tokens=16, temperature=0)
     before = _gather(vllm_sampler, PROMPTS, greedy)
     graphdef, orig = nnx.split(sampler_flax_model, nnx.Param)
@@ -152,14 +173,15 @@ def test_weight_sync_changes_generation_and_syncing_back_restores_it(vllm_sample
         vllm_sampler.update_weights(new, version=7)
         assert vllm_sampler.version == 7
         assert vllm_sampler.last_sync["sync_bytes"] > 0
-        assert vllm_sampler.last_sync["sync_path"] == "inplace"     # the fast path ran
+        assert vllm_sampler.last_sync["sync_path"] == "inplace"  # the fast path ran
         after = _gather(vllm_sampler, PROMPTS, greedy)
         assert all(c.policy_version == 7 for c in after)
         assert [c.token_ids for c in after] != [c.token_ids for c in before]
         # the engine runs exactly the new weights: parity against the updated Flax model
         T = 0.8
-        sampled = _gather(vllm_sampler, PROMPTS, SamplingParams(max_tokens=10, temperature=T,
-                                                                 seed=1))
+        sampled = _gather(
+            vllm_sampler, PROMPTS, SamplingParams(max_tokens=10, temperature=T, seed=1)
+        )
         new_model = nnx.merge(graphdef, new)
         par = logprob_parity(new_model, list(zip(PROMPTS, sampled)), T)
         assert par["mean_abs_diff"] < 1e-3, par
@@ -175,7 +197,9 @@ def test_bf16_weight_payload_loads_into_the_engine(vllm_sampler, sampler_flax_mo
     """A bf16 payload (what a bf16 trainer sends) is widened in place by the fp32 engine."""
     import ml_dtypes
     from flax import nnx
+
     from verltool_jax.samplers.weight_sync import named_tensors_from_params, pack_named_tensors
+
     _, state = nnx.split(sampler_flax_model, nnx.Param)
     cfg = vllm_sampler.model_config()
     named = list(named_tensors_from_params(state, cfg))
@@ -196,8 +220,7 @@ def test_bf16_weight_payload_loads_into_the_engine(vllm_sampler, sampler_flax_mo
         restore_checkpoint_weights(vllm_sampler)
 
 
-def test_queued_requests_wait_for_a_slot_before_their_timeout_starts(vllm_sampler,
-                                                                    monkeypatch):
+def test_queued_requests_wait_for_a_slot_before_their_timeout_starts(vllm_sampler, monkeypatch):
     """An evaluation submits every prompt at once: requests beyond the engine's slots wait
     their turn; a request times out only when the engine is stalled (it held its slot for
     request_timeout_s and nothing else finished). The engine call is replaced by a fixed
@@ -209,21 +232,24 @@ def test_queued_requests_wait_for_a_slot_before_their_timeout_starts(vllm_sample
         return len(prompt.ids)
 
     delay = [0.3]
-    monkeypatch.setattr(vllm_sampler, "_generate_on_loop",
-                        types.MethodType(slow_generate, vllm_sampler))
+    monkeypatch.setattr(
+        vllm_sampler, "_generate_on_loop", types.MethodType(slow_generate, vllm_sampler)
+    )
     monkeypatch.setattr(vllm_sampler, "request_timeout_s", 0.5)
     monkeypatch.setattr(vllm_sampler, "_admit", None)
-    monkeypatch.setitem(vllm_sampler._engine_args, "max_num_seqs", 1)     # one at a time
+    monkeypatch.setitem(vllm_sampler._engine_args, "max_num_seqs", 1)  # one at a time
     params = SamplingParams(max_tokens=4)
 
     async def run_all(n):
         t = time.monotonic()
-        outs = await asyncio.gather(*(vllm_sampler.generate([5] * (i + 1), params)
-                                      for i in range(n)))
+        outs = await asyncio.gather(
+            *(vllm_sampler.generate([5] * (i + 1), params) for i in range(n))
+        )
         return outs, time.monotonic() - t
+
     outs, took = asyncio.run(run_all(8))
-    assert outs == list(range(1, 9)) and took > 2.0     # queued 2.4 s, none timed out
-    delay[0] = 5.0                                      # a stalled engine: it times out
+    assert outs == list(range(1, 9)) and took > 2.0  # queued 2.4 s, none timed out
+    delay[0] = 5.0  # a stalled engine: it times out
     with pytest.raises(SamplerTimeoutError, match="request_timeout_s"):
         asyncio.run(run_all(1))
     monkeypatch.setattr(vllm_sampler, "_admit", None)
@@ -250,24 +276,31 @@ def test_inplace_sync_gives_exactly_what_vllms_reload_gives(vllm_sampler, sample
         restore_checkpoint_weights(vllm_sampler)
 
 
-@pytest.mark.parametrize("changed", [
-    "model.layers.1.self_attn.k_proj.weight",    # the middle part of the fused qkv_proj
-    "model.layers.0.self_attn.v_proj.bias",      # a part of the fused qkv bias
-    "model.layers.1.mlp.up_proj.weight",         # the second part of the fused gate_up_proj
-    "model.layers.0.self_attn.o_proj.weight",    # an unfused linear
-    "model.embed_tokens.weight",                 # the embedding, and the tied LM head
-])
-def test_one_changed_weight_is_visible_after_an_inplace_sync(vllm_sampler, sampler_flax_model,
-                                                             changed):
+@pytest.mark.parametrize(
+    "changed",
+    [
+        "model.layers.1.self_attn.k_proj.weight",  # the middle part of the fused qkv_proj
+        "model.layers.0.self_attn.v_proj.bias",  # a part of the fused qkv bias
+        "model.layers.1.mlp.up_proj.weight",  # the second part of the fused gate_up_proj
+        "model.layers.0.self_attn.o_proj.weight",  # an unfused linear
+        "model.embed_tokens.weight",  # the embedding, and the tied LM head
+    ],
+)
+def test_one_changed_weight_is_visible_after_an_inplace_sync(
+    vllm_sampler, sampler_flax_model, changed
+):
     """Only ``changed`` differs from the checkpoint: after the sync the engine's logprobs
     move and match the trainer's model with that one change."""
     from verltool_jax.models.hf_io import build_from_tensors, hf_named_tensors
+
     cfg = vllm_sampler.model_config()
     named = list(hf_named_tensors(sampler_flax_model, cfg))
     assert changed in dict(named)
     rng = np.random.default_rng(7)
-    named = [(n, a + rng.normal(0, 0.5, a.shape).astype(a.dtype) if n == changed else a)
-             for n, a in named]
+    named = [
+        (n, a + rng.normal(0, 0.5, a.shape).astype(a.dtype) if n == changed else a)
+        for n, a in named
+    ]
     model = build_from_tensors(cfg, iter(named), "test")
     sp = SamplingParams(max_tokens=8, temperature=1.0, seed=9)
     before = _gather(vllm_sampler, PROMPTS[:4], sp)
@@ -286,11 +319,14 @@ def test_one_changed_weight_is_visible_after_an_inplace_sync(vllm_sampler, sampl
 
 
 def test_a_payload_the_inplace_plan_does_not_cover_falls_back_to_vllms_reload(
-        vllm_sampler, sampler_flax_model):
+    vllm_sampler, sampler_flax_model
+):
     """Unfused q/k/v (no such parameters in vLLM's model): the worker says why and loads
     through reload_weights; the weights are still exact."""
     from flax import nnx
+
     from verltool_jax.samplers.weight_sync import SharedWeightBuffer, named_tensors_from_params
+
     graphdef, _ = nnx.split(sampler_flax_model, nnx.Param)
     new = _perturbed(sampler_flax_model, seed=4)
     buf = SharedWeightBuffer(fuse={})
@@ -321,8 +357,9 @@ def test_request_timeout_raises_instead_of_hanging(vllm_sampler):
     try:
         t = time.monotonic()
         with pytest.raises(SamplerTimeoutError, match="request_timeout_s"):
-            asyncio.run(vllm_sampler.generate(PROMPTS[0], SamplingParams(max_tokens=400,
-                                                                         temperature=1.0)))
+            asyncio.run(
+                vllm_sampler.generate(PROMPTS[0], SamplingParams(max_tokens=400, temperature=1.0))
+            )
         assert time.monotonic() - t < 5
     finally:
         vllm_sampler.request_timeout_s = old
@@ -338,17 +375,17 @@ def test_dead_engine_is_reported_then_restarted_with_the_synced_weights(vllm_sam
     greedy = SamplingParams(max_tokens=8, temperature=0)
     before = _gather(vllm_sampler, PROMPTS[:2], greedy)
     old_max = vllm_sampler.max_restarts
-    vllm_sampler.max_restarts = vllm_sampler.restarts          # none left
+    vllm_sampler.max_restarts = vllm_sampler.restarts  # none left
     try:
         (pid,) = vllm_sampler.engine_pids()
         os.kill(pid, signal.SIGKILL)
         t = time.monotonic()
         with pytest.raises(SamplerDeadError, match="max_restarts"):
-            for _ in range(50):                                 # until the death is noticed
+            for _ in range(50):  # until the death is noticed
                 asyncio.run(vllm_sampler.generate(PROMPTS[0], greedy))
                 time.sleep(0.2)
         assert time.monotonic() - t < 60
-        vllm_sampler.max_restarts = vllm_sampler.restarts + 1   # allow one restart
+        vllm_sampler.max_restarts = vllm_sampler.restarts + 1  # allow one restart
         after = _gather(vllm_sampler, PROMPTS[:2], greedy)
         assert vllm_sampler.alive and vllm_sampler.engine_pids() != [pid]
         assert [c.token_ids for c in after] == [c.token_ids for c in before]
@@ -356,28 +393,39 @@ def test_dead_engine_is_reported_then_restarted_with_the_synced_weights(vllm_sam
         vllm_sampler.max_restarts = max(old_max, vllm_sampler.restarts + 1)
 
 
-def test_sync_during_generation_completes_and_records_both_versions(vllm_sampler,
-                                                                    sampler_flax_model):
+def test_sync_during_generation_completes_and_records_both_versions(
+    vllm_sampler, sampler_flax_model
+):
     """A sync while requests run: they finish (recomputed on the new weights), tagged with
     the version they started on and the one they ended on."""
     import threading
+
     from flax import nnx
+
     _, orig = nnx.split(sampler_flax_model, nnx.Param)
     greedy = SamplingParams(max_tokens=6, temperature=0)
     ref = _gather(vllm_sampler, PROMPTS[:2], greedy)
     par = logprob_parity(sampler_flax_model, list(zip(PROMPTS[:2], ref)), 1.0)
-    assert par["mean_abs_diff"] < 1e-3                    # greedy logprobs are at T = 1
+    assert par["mean_abs_diff"] < 1e-3  # greedy logprobs are at T = 1
 
     async def run():
-        task = asyncio.ensure_future(asyncio.gather(*[
-            vllm_sampler.generate(p, SamplingParams(max_tokens=300, temperature=1.0, seed=i))
-            for i, p in enumerate(PROMPTS[:3])]))
+        task = asyncio.ensure_future(
+            asyncio.gather(
+                *[
+                    vllm_sampler.generate(
+                        p, SamplingParams(max_tokens=300, temperature=1.0, seed=i)
+                    )
+                    for i, p in enumerate(PROMPTS[:3])
+                ]
+            )
+        )
         await asyncio.sleep(0.3)
         t = threading.Thread(target=vllm_sampler.update_weights, args=(orig, 21))
         t.start()
         while t.is_alive():
             await asyncio.sleep(0.05)
         return await asyncio.wait_for(task, 120)
+
     try:
         v0 = vllm_sampler.version
         comps = asyncio.run(run())
@@ -385,8 +433,9 @@ def test_sync_during_generation_completes_and_records_both_versions(vllm_sampler
         for c in comps:
             assert c.policy_version == v0 and c.metrics["policy_version_end"] in (v0, 21)
             assert len(c.token_ids) == len(c.logprobs) > 0
-        assert any(c.metrics["policy_version_end"] == 21 for c in comps) or \
-            all(c.finish_reason == "stop" for c in comps)
+        assert any(c.metrics["policy_version_end"] == 21 for c in comps) or all(
+            c.finish_reason == "stop" for c in comps
+        )
     finally:
         restore_checkpoint_weights(vllm_sampler)
 
@@ -425,12 +474,21 @@ def test_multiprocess_engine_closes_cleanly(tmp_path):
     the handler first.)"""
     import subprocess
     import sys
+
     script = tmp_path / "close_mp.py"
     script.write_text(_CLOSE_SCRIPT)
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1",
-               PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, str(script), str(sampler_ckpt())], env=env,
-                       capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        VLLM_ENABLE_V1_MULTIPROCESSING="1",
+        PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+    )
+    r = subprocess.run(
+        [sys.executable, str(script), str(sampler_ckpt())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "GENERATED 4 ENGINE_PIDS 1 ALIVE_AFTER_CLOSE []" in r.stdout, out[-3000:]

@@ -1,4 +1,5 @@
 """Load a script under experiments/ as a module (they are scripts, not a package)."""
+
 from __future__ import annotations
 
 import importlib.util

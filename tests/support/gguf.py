@@ -7,10 +7,10 @@ test asks for. Q8_0 /
 Q4_x / Q5_x / BF16 are quantised with ``gguf.quants.quantize``; the K types (which the
 python package cannot quantise) get random blocks with sane float16 scales.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -18,13 +18,25 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, LAYERS = 512, 4, 2, 128, 1024, 
 
 # K-quant block bytes, the byte offsets of their float16 super-block scales, and a scale
 # size that keeps the weights ~0.1 (6-bit sub-scales times 4- to 6-bit quants).
-_K_BLOCKS = {"Q4_K": (144, (0, 2), 1e-4), "Q5_K": (176, (0, 2), 5e-5),
-             "Q6_K": (210, (208,), 2e-5), "Q2_K": (84, (80, 82), 1e-3)}
-_LAYER_GGUF = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-               "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+_K_BLOCKS = {
+    "Q4_K": (144, (0, 2), 1e-4),
+    "Q5_K": (176, (0, 2), 5e-5),
+    "Q6_K": (210, (208,), 2e-5),
+    "Q2_K": (84, (80, 82), 1e-3),
+}
+_LAYER_GGUF = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def hf_weights(arch: str, seed: int = 0, tie: bool = True) -> dict[str, np.ndarray]:
@@ -34,21 +46,27 @@ def hf_weights(arch: str, seed: int = 0, tie: bool = True) -> dict[str, np.ndarr
     def w(*shape, scale=0.08):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    out = {"model.embed_tokens.weight": w(VOCAB, HIDDEN, scale=0.2),
-           "model.norm.weight": 1 + w(HIDDEN, scale=0.1)}
+    out = {
+        "model.embed_tokens.weight": w(VOCAB, HIDDEN, scale=0.2),
+        "model.norm.weight": 1 + w(HIDDEN, scale=0.1),
+    }
     if not tie:
         out["lm_head.weight"] = w(VOCAB, HIDDEN)
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        out.update({p + "input_layernorm.weight": 1 + w(HIDDEN, scale=0.1),
-                    p + "post_attention_layernorm.weight": 1 + w(HIDDEN, scale=0.1),
-                    p + "self_attn.q_proj.weight": w(HEADS * HEAD_DIM, HIDDEN),
-                    p + "self_attn.k_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
-                    p + "self_attn.v_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
-                    p + "self_attn.o_proj.weight": w(HIDDEN, HEADS * HEAD_DIM),
-                    p + "mlp.gate_proj.weight": w(INTER, HIDDEN),
-                    p + "mlp.up_proj.weight": w(INTER, HIDDEN),
-                    p + "mlp.down_proj.weight": w(HIDDEN, INTER, scale=0.05)})
+        out.update(
+            {
+                p + "input_layernorm.weight": 1 + w(HIDDEN, scale=0.1),
+                p + "post_attention_layernorm.weight": 1 + w(HIDDEN, scale=0.1),
+                p + "self_attn.q_proj.weight": w(HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.k_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.v_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.o_proj.weight": w(HIDDEN, HEADS * HEAD_DIM),
+                p + "mlp.gate_proj.weight": w(INTER, HIDDEN),
+                p + "mlp.up_proj.weight": w(INTER, HIDDEN),
+                p + "mlp.down_proj.weight": w(HIDDEN, INTER, scale=0.05),
+            }
+        )
         if arch == "qwen2":
             for n, rows in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
                 out[p + f"self_attn.{n}_proj.bias"] = w(rows * HEAD_DIM, scale=0.3)
@@ -59,23 +77,30 @@ def hf_weights(arch: str, seed: int = 0, tie: bool = True) -> dict[str, np.ndarr
 
 
 def gguf_name(hf_name: str) -> str:
-    glob = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
-            "output_norm.weight", "lm_head.weight": "output.weight"}
+    glob = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     if hf_name in glob:
         return glob[hf_name]
-    parts = hf_name.split(".")            # model.layers.i.<module...>.<weight|bias>
+    parts = hf_name.split(".")  # model.layers.i.<module...>.<weight|bias>
     return f"blk.{parts[2]}.{_LAYER_GGUF['.'.join(parts[3:-1])]}.{parts[-1]}"
 
 
 def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's Llama q/k row permutation (what its HF -> GGUF converter does)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
         .reshape(w.shape)
+    )
 
 
 def _encode(arr: np.ndarray, kind: str, rng: np.random.Generator):
     """``(data, raw_dtype)`` for GGUFWriter.add_tensor; ``data`` is what the file stores."""
     import gguf
+
     qt = gguf.GGMLQuantizationType[kind]
     if kind == "F32":
         return arr, None
@@ -87,14 +112,20 @@ def _encode(arr: np.ndarray, kind: str, rng: np.random.Generator):
         blocks = rng.integers(0, 256, (rows, cols // 256, nbytes), dtype=np.uint8)
         for off in scale_offsets:
             scale = (rng.uniform(0.5, 1.5, (rows, cols // 256)) * size).astype(np.float16)
-            blocks[..., off:off + 2] = scale.view(np.uint8).reshape(rows, cols // 256, 2)
+            blocks[..., off : off + 2] = scale.view(np.uint8).reshape(rows, cols // 256, 2)
         return blocks.reshape(rows, -1), qt
     return gguf.quants.quantize(arr, qt), qt
 
 
-def write_gguf(path: Path, arch: str, types: Optional[dict[str, str]] = None,
-               seed: int = 0, tie: bool = True, tokenizer_from=None,
-               weights: Optional[dict[str, np.ndarray]] = None) -> dict[str, np.ndarray]:
+def write_gguf(
+    path: Path,
+    arch: str,
+    types: dict[str, str] | None = None,
+    seed: int = 0,
+    tie: bool = True,
+    tokenizer_from=None,
+    weights: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
     """Write a tiny ``arch`` GGUF to ``path``; returns the HF weights it encodes.
 
     ``types``: ``{gguf tensor name: ggml type}`` (default F32; 1-D tensors always F32, as
@@ -102,6 +133,7 @@ def write_gguf(path: Path, arch: str, types: Optional[dict[str, str]] = None,
     ``gpt2``-model tokenizer metadata with its chat template.
     """
     import gguf
+
     types = types or {}
     weights = hf_weights(arch, seed, tie) if weights is None else weights
     rng = np.random.default_rng(seed + 1)
@@ -139,6 +171,7 @@ def write_gguf(path: Path, arch: str, types: Optional[dict[str, str]] = None,
 def _add_tokenizer(w, tok) -> None:
     """Store an HF byte-level BPE tokenizer as llama.cpp ``gpt2`` tokenizer metadata."""
     import json
+
     state = json.loads(tok.backend_tokenizer.to_str())
     vocab = state["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]

@@ -1,5 +1,6 @@
 """A small MCP server for tests/test_mcp_tool.py (official SDK): stdio by default,
 ``--http PORT`` for Streamable HTTP."""
+
 import asyncio
 import base64
 import sys
@@ -33,7 +34,8 @@ async def slow(seconds: float) -> str:
 def red_pixel() -> Image:
     """A 1x1 red PNG."""
     png = base64.b64decode(
-        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    )
     return Image(data=png, format="png")
 
 

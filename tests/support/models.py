@@ -4,6 +4,7 @@ HF initialises norms to 1, biases to 0 and everything else with std 0.02, which 
 let a swapped norm or a dropped bias pass a parity test. Every tensor here gets noise of
 std 0.1 on top, so each parameter visibly changes the logits. Built once per process.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -18,19 +19,21 @@ _ROOT = Path(tempfile.mkdtemp(prefix="vtj_models_"))
 atexit.register(shutil.rmtree, _ROOT, True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokenizer_dir() -> Path:
     from verltool_jax.models.tiny import build_tokenizer
+
     d = _ROOT / "tokenizer"
     build_tokenizer(d, vocab_size=512)
     return d
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_ckpt(family: str, tie: bool = True) -> Path:
     """A tiny (hidden 128, 2 layers, head_dim 64, vocab 512) checkpoint of ``family``."""
     import torch
     from transformers import AutoModelForCausalLM
+
     from verltool_jax.models.tiny import build_tiny_hf
 
     d = _ROOT / f"{family}_{'tied' if tie else 'untied'}"
@@ -48,17 +51,23 @@ def tiny_ckpt(family: str, tie: bool = True) -> Path:
 def hf_model(path):
     import torch
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 def hf_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """transformers logits with positions = cumsum(mask) - 1 (what our model uses)."""
     import torch
+
     pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                    position_ids=torch.tensor(pos))
+        out = model(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            position_ids=torch.tensor(pos),
+        )
     logits = out.logits
     return (logits if logits.dtype == torch.float64 else logits.float()).numpy()
 
@@ -76,6 +85,7 @@ def hf_float64(model):
         def forward(h):
             var = h.pow(2).mean(-1, keepdim=True)
             return norm.weight * (h * torch.rsqrt(var + norm.variance_epsilon))
+
         return forward
 
     def rope(rot):
@@ -83,6 +93,7 @@ def hf_float64(model):
             freqs = position_ids[..., None].to(x.dtype) * rot.inv_freq.to(x.dtype)
             emb = torch.cat((freqs, freqs), dim=-1)
             return emb.cos() * rot.attention_scaling, emb.sin() * rot.attention_scaling
+
         return forward
 
     model.double()
@@ -99,13 +110,14 @@ def chat_batch(tok, questions) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, mask)`` int64: each question as a user turn of ``tok``'s chat template (with
     the generation prompt), left-padded with ``tok.pad_token_id`` to the longest."""
     from verltool_jax.data.templating import prompt_token_ids
+
     rows = [prompt_token_ids(tok, [{"role": "user", "content": q}]) for q in questions]
     T = max(map(len, rows))
     ids = np.full((len(rows), T), tok.pad_token_id, np.int64)
     mask = np.zeros_like(ids)
     for i, r in enumerate(rows):
-        ids[i, T - len(r):] = r
-        mask[i, T - len(r):] = 1
+        ids[i, T - len(r) :] = r
+        mask[i, T - len(r) :] = 1
     return ids, mask
 
 

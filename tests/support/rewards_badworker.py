@@ -1,4 +1,5 @@
 """A reward plugin that imports in the parent but fails inside reward worker processes."""
+
 import multiprocessing
 
 if multiprocessing.current_process().name != "MainProcess":

@@ -1,4 +1,5 @@
 """Reward functions that misbehave, for the timeout tests (imported by reward workers)."""
+
 from __future__ import annotations
 
 import signal
@@ -31,6 +32,7 @@ def raising_reward(text, ground_truth, extra_info):
 def verify_then_sleep_reward(text, ground_truth, extra_info):
     """A symbolic check (math-verify, which has its own alarms), then a long sleep."""
     from verltool_jax.rewards.math_reward import symbolic_equal
+
     symbolic_equal("x+1", "1+x")
     time.sleep(30)
     return RewardResult(1.0, True, {})

@@ -5,11 +5,13 @@ character by character unless ``canonical=True``, applying the stop strings, the
 ``max_tokens`` cap and EOS exactly as a real sampler would. Used to drive exact
 scenarios of the agent loop; the real vLLM and JAX samplers are tested too.
 """
+
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from verltool_jax.samplers.base import Completion, SamplerError, SamplingParams
 
@@ -24,8 +26,14 @@ class ScriptedSampler:
     ``delay_s`` sleeps per call (simulated generation time).
     """
 
-    def __init__(self, tokenizer: Any, script: Callable[[str, int], str],
-                 canonical: bool = False, delay_s: float = 0.0, version: int = 0) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: Callable[[str, int], str],
+        canonical: bool = False,
+        delay_s: float = 0.0,
+        version: int = 0,
+    ) -> None:
         self.tokenizer = tokenizer
         self.script = script
         self.canonical = canonical
@@ -43,7 +51,7 @@ class ScriptedSampler:
         i = 0
         specials = sorted(self.tokenizer.get_added_vocab(), key=len, reverse=True)
         while i < len(text):
-            for s in specials:          # keep markup tokens atomic, as a model emits them
+            for s in specials:  # keep markup tokens atomic, as a model emits them
                 if text.startswith(s, i):
                     out.append(self.tokenizer.convert_tokens_to_ids(s))
                     i += len(s)
@@ -53,8 +61,9 @@ class ScriptedSampler:
                 i += 1
         return out
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None) -> Completion:
+    async def generate(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
+    ) -> Completion:
         rid = request_id or "anon"
         k = self.turns[rid]
         self.turns[rid] += 1
@@ -63,7 +72,7 @@ class ScriptedSampler:
             await asyncio.sleep(self.delay_s)
         try:
             text = self.script(rid, k)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise SamplerError(f"scripted failure for {rid} turn {k}: {e}") from e
         stop_string = None
         cut = None
@@ -77,10 +86,14 @@ class ScriptedSampler:
             ids = self.encode_turn(text) + [self.eos_id]
         finish = "stop"
         if len(ids) > params.max_tokens:
-            ids, finish, stop_string = ids[:params.max_tokens], "length", None
-        return Completion(token_ids=ids, logprobs=[-0.01 * (i + 1) for i in range(len(ids))],
-                          finish_reason=finish, stop_string=stop_string,
-                          policy_version=self.version)
+            ids, finish, stop_string = ids[: params.max_tokens], "length", None
+        return Completion(
+            token_ids=ids,
+            logprobs=[-0.01 * (i + 1) for i in range(len(ids))],
+            finish_reason=finish,
+            stop_string=stop_string,
+            policy_version=self.version,
+        )
 
     def update_weights(self, params: Any, version: int) -> None:
         self.version = version

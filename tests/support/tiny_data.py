@@ -1,4 +1,5 @@
 """Shared helpers of the data / task / reporting tests (imported by those test files)."""
+
 from __future__ import annotations
 
 import atexit
@@ -11,6 +12,7 @@ import tempfile
 def tiny_tokenizer():
     """The project's tiny BPE tokenizer (ChatML template), trained once per process."""
     from verltool_jax.models.tiny import build_tokenizer
+
     d = tempfile.mkdtemp(prefix="h8tok_")
     atexit.register(shutil.rmtree, d, True)
     return build_tokenizer(d)

@@ -1,4 +1,5 @@
 """Shared helpers for the tool-server tests (not collected: no ``test_`` prefix)."""
+
 from __future__ import annotations
 
 import os
@@ -6,7 +7,7 @@ import textwrap
 
 # A tool file written to a temporary --tool-dir: proves "add a tool from a file" and
 # gives the fault-injection actions the load/fault tests need.
-FAULTY_TOOL_SOURCE = textwrap.dedent('''
+FAULTY_TOOL_SOURCE = textwrap.dedent("""
     import asyncio, time
     from tool_server.kit.base import BaseTool
 
@@ -54,7 +55,7 @@ FAULTY_TOOL_SOURCE = textwrap.dedent('''
             if "sleep" in parsed:
                 time.sleep(60)
             return f"sync:{trajectory_id}", False, True
-''')
+""")
 
 
 def write_faulty_tool(directory: str) -> str:
@@ -72,6 +73,7 @@ def obs_text(obs) -> str:
 def one(url: str, tid: str, action: str, **kw):
     """POST one action; returns (observation, done, valid)."""
     from tool_server.launcher import post_json
+
     body = {"trajectory_ids": [tid], "actions": [action]}
     for k, v in kw.items():
         body[k] = [v]

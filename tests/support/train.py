@@ -1,6 +1,7 @@
 """Shared pieces of the train-step and checkpoint tests: a tiny real ``Transformer``,
 trajectory batches, and train steps cached per config (one compilation per config for
 the whole test session)."""
+
 from __future__ import annotations
 
 import functools
@@ -21,31 +22,71 @@ from verltool_jax.train.state import TrainState
 from verltool_jax.train.step import make_train_step
 
 VOCAB = 64
-MODEL_CFG = ModelConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2,
-                        num_kv_heads=1, head_dim=16, intermediate_size=64,
-                        tie_word_embeddings=True)
+MODEL_CFG = ModelConfig(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    intermediate_size=64,
+    tie_word_embeddings=True,
+)
 B, T = 8, 16
 
 # Step configurations used by the tests (few, because each one compiles).
 CONFIGS = {
     # GSPO + seq-mean-token-mean + truncated IS weights; the whole batch in one pass
-    "gspo_whole": dict(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean", tis_cap=2.0,
-                       dual_clip_c=None, clip_ratio_low=0.2, clip_ratio_high=0.28,
-                       mini_batch_size=None, micro_batch_size=None),
+    "gspo_whole": dict(
+        policy_loss="gspo",
+        loss_agg_mode="seq-mean-token-mean",
+        tis_cap=2.0,
+        dual_clip_c=None,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        mini_batch_size=None,
+        micro_batch_size=None,
+    ),
     # the same with 2 micro-batches of 4
-    "gspo_micro": dict(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean", tis_cap=2.0,
-                       dual_clip_c=None, clip_ratio_low=0.2, clip_ratio_high=0.28,
-                       mini_batch_size=None, micro_batch_size=4),
+    "gspo_micro": dict(
+        policy_loss="gspo",
+        loss_agg_mode="seq-mean-token-mean",
+        tis_cap=2.0,
+        dual_clip_c=None,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        mini_batch_size=None,
+        micro_batch_size=4,
+    ),
     # PPO/DAPO with everything on: recomputed old logprobs, KL vs reference params,
     # entropy bonus, 2 epochs x 2 mini-batches x 2 micro-batches
-    "ppo_full": dict(policy_loss="ppo", clip_ratio_high=0.28, dual_clip_c=3.0,
-                     loss_agg_mode="token-mean", old_logprobs="recompute", kl_coef=0.1,
-                     kl_estimator="k3", entropy_coef=0.01, tis_cap=2.0, ppo_epochs=2,
-                     mini_batch_size=4, micro_batch_size=2),
+    "ppo_full": dict(
+        policy_loss="ppo",
+        clip_ratio_high=0.28,
+        dual_clip_c=3.0,
+        loss_agg_mode="token-mean",
+        old_logprobs="recompute",
+        kl_coef=0.1,
+        kl_estimator="k3",
+        entropy_coef=0.01,
+        tis_cap=2.0,
+        ppo_epochs=2,
+        mini_batch_size=4,
+        micro_batch_size=2,
+    ),
 }
 SGD = optax.sgd(0.5)
-ADAMW = make_optimizer(dict(lr=3e-3, warmup_steps=2, total_steps=20, schedule="cosine",
-                            min_lr_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0))
+ADAMW = make_optimizer(
+    dict(
+        lr=3e-3,
+        warmup_steps=2,
+        total_steps=20,
+        schedule="cosine",
+        min_lr_ratio=0.1,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+    )
+)
 
 
 def optimizer_for(name: str):
@@ -68,17 +109,22 @@ def new_model(seed: int = 0) -> Transformer:
 
 
 def new_state(name: str, seed: int = 0) -> TrainState:
-    return TrainState.create(new_model(seed), optimizer_for(name), seed=seed,
-                             with_reference=algo_config(CONFIGS[name]).kl_coef > 0)
+    return TrainState.create(
+        new_model(seed),
+        optimizer_for(name),
+        seed=seed,
+        with_reference=algo_config(CONFIGS[name]).kl_coef > 0,
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def step_for(name: str, mesh=None):
     """``(train_step, counter)`` for ``CONFIGS[name]`` (cached: compiled once per session)."""
     counter = CountingLogprobs()
     graphdef = new_state(name).graphdef
-    return make_train_step(CONFIGS[name], graphdef, optimizer_for(name), mesh=mesh,
-                           logprob_fn=counter), counter
+    return make_train_step(
+        CONFIGS[name], graphdef, optimizer_for(name), mesh=mesh, logprob_fn=counter
+    ), counter
 
 
 def trajectories(seed: int, n: int = B) -> list[Trajectory]:
@@ -91,18 +137,26 @@ def trajectories(seed: int, n: int = B) -> list[Trajectory]:
         r = int(rng.integers(3, T - p + 1))
         mask = [1] * r
         if r >= 5:
-            mask[2:4] = [0, 0]                         # a tool observation
+            mask[2:4] = [0, 0]  # a tool observation
         lp = [float(-rng.uniform(0.5, 5.0)) if m else 0.0 for m in mask]
-        out.append(Trajectory(trajectory_id=f"t{seed}-{i}", group_id=f"g{seed}-{i // 4}",
-                              prompt_ids=rng.integers(1, VOCAB, p).tolist(),
-                              response_ids=rng.integers(1, VOCAB, r).tolist(),
-                              loss_mask=mask, logprobs=lp, versions=[0] * r,
-                              reward=float(rng.integers(0, 2))))
+        out.append(
+            Trajectory(
+                trajectory_id=f"t{seed}-{i}",
+                group_id=f"g{seed}-{i // 4}",
+                prompt_ids=rng.integers(1, VOCAB, p).tolist(),
+                response_ids=rng.integers(1, VOCAB, r).tolist(),
+                loss_mask=mask,
+                logprobs=lp,
+                versions=[0] * r,
+                reward=float(rng.integers(0, 2)),
+            )
+        )
     return out
 
 
 def batch(seed: int) -> dict:
     from verltool_jax.algos import compute_advantages
+
     trajs = trajectories(seed)
     adv = compute_advantages("grpo", [t.reward for t in trajs], [t.group_id for t in trajs])
     if not np.any(adv):

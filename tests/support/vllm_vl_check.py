@@ -8,6 +8,7 @@ Checked: images of two sizes in one prompt, the trainer's logprobs of vLLM's tok
 and after weight syncs of both towers (in place, and through vLLM's reload), a text request
 beside them, a two-turn rollout through the real image tool, and bad requests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,12 +22,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def main(workdir: str) -> dict:
     from verltool_jax.samplers.torchvision_cpu import enable
+
     res = {"torchvision": enable()}
     import jax
     import jax.numpy as jnp
     import numpy as np
     from flax import nnx
     from transformers import AutoTokenizer
+
     from verltool_jax.models import load_hf
     from verltool_jax.models.image_inputs import ImageProcessor, stack_images
     from verltool_jax.models.logprobs import token_logprobs
@@ -36,15 +39,22 @@ def main(workdir: str) -> dict:
     from verltool_jax.samplers.vllm_sampler import VLLMSampler
 
     # vLLM's CPU attention needs head_dim >= 32: hidden 128 over 4 heads
-    path = build_tiny_vl_hf(os.path.join(workdir, "vl"), vocab_size=400, seed=0,
-                            hidden_size=128, mrope_section=(4, 6, 6))
+    path = build_tiny_vl_hf(
+        os.path.join(workdir, "vl"),
+        vocab_size=400,
+        seed=0,
+        hidden_size=128,
+        mrope_section=(4, 6, 6),
+    )
     model = load_hf(path)
     cfg = model.config
     tok = AutoTokenizer.from_pretrained(path)
     proc = ImageProcessor(cfg, 64 * 64, min_pixels=16 * 16)
     rng = np.random.default_rng(0)
-    pics = [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8),
-            rng.integers(0, 256, (30, 50, 3), dtype=np.uint8)]    # resized to 32 x 48
+    pics = [
+        rng.integers(0, 256, (64, 64, 3), dtype=np.uint8),
+        rng.integers(0, 256, (30, 50, 3), dtype=np.uint8),
+    ]  # resized to 32 x 48
     ims = [proc(p) for p in pics]
     text = tok.encode("Which shape is it?", add_special_tokens=False)
     prompt = text + proc.placeholder_ids(ims[0]) + text + proc.placeholder_ids(ims[1]) + text
@@ -56,9 +66,10 @@ def main(workdir: str) -> dict:
         seq = np.asarray([ids])
         tgt = np.asarray([list(ids[1:]) + [0]])
         kw = vl_inputs(cfg, seq, None, *stack_images(images)) if images else vl_inputs(cfg, seq)
-        lp = token_logprobs(m, jnp.asarray(seq), jnp.ones_like(jnp.asarray(seq)),
-                            jnp.asarray(tgt), 1.0, **kw)
-        return np.asarray(lp)[0, len(ids) - n - 1:len(ids) - 1]
+        lp = token_logprobs(
+            m, jnp.asarray(seq), jnp.ones_like(jnp.asarray(seq)), jnp.asarray(tgt), 1.0, **kw
+        )
+        return np.asarray(lp)[0, len(ids) - n - 1 : len(ids) - 1]
 
     def gap(m, p, images, c):
         lps = trainer_lps(m, p + c.token_ids, images, len(c.token_ids))
@@ -70,12 +81,13 @@ def main(workdir: str) -> dict:
         def f(x):
             key[0], k = jax.random.split(key[0])
             return x + 0.1 * jax.random.normal(k, x.shape, x.dtype)
+
         p2 = jax.tree.map(f, params)
         return p2, nnx.merge(graphdef, p2)
 
     s = VLLMSampler(path, max_model_len=512, dtype="float32", name="vl")
     try:
-        gen = lambda p, images=None: asyncio.run(s.generate(p, sp, images=images))  # noqa: E731
+        gen = lambda p, images=None: asyncio.run(s.generate(p, sp, images=images))
         c = gen(prompt, ims)
         res["tokens"] = len(c.token_ids)
         res["gap_before_sync"] = gap(model, prompt, ims, c)
@@ -88,16 +100,20 @@ def main(workdir: str) -> dict:
             res[f"gap_after_{mode}_sync"] = gap(m2, prompt, ims, c)
             # the images matter: the trainer with other pixels disagrees
             other = [proc(255 - p) for p in pics]
-            res[f"gap_other_pixels_{mode}"] = float(np.abs(
-                trainer_lps(m2, prompt + c.token_ids, other, len(c.token_ids))
-                - np.asarray(c.logprobs)).max())
+            res[f"gap_other_pixels_{mode}"] = float(
+                np.abs(
+                    trainer_lps(m2, prompt + c.token_ids, other, len(c.token_ids))
+                    - np.asarray(c.logprobs)
+                ).max()
+            )
             ct = gen(text + text)
             res[f"gap_text_{mode}"] = gap(m2, text + text, [], ct)
         errors = {}
         for name, (p, images) in {
-                "missing_placeholders": (text + text, ims[:1]),
-                "wrong_run_length": (text + proc.placeholder_ids(ims[1]) + text, ims[:1]),
-                "not_image_input": (prompt, [pics[0], pics[1]])}.items():
+            "missing_placeholders": (text + text, ims[:1]),
+            "wrong_run_length": (text + proc.placeholder_ids(ims[1]) + text, ims[:1]),
+            "not_image_input": (prompt, [pics[0], pics[1]]),
+        }.items():
             try:
                 gen(p, images)
                 errors[name] = "accepted"
@@ -120,6 +136,7 @@ def rollout(sampler, model, tok, proc, picture) -> dict:
     import numpy as np
     from flax import nnx
     from PIL import Image
+
     from tool_server.launcher import run_server
     from verltool_jax.data.images import multimodal_prompt
     from verltool_jax.models.logprobs import token_logprobs
@@ -153,9 +170,16 @@ def rollout(sampler, model, tok, proc, picture) -> dict:
 
     async def go(u):
         async with ToolClient(u) as client:
-            return await run_rollout([PromptItem(ids, {"extra_info": {"images": [url]}}, "g0",
-                                                 images)], 1, Scripted(), client, tok, cfg,
-                                     image_processor=proc)
+            return await run_rollout(
+                [PromptItem(ids, {"extra_info": {"images": [url]}}, "g0", images)],
+                1,
+                Scripted(),
+                client,
+                tok,
+                cfg,
+                image_processor=proc,
+            )
+
     with run_server(tools=["image"], timeout=10) as u:
         (group,) = asyncio.run(go(u))
     traj = group[0]
@@ -163,16 +187,21 @@ def rollout(sampler, model, tok, proc, picture) -> dict:
     last_ids, n_images = requests[-1]
     n_final = len(full) - len(last_ids)
     batch = batch_from_trajectories([traj], [1.0], pad_id=0, max_len=512, pad_to_multiple=16)
-    row = batch["input_ids"][0, :len(full)].tolist()
+    row = batch["input_ids"][0, : len(full)].tolist()
     graphdef, params = nnx.split(model, nnx.Param)
     lp = np.asarray(compute_logprobs(graphdef, params, batch, AlgoConfig(), token_logprobs, 1))[0]
-    ours = lp[len(last_ids) - 1:len(last_ids) - 1 + n_final]
-    return {"rollout_error": traj.error, "rollout_tool_calls": traj.tool_calls,
-            "rollout_images": [(im.source, list(im.image.grid_thw)) for im in traj.images],
-            "rollout_last_request_images": n_images, "rollout_final_tokens": n_final,
-            "rollout_ids_match": row == last_ids + traj.response_ids[-n_final:],
-            "rollout_gap": float(np.abs(ours - np.asarray(traj.logprobs[-n_final:])).max())
-            if n_final else None}
+    ours = lp[len(last_ids) - 1 : len(last_ids) - 1 + n_final]
+    return {
+        "rollout_error": traj.error,
+        "rollout_tool_calls": traj.tool_calls,
+        "rollout_images": [(im.source, list(im.image.grid_thw)) for im in traj.images],
+        "rollout_last_request_images": n_images,
+        "rollout_final_tokens": n_final,
+        "rollout_ids_match": row == last_ids + traj.response_ids[-n_final:],
+        "rollout_gap": float(np.abs(ours - np.asarray(traj.logprobs[-n_final:])).max())
+        if n_final
+        else None,
+    }
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
 """Helpers shared by the image / file_editor / bash tool tests (not a test module)."""
+
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-from typing import Optional
 
 from tool_server.launcher import get_json, post_json
 
 
-def call(url: str, tid: str, action: str, extra: Optional[dict] = None) -> tuple[dict, bool]:
+def call(url: str, tid: str, action: str, extra: dict | None = None) -> tuple[dict, bool]:
     """One action through the real server -> (observation as a dict, valid)."""
-    status, body = post_json(url + "/get_observation", {
-        "trajectory_ids": [tid], "actions": [action], "extra_fields": [extra or {}]})
+    status, body = post_json(
+        url + "/get_observation",
+        {"trajectory_ids": [tid], "actions": [action], "extra_fields": [extra or {}]},
+    )
     assert status == 200, body
     obs = body["observations"][0]
     if isinstance(obs, str):
@@ -21,8 +23,9 @@ def call(url: str, tid: str, action: str, extra: Optional[dict] = None) -> tuple
 
 
 def finish(url: str, tid: str) -> None:
-    status, body = post_json(url + "/get_observation", {
-        "trajectory_ids": [tid], "actions": [""], "finish": [True]})
+    status, body = post_json(
+        url + "/get_observation", {"trajectory_ids": [tid], "actions": [""], "finish": [True]}
+    )
     assert status == 200 and body["dones"] == [True], body
 
 
@@ -43,6 +46,7 @@ def disk_freed(workdir: str, timeout: float = 10.0) -> bool:
     """True once no workspace is left under ``workdir``, the background deletions of
     released ones (``<workdir>/trash``) included."""
     import time
+
     deadline = time.monotonic() + timeout
     trash = os.path.join(workdir, "trash")
     while time.monotonic() < deadline:
@@ -53,8 +57,10 @@ def disk_freed(workdir: str, timeout: float = 10.0) -> bool:
 
 
 CALC = "def add(a, b):\n    return a + b\n"
-TESTS = ("from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n\n\n"
-         "def test_add_zero():\n    assert add(0, 5) == 5\n")
+TESTS = (
+    "from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n\n\n"
+    "def test_add_zero():\n    assert add(0, 5) == 5\n"
+)
 
 
 def make_repo(path: str) -> str:

@@ -1,5 +1,6 @@
 """Spider MySQL dump -> sqlite: schema translation, CSV loading (NULLs, quoting), the
 gold-query check on real databases, the rows, and Spider's hardness levels."""
+
 import sqlite3
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from verltool_jax.tasks import spider
 from verltool_jax.tasks.spider_hardness import hardness, hardness_counts
 
 SPIDER = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "spider"
-needs_spider = pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(),
-                                  reason=f"Spider data not found at {SPIDER}")
+needs_spider = pytest.mark.skipif(
+    not (SPIDER / "test_queries.csv").is_file(), reason=f"Spider data not found at {SPIDER}"
+)
 
 SCHEMA = """-- Dialect: mysql | Database: shop | Table Count: 2
 
@@ -53,8 +55,10 @@ def test_convert_schema_translates_mysql_with_notes():
     text = "\n".join(conv.statements)
     assert "`" not in text and "shop" not in text and "AUTO_INCREMENT" not in text
     assert 'REFERENCES "maker" ("id")' in text
-    assert any(s.startswith('CREATE INDEX "item_idx_maker" ON "item" ("maker_id")')
-               for s in conv.statements)
+    assert any(
+        s.startswith('CREATE INDEX "item_idx_maker" ON "item" ("maker_id")')
+        for s in conv.statements
+    )
     notes = "\n".join(conv.notes)
     for expected in ("AUTO_INCREMENT", "COMMENT", "ENGINE", "CREATE INDEX"):
         assert expected in notes
@@ -68,17 +72,23 @@ def test_convert_schema_translates_mysql_with_notes():
 def test_unconvertible_statement_is_reported_with_the_statement(tmp_path):
     with pytest.raises(spider.SchemaConversionError, match="CREATE VIEW"):
         spider.convert_schema(SCHEMA + "\nCREATE VIEW v AS SELECT 1;")
-    d = make_db_dir(tmp_path, SCHEMA + "\nCREATE TRIGGER t BEFORE INSERT ON item FOR EACH ROW SET x = 1;")
+    d = make_db_dir(
+        tmp_path, SCHEMA + "\nCREATE TRIGGER t BEFORE INSERT ON item FOR EACH ROW SET x = 1;"
+    )
     rep = spider.build_database(d, tmp_path / "out" / "shop.sqlite")
     assert rep.path is None and "CREATE TRIGGER" in rep.error
     assert not (tmp_path / "out" / "shop.sqlite").exists()
 
 
 def test_csv_nulls_quoting_types_and_key_violations(tmp_path):
-    d = make_db_dir(tmp_path, csvs={
-        "maker.csv": 'id,name,country\n1,"Acme, Inc.",USA\n2,"Say ""hi""",NULL\n3,,\n3,dup,X\n',
-        "item.csv": "item_id,maker_id,price,it's,added\n10,1,2.50,NULL,2020-01-01\n"
-                    "11,,3,,NULL\n"})
+    d = make_db_dir(
+        tmp_path,
+        csvs={
+            "maker.csv": 'id,name,country\n1,"Acme, Inc.",USA\n2,"Say ""hi""",NULL\n3,,\n3,dup,X\n',
+            "item.csv": "item_id,maker_id,price,it's,added\n10,1,2.50,NULL,2020-01-01\n"
+            "11,,3,,NULL\n",
+        },
+    )
     rep = spider.build_database(d, tmp_path / "shop.sqlite")
     assert rep.error is None, rep.error
     assert rep.rows == {"maker": 3, "item": 2}
@@ -86,8 +96,9 @@ def test_csv_nulls_quoting_types_and_key_violations(tmp_path):
     conn = sqlite3.connect(rep.path)
     makers = conn.execute("SELECT id, name, country FROM maker ORDER BY id").fetchall()
     assert makers == [(1, "Acme, Inc.", "USA"), (2, 'Say "hi"', None), (3, "", "")]
-    items = conn.execute('SELECT item_id, maker_id, price, "it\'s", added FROM item '
-                         "ORDER BY item_id").fetchall()
+    items = conn.execute(
+        'SELECT item_id, maker_id, price, "it\'s", added FROM item ORDER BY item_id'
+    ).fetchall()
     # NULL literal -> NULL; empty numeric -> NULL; empty text -> ''; numbers typed by affinity
     assert items == [(10, 1, 2.5, None, "2020-01-01"), (11, None, 3.0, "", None)]
     assert "CREATE TABLE" in spider.schema_text(rep.path)
@@ -106,7 +117,8 @@ def test_missing_csv_reported_and_queries_reading_it_flagged(tmp_path):
 def test_translate_gold_sql_removes_only_the_db_qualifier():
     sql = "SELECT `c`.`x`, 'shop.t' FROM `shop`.`Things` AS `c` WHERE shop.Things.y = 1"
     assert spider.translate_gold_sql(sql, "shop") == (
-        "SELECT `c`.`x`, 'shop.t' FROM `Things` AS `c` WHERE Things.y = 1")
+        "SELECT `c`.`x`, 'shop.t' FROM `Things` AS `c` WHERE Things.y = 1"
+    )
 
 
 # Spider dev questions (concert_singer, car_1) with the levels Spider's evaluation script
@@ -115,20 +127,32 @@ HAND_LABELLED = [
     ("SELECT count(*) FROM singer", "easy"),
     ("SELECT name, country, age FROM singer ORDER BY age DESC", "medium"),
     ("SELECT avg(age), min(age), max(age) FROM singer WHERE country = 'France'", "medium"),
-    ("SELECT T2.name, count(*) FROM concert AS T1 JOIN stadium AS T2 ON T1.stadium_id = "
-     "T2.stadium_id GROUP BY T1.stadium_id", "medium"),
+    (
+        "SELECT T2.name, count(*) FROM concert AS T1 JOIN stadium AS T2 ON T1.stadium_id = "
+        "T2.stadium_id GROUP BY T1.stadium_id",
+        "medium",
+    ),
     ("SELECT name FROM stadium WHERE stadium_id NOT IN (SELECT stadium_id FROM concert)", "hard"),
-    ("SELECT country FROM singer WHERE age > 40 INTERSECT SELECT country FROM singer "
-     "WHERE age < 30", "hard"),
-    ("SELECT T2.name, T2.capacity FROM concert AS T1 JOIN stadium AS T2 ON T1.stadium_id = "
-     "T2.stadium_id WHERE T1.year >= 2014 GROUP BY T2.stadium_id ORDER BY count(*) DESC "
-     "LIMIT 1", "extra"),
+    (
+        "SELECT country FROM singer WHERE age > 40 INTERSECT SELECT country FROM singer "
+        "WHERE age < 30",
+        "hard",
+    ),
+    (
+        "SELECT T2.name, T2.capacity FROM concert AS T1 JOIN stadium AS T2 ON T1.stadium_id = "
+        "T2.stadium_id WHERE T1.year >= 2014 GROUP BY T2.stadium_id ORDER BY count(*) DESC "
+        "LIMIT 1",
+        "extra",
+    ),
     ("SELECT song_name FROM singer WHERE age > (SELECT avg(age) FROM singer)", "hard"),
     ("SELECT count(*) FROM cars_data WHERE cylinders > 4", "easy"),
     # c1 = where + or + 2 like = 4 -> extra
     ("SELECT name FROM people WHERE name LIKE '%a%' OR name LIKE '%e%'", "extra"),
-    ("SELECT T1.name FROM a AS T1 JOIN b AS T2 ON T1.id = T2.id WHERE T2.x BETWEEN 1 AND 5 "
-     "AND T2.y = 3", "medium"),
+    (
+        "SELECT T1.name FROM a AS T1 JOIN b AS T2 ON T1.id = T2.id WHERE T2.x BETWEEN 1 AND 5 "
+        "AND T2.y = 3",
+        "medium",
+    ),
     # HAVING is not in c1; its aggregates are not counted, its AND is (one): easy
     ("SELECT name FROM t GROUP BY name HAVING count(*) > 1 AND max(x) < 3", "easy"),
     ("SELECT name, count(*) FROM t GROUP BY name HAVING count(*) > 1 AND max(x) < 3", "medium"),
@@ -142,15 +166,20 @@ def test_hardness_hand_labelled(sql, level):
 
 def test_hardness_counts_details():
     c = hardness_counts("SELECT a FROM t WHERE x = 1 AND y BETWEEN 2 AND 3 OR z LIKE 'q'")
-    assert (c.component1, c.component2, c.others) == (3, 0, 1)   # where + or + like
+    assert (c.component1, c.component2, c.others) == (3, 0, 1)  # where + or + like
     c = hardness_counts("SELECT a FROM t WHERE a IN (SELECT b FROM u) UNION SELECT c FROM v")
     assert c.component2 == 2
 
 
 def test_tokenizer_and_top_level_order():
     assert tokenize("SELECT `a b`, 'it''s' -- c\nFROM t") == [
-        ("word", "SELECT"), ("ident", "a b"), ("op", ","), ("str", "'it''s'"),
-        ("word", "FROM"), ("word", "t")]
+        ("word", "SELECT"),
+        ("ident", "a b"),
+        ("op", ","),
+        ("str", "'it''s'"),
+        ("word", "FROM"),
+        ("word", "t"),
+    ]
     with pytest.raises(ValueError, match="unterminated"):
         tokenize("SELECT 'x")
     assert top_level_order_by("SELECT a FROM t ORDER BY a")
@@ -160,13 +189,18 @@ def test_tokenizer_and_top_level_order():
 
 @needs_spider
 def test_real_databases_gold_queries_and_rows(tmp_path):
-    rep = spider.prepare(SPIDER, tmp_path, splits=("test",),
-                         databases=("concert_singer", "pets_1", "wta_1"))
+    rep = spider.prepare(
+        SPIDER, tmp_path, splits=("test",), databases=("concert_singer", "pets_1", "wta_1")
+    )
     by_db = {d.db_id: d for d in rep.databases}
     assert all(d.path for d in rep.databases), rep.summary()
     assert by_db["wta_1"].missing_csv == ["rankings"]
-    assert by_db["concert_singer"].rows == {"stadium": 9, "singer": 6, "concert": 6,
-                                            "singer_in_concert": 10}
+    assert by_db["concert_singer"].rows == {
+        "stadium": 9,
+        "singer": 6,
+        "concert": 6,
+        "singer_in_concert": 10,
+    }
     # every gold query runs; the only rejected ones read wta_1's table without data
     assert rep.queries_total == 45 + 42 + 62
     assert {f[2] for f in rep.failures} == {"wta_1"}

@@ -1,9 +1,10 @@
 """The tiny_math task generator: verl-layout parquet, held-out split, SFT demonstrations."""
+
 from __future__ import annotations
 
 import pytest
-
 from support.tiny_data import tiny_tokenizer
+
 from verltool_jax.cli import load_config
 from verltool_jax.data import PromptPipeline, SFTPipeline, read_rows, validate_sft_row
 from verltool_jax.tasks import prepare_task, tiny_math
@@ -14,10 +15,13 @@ def test_generate_and_write(tmp_path):
     files = prepare_task(cfg, tmp_path / "data")
     train, evals = read_rows(files.train), read_rows(files.eval)
     sft = read_rows(files.sft, validate=validate_sft_row)
-    assert (len(train), len(evals), len(sft)) == (cfg.task.num_train, cfg.task.num_eval,
-                                                  cfg.task.num_demos)
+    assert (len(train), len(evals), len(sft)) == (
+        cfg.task.num_train,
+        cfg.task.num_eval,
+        cfg.task.num_demos,
+    )
     pairs = lambda rows: {(r["extra_info"]["a"], r["extra_info"]["b"]) for r in rows}
-    assert not pairs(train) & pairs(evals)                 # held out
+    assert not pairs(train) & pairs(evals)  # held out
     for r in train + evals:
         a, b = r["extra_info"]["a"], r["extra_info"]["b"]
         assert 1000 <= a <= 9999 and 1000 <= b <= 9999
@@ -38,16 +42,18 @@ def test_demonstration_format_tokens(tmp_path):
     ex = next(pipe)
     a, b = ex.row["extra_info"]["a"], ex.row["extra_info"]["b"]
     p = a * b
-    assert tok.decode(ex.response_ids) == (f"<python>print({a} * {b})</python>"
-                                           f"<result>\n{p}\n\n</result><answer>{p}</answer><|im_end|>")
+    assert tok.decode(ex.response_ids) == (
+        f"<python>print({a} * {b})</python><result>\n{p}\n\n</result><answer>{p}</answer><|im_end|>"
+    )
     toks = tok.convert_ids_to_tokens(ex.response_ids)
     for atomic in ("<python>", "</python>", "<result>", "</result>", "<answer>", "</answer>"):
-        assert atomic in toks                              # one token each
+        assert atomic in toks  # one token each
     trained = tok.decode([t for t, m in zip(ex.response_ids, ex.loss_mask) if m])
     assert trained == f"<python>print({a} * {b})</python><answer>{p}</answer><|im_end|>"
-    prompts = PromptPipeline.from_files([files.eval], tok, shuffle=False, num_epochs=1,
-                                        max_prompt_tokens=96)
-    assert len(prompts.next_batch(10)) == 2                # the prompt fits the config budget
+    prompts = PromptPipeline.from_files(
+        [files.eval], tok, shuffle=False, num_epochs=1, max_prompt_tokens=96
+    )
+    assert len(prompts.next_batch(10)) == 2  # the prompt fits the config budget
 
 
 def test_custom_obs_template_and_bad_sizes():

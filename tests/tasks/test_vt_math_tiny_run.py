@@ -2,6 +2,7 @@
 is written, the SFT warm start runs on the GSM8K demonstrations, two RL steps run through
 the sandboxed python tool with the JAX sampler, and the held-out sets are scored. Slow:
 a full trainer run."""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,22 @@ def test_vt_math_tiny_trains_and_evaluates(tmp_path):
     if not (DATA / "gsm8k" / "train.jsonl").is_file():
         pytest.skip("real data not present beside the repo (../shared/data)")
     from verltool_jax.train.trainer import train
-    argv = ["--config", str(REPO / "configs/vt_math.py") + ":tiny",
-            f"--config.task.data_dir={DATA}", f"--config.trainer.out_dir={tmp_path / 'run'}",
-            "--config.sampler.backend=jax", "--config.logging.progress_bar=false",
-            "--config.trainer.eval_every=2"]
+
+    argv = [
+        "--config",
+        str(REPO / "configs/vt_math.py") + ":tiny",
+        f"--config.task.data_dir={DATA}",
+        f"--config.trainer.out_dir={tmp_path / 'run'}",
+        "--config.sampler.backend=jax",
+        "--config.logging.progress_bar=false",
+        "--config.trainer.eval_every=2",
+    ]
     summary = train(parse_command_line(argv).config, echo=False).summary
     assert {f.name for f in (tmp_path / "run" / "data").glob("eval_*.parquet")} == {
-        "eval_gsm8k.parquet", "eval_svamp.parquet", "eval_mawps.parquet"}
+        "eval_gsm8k.parquet",
+        "eval_svamp.parquet",
+        "eval_mawps.parquet",
+    }
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     sft = [x for x in lines if "sft/sft_loss" in x]
     steps = [x for x in lines if "train/loss" in x]

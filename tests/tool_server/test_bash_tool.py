@@ -1,17 +1,26 @@
 """bash (persistent sandboxed shell) and run_tests, end to end through the real server,
 sharing one workspace with file_editor; isolation, timeouts, truncation, cleanup."""
+
 import os
 import subprocess
 import time
 import uuid
 
 import pytest
+from support.workspace_tools import (
+    call,
+    disk_freed,
+    finish,
+    live,
+    make_repo,
+    snapshot,
+    tool_call,
+    workspaces,
+)
 
 from tool_server.launcher import post_json, run_server
 from tool_server.tools.bash import parse_bash_action
 from tool_server.tools.run_tests import parse_test_counts, reward_from_counts
-from support.workspace_tools import (call, disk_freed, finish, live, make_repo, snapshot,
-                                     tool_call, workspaces)
 
 MAX_OBS = 2000
 
@@ -24,9 +33,13 @@ def sh(cmd: str) -> str:
 def env(tmp_path_factory):
     repo = make_repo(str(tmp_path_factory.mktemp("src") / "repo"))
     workdir = str(tmp_path_factory.mktemp("wd"))
-    with run_server(tools=["bash", "file_editor", "run_tests"], timeout=30,
-                    max_obs_length=MAX_OBS, workdir=workdir,
-                    tool_opt={"bash_timeout_s": 2}) as url:
+    with run_server(
+        tools=["bash", "file_editor", "run_tests"],
+        timeout=30,
+        max_obs_length=MAX_OBS,
+        workdir=workdir,
+        tool_opt={"bash_timeout_s": 2},
+    ) as url:
         yield url, repo, workdir
 
 
@@ -35,7 +48,13 @@ def test_parsing_and_counts():
     assert parse_bash_action("run:\n```bash\nls -la\n```\n") == "ls -la"
     assert parse_bash_action("```python\nprint(1)\n```") is None
     assert parse_test_counts("..F\n=== 1 failed, 2 passed, 1 error in 0.1s ===") == {
-        "passed": 2, "failed": 1, "errors": 1, "skipped": 0, "xfailed": 0, "xpassed": 0}
+        "passed": 2,
+        "failed": 1,
+        "errors": 1,
+        "skipped": 0,
+        "xfailed": 0,
+        "xpassed": 0,
+    }
     assert reward_from_counts(parse_test_counts("3 passed in 1s"), 0) == 1.0
     assert reward_from_counts(parse_test_counts("3 passed, 1 failed"), 1) == 0.0
     assert reward_from_counts(parse_test_counts("no tests ran"), 5) == 0.0
@@ -50,8 +69,12 @@ def test_persistent_shell(env):
     call(url, "b-state", sh("cd pkg && export GREETING=hello && f() { echo fn$1; }"), extra)
     obs, _ = call(url, "b-state", "```bash\npwd; echo $GREETING; f 7\n```", extra)
     assert obs["obs"] == "/workspace/pkg\nhello\nfn7"
-    obs, valid = call(url, "b-state", sh("echo out; echo err >&2; exit_code_test() { return 3; }; "
-                                         "exit_code_test"), extra)
+    obs, valid = call(
+        url,
+        "b-state",
+        sh("echo out; echo err >&2; exit_code_test() { return 3; }; exit_code_test"),
+        extra,
+    )
     assert valid and obs["obs"] == "out\nerr\n[exit code 3]" and obs["metrics"]["exit_code"] == 3
     # a syntax error or a command reading stdin cannot wedge the shell
     obs, _ = call(url, "b-state", sh("if then"), extra)
@@ -90,21 +113,34 @@ def test_isolation_and_original_repo_untouched(env):
     assert not os.path.exists(f"/tmp/{marker}") and not os.path.exists(f"/usr/{marker}")
     # git objects: hardlinked to the original when the sandbox runs as another uid (root
     # server), and then neither writable nor chmod-able from the sandbox
-    obs, _ = call(url, "b-iso", sh(
-        "f=$(find .git/objects -type f -links +1 | head -1); echo links=${f:+yes}; "
-        "[ -n \"$f\" ] && { chmod u+w $f 2>&1; echo x >> $f 2>&1; cat /dev/null > $f 2>&1; }"),
-        extra)
+    obs, _ = call(
+        url,
+        "b-iso",
+        sh(
+            "f=$(find .git/objects -type f -links +1 | head -1); echo links=${f:+yes}; "
+            '[ -n "$f" ] && { chmod u+w $f 2>&1; echo x >> $f 2>&1; cat /dev/null > $f 2>&1; }'
+        ),
+        extra,
+    )
     if os.geteuid() == 0:
         assert obs["obs"].startswith("links=yes"), obs
-        assert obs["obs"].count("Operation not permitted") + obs["obs"].count(
-            "Permission denied") == 3, obs
-    obs, _ = call(url, "b-iso", sh("git status --short | wc -l && git log --oneline | wc -l"),
-                  extra)
+        assert (
+            obs["obs"].count("Operation not permitted") + obs["obs"].count("Permission denied") == 3
+        ), obs
+    obs, _ = call(
+        url, "b-iso", sh("git status --short | wc -l && git log --oneline | wc -l"), extra
+    )
     assert obs["metrics"]["exit_code"] == 0 and obs["obs"].split()[1] == "2"
     # no network at all
-    obs, _ = call(url, "b-iso", sh(
-        "python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\" "
-        "2>&1 | tail -1"), extra)
+    obs, _ = call(
+        url,
+        "b-iso",
+        sh(
+            "python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\" "
+            "2>&1 | tail -1"
+        ),
+        extra,
+    )
     assert "Network is unreachable" in obs["obs"] or "Errno" in obs["obs"]
     obs, _ = call(url, "b-iso", sh("awk -F: 'NR > 2 {print $1}' /proc/net/dev"), extra)
     assert obs["obs"].split() == ["lo"]  # an empty network namespace
@@ -145,10 +181,22 @@ def test_shared_workspace_and_run_tests(env):
     tid = "b-swe"
     obs, valid = call(url, tid, tool_call("run_tests"), extra)
     assert valid and obs["metrics"]["passed"] == 2 and obs["metrics"]["failed"] == 0
-    assert obs["reward"] == 1.0 and "[tests: 2 passed, 0 failed, 0 errors; exit code 0]" in obs["obs"]
+    assert (
+        obs["reward"] == 1.0 and "[tests: 2 passed, 0 failed, 0 errors; exit code 0]" in obs["obs"]
+    )
     # file_editor breaks the code; bash sees the change; run_tests counts the failure
-    obs, valid = call(url, tid, tool_call("file_editor", command="str_replace", path="calc.py",
-                                          old_str="a + b", new_str="a + b + (a == 0)"), extra)
+    obs, valid = call(
+        url,
+        tid,
+        tool_call(
+            "file_editor",
+            command="str_replace",
+            path="calc.py",
+            old_str="a + b",
+            new_str="a + b + (a == 0)",
+        ),
+        extra,
+    )
     assert valid
     obs, _ = call(url, tid, sh("grep -c 'a == 0' calc.py"), extra)
     assert obs["obs"] == "1"
@@ -159,8 +207,12 @@ def test_shared_workspace_and_run_tests(env):
     call(url, tid, sh("printf 'hello from bash\\n' > notes.txt"), extra)
     obs, valid = call(url, tid, tool_call("file_editor", command="view", path="notes.txt"), extra)
     assert valid and "     1\thello from bash" in obs["obs"]
-    call(url, tid, tool_call("file_editor", command="create", path="made_by_editor.txt",
-                             file_text="v1\n"), extra)
+    call(
+        url,
+        tid,
+        tool_call("file_editor", command="create", path="made_by_editor.txt", file_text="v1\n"),
+        extra,
+    )
     obs, _ = call(url, tid, sh("echo v2 >> made_by_editor.txt && cat made_by_editor.txt"), extra)
     assert obs["obs"] == "v1\nv2"
     assert len(workspaces(workdir)) == 1  # one workspace for the three tools
@@ -175,9 +227,14 @@ def test_shared_workspace_and_run_tests(env):
 def test_concurrent_trajectories_get_their_own_workspace(env):
     url, repo, workdir = env
     tids = [f"b-par{i}" for i in range(4)]
-    status, body = post_json(url + "/get_observation", {
-        "trajectory_ids": tids, "actions": [sh(f"echo {t} > mine.txt; ls | wc -l") for t in tids],
-        "extra_fields": [{"repo_path": repo}] * 4})
+    status, body = post_json(
+        url + "/get_observation",
+        {
+            "trajectory_ids": tids,
+            "actions": [sh(f"echo {t} > mine.txt; ls | wc -l") for t in tids],
+            "extra_fields": [{"repo_path": repo}] * 4,
+        },
+    )
     assert status == 200 and all(body["valids"])
     counts = {o["obs"] for o in body["observations"]}
     assert len(counts) == 1  # each saw only its own new file next to the repository's
@@ -191,8 +248,12 @@ def test_concurrent_trajectories_get_their_own_workspace(env):
 
 def test_run_tests_timeout(env):
     url, repo, _ = env
-    obs, valid = call(url, "b-rt", tool_call("run_tests"),
-                      {"repo_path": repo, "test_cmd": "echo begin; sleep 30", "test_timeout_s": 1})
+    obs, valid = call(
+        url,
+        "b-rt",
+        tool_call("run_tests"),
+        {"repo_path": repo, "test_cmd": "echo begin; sleep 30", "test_timeout_s": 1},
+    )
     assert valid and obs["metrics"]["timed_out"] is True and obs["reward"] == 0.0
     assert obs["obs"].startswith("begin\n[command timed out after 1s")
     finish(url, "b-rt")
@@ -209,8 +270,13 @@ def test_cleanup_on_finish_and_ttl(tmp_path):
     repo = make_repo(str(tmp_path / "repo"))
     workdir = str(tmp_path / "wd")
     tag = f"{uuid.uuid4().int % 1000 + 8000}"
-    with run_server(tools=["bash", "file_editor"], timeout=10, workdir=workdir,
-                    state_ttl=1.0, sweep_interval=0.2) as url:
+    with run_server(
+        tools=["bash", "file_editor"],
+        timeout=10,
+        workdir=workdir,
+        state_ttl=1.0,
+        sweep_interval=0.2,
+    ) as url:
         extra = {"repo_path": repo}
         call(url, "c-fin", sh(f"sleep {tag}.25 &"), extra)
         call(url, "c-ttl", sh(f"sleep {tag}.75 &"), extra)
@@ -232,12 +298,17 @@ def test_cleanup_on_finish_and_ttl(tmp_path):
 def test_fails_closed_without_sandbox(tmp_path):
     repo = make_repo(str(tmp_path / "repo"))
     marker = tmp_path / "ran"
-    with run_server(tools=["bash", "run_tests"], timeout=10, workdir=str(tmp_path / "wd"),
-                    env={"VERLTOOL_BWRAP": str(tmp_path / "no-bwrap")}) as url:
+    with run_server(
+        tools=["bash", "run_tests"],
+        timeout=10,
+        workdir=str(tmp_path / "wd"),
+        env={"VERLTOOL_BWRAP": str(tmp_path / "no-bwrap")},
+    ) as url:
         obs, valid = call(url, "nb", sh(f"touch {marker}"), {"repo_path": repo})
         assert not valid and "sandbox unavailable, refusing to run code" in obs["obs"]
-        obs, valid = call(url, "nb", tool_call("run_tests"),
-                          {"repo_path": repo, "test_cmd": f"touch {marker}"})
+        obs, valid = call(
+            url, "nb", tool_call("run_tests"), {"repo_path": repo, "test_cmd": f"touch {marker}"}
+        )
         assert not valid and "refusing to run code" in obs["obs"]
         assert not marker.exists()
         finish(url, "nb")

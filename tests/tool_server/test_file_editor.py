@@ -1,14 +1,30 @@
 """file_editor end to end through the real server: commands, path safety, cleanup."""
+
 import os
 
 import pytest
+from support.workspace_tools import (
+    CALC,
+    call,
+    disk_freed,
+    finish,
+    live,
+    make_repo,
+    snapshot,
+    tool_call,
+    workspaces,
+)
 
-from tool_server.launcher import run_server
-from tool_server.tools.file_editor import (EditorError, insert_after, line_count, read_text,
-                                          replace_unique, write_text)
 from tool_server.kit.workspace import Workspace
-from support.workspace_tools import (CALC, call, disk_freed, finish, live, make_repo,
-                                     snapshot, tool_call, workspaces)
+from tool_server.launcher import run_server
+from tool_server.tools.file_editor import (
+    EditorError,
+    insert_after,
+    line_count,
+    read_text,
+    replace_unique,
+    write_text,
+)
 
 
 def fe(**args) -> str:
@@ -19,8 +35,9 @@ def fe(**args) -> str:
 def env(tmp_path_factory):
     repo = make_repo(str(tmp_path_factory.mktemp("src") / "repo"))
     workdir = str(tmp_path_factory.mktemp("wd"))
-    with run_server(tools=["image", "run_tests", "file_editor"], timeout=10,
-                    workdir=workdir) as url:
+    with run_server(
+        tools=["image", "run_tests", "file_editor"], timeout=10, workdir=workdir
+    ) as url:
         yield url, repo, workdir
 
 
@@ -53,11 +70,13 @@ def test_view(env):
     extra = {"repo_path": repo}
     obs, valid = call(url, "fe-view", fe(command="view", path="calc.py"), extra)
     assert valid and "     1\tdef add(a, b):\n     2\t    return a + b" in obs["obs"]
-    obs, valid = call(url, "fe-view", fe(command="view", path="pkg/mod.py", view_range=[3, 5]),
-                      extra)
+    obs, valid = call(
+        url, "fe-view", fe(command="view", path="pkg/mod.py", view_range=[3, 5]), extra
+    )
     assert valid and obs["obs"].endswith("     3\tline 3\n     4\tline 4\n     5\tline 5")
-    obs, valid = call(url, "fe-view", fe(command="view", path="pkg/mod.py",
-                                         view_range=[19, -1]), extra)
+    obs, valid = call(
+        url, "fe-view", fe(command="view", path="pkg/mod.py", view_range=[19, -1]), extra
+    )
     assert valid and obs["obs"].endswith("    19\tline 19\n    20\tline 20")
     obs, valid = call(url, "fe-view", fe(command="view", path="."), extra)
     assert valid and "calc.py" in obs["obs"] and "pkg/mod.py" in obs["obs"]
@@ -75,17 +94,30 @@ def test_edits_change_the_workspace_not_the_repo(env):
     url, repo, workdir = env
     before = snapshot(repo)
     extra = {"repo_path": repo}
-    obs, valid = call(url, "fe-edit", fe(command="str_replace", path="calc.py",
-                                         old_str="a + b", new_str="a - b"), extra)
+    obs, valid = call(
+        url,
+        "fe-edit",
+        fe(command="str_replace", path="calc.py", old_str="a + b", new_str="a - b"),
+        extra,
+    )
     assert valid and "has been edited" in obs["obs"] and "     2\t    return a - b" in obs["obs"]
-    obs, valid = call(url, "fe-edit", fe(command="insert", path="calc.py", insert_line=0,
-                                         new_str="import math"), extra)
+    obs, valid = call(
+        url,
+        "fe-edit",
+        fe(command="insert", path="calc.py", insert_line=0, new_str="import math"),
+        extra,
+    )
     assert valid and "     1\timport math" in obs["obs"]
-    obs, valid = call(url, "fe-edit", fe(command="create", path="new/dir/x.py",
-                                         file_text="X = 1\n"), extra)
+    obs, valid = call(
+        url, "fe-edit", fe(command="create", path="new/dir/x.py", file_text="X = 1\n"), extra
+    )
     assert valid and "created" in obs["obs"]
-    obs, valid = call(url, "fe-edit", fe(command="str_replace", path="run.sh",
-                                         old_str="echo run", new_str="echo ran"), extra)
+    obs, valid = call(
+        url,
+        "fe-edit",
+        fe(command="str_replace", path="run.sh", old_str="echo run", new_str="echo ran"),
+        extra,
+    )
     assert valid
     [ws] = workspaces(workdir)
     root = os.path.join(workdir, "workspaces", ws, "repo")
@@ -99,47 +131,64 @@ def test_edits_change_the_workspace_not_the_repo(env):
     assert workspaces(workdir) == [] and live(url) == 0 and disk_freed(workdir)
 
 
-@pytest.mark.parametrize("args, expected", [
-    (dict(command="str_replace", path="calc.py", old_str="nope", new_str="x"),
-     "did not appear verbatim"),
-    (dict(command="str_replace", path="pkg/mod.py", old_str="line 1", new_str="x"),
-     "occurs 11 times"),
-    (dict(command="str_replace", path="calc.py", old_str="", new_str="x"), "must not be empty"),
-    (dict(command="create", path="calc.py", file_text="x"), "already exists"),
-    (dict(command="create", path="y.py"), '"file_text"'),
-    (dict(command="insert", path="calc.py", insert_line=99, new_str="x"),
-     '"insert_line" must be an integer between 0 and 2'),
-    (dict(command="view", path="calc.py", view_range=[0, 2]), '"view_range" start 0'),
-    (dict(command="view", path="calc.py", view_range=[1, 9]), '"view_range" end 9'),
-    (dict(command="view", path="missing.py"), "does not exist"),
-    (dict(command="delete", path="calc.py"), '"command" must be one of'),
-    (dict(command="view"), '"path" must be a non-empty string'),
-    (dict(command="view", path="calc.py", mode="x"), "unknown argument(s) ['mode']"),
-    # escapes: '..', absolute paths outside, symlinks pointing outside
-    (dict(command="view", path="../../../../etc/passwd"), "escapes the workspace"),
-    (dict(command="view", path="/etc/passwd"), "is outside the workspace"),
-    (dict(command="view", path="/workspace/../etc/passwd"), "escapes the workspace"),
-    (dict(command="view", path="etc_link/passwd"), "escapes the workspace"),
-    (dict(command="create", path="etc_link/evil", file_text="x"), "escapes the workspace"),
-    (dict(command="create", path="../evil.py", file_text="x"), "escapes the workspace"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            dict(command="str_replace", path="calc.py", old_str="nope", new_str="x"),
+            "did not appear verbatim",
+        ),
+        (
+            dict(command="str_replace", path="pkg/mod.py", old_str="line 1", new_str="x"),
+            "occurs 11 times",
+        ),
+        (dict(command="str_replace", path="calc.py", old_str="", new_str="x"), "must not be empty"),
+        (dict(command="create", path="calc.py", file_text="x"), "already exists"),
+        (dict(command="create", path="y.py"), '"file_text"'),
+        (
+            dict(command="insert", path="calc.py", insert_line=99, new_str="x"),
+            '"insert_line" must be an integer between 0 and 2',
+        ),
+        (dict(command="view", path="calc.py", view_range=[0, 2]), '"view_range" start 0'),
+        (dict(command="view", path="calc.py", view_range=[1, 9]), '"view_range" end 9'),
+        (dict(command="view", path="missing.py"), "does not exist"),
+        (dict(command="delete", path="calc.py"), '"command" must be one of'),
+        (dict(command="view"), '"path" must be a non-empty string'),
+        (dict(command="view", path="calc.py", mode="x"), "unknown argument(s) ['mode']"),
+        # escapes: '..', absolute paths outside, symlinks pointing outside
+        (dict(command="view", path="../../../../etc/passwd"), "escapes the workspace"),
+        (dict(command="view", path="/etc/passwd"), "is outside the workspace"),
+        (dict(command="view", path="/workspace/../etc/passwd"), "escapes the workspace"),
+        (dict(command="view", path="etc_link/passwd"), "escapes the workspace"),
+        (dict(command="create", path="etc_link/evil", file_text="x"), "escapes the workspace"),
+        (dict(command="create", path="../evil.py", file_text="x"), "escapes the workspace"),
+    ],
+)
 def test_errors_are_observations(env, args, expected):
     url, repo, _ = env
     obs, valid = call(url, "fe-err", fe(**args), {"repo_path": repo})
     assert not valid and expected in obs["obs"], obs
-    assert not os.path.exists("/etc/evil") and not os.path.exists(os.path.dirname(repo) + "/evil.py")
+    assert not os.path.exists("/etc/evil") and not os.path.exists(
+        os.path.dirname(repo) + "/evil.py"
+    )
 
 
 def test_bad_calls(env, tmp_path):
     url, repo, _ = env
-    obs, valid = call(url, "fe-bad", tool_call("file_edit", command="view", path="."),
-                      {"repo_path": repo})
+    obs, valid = call(
+        url, "fe-bad", tool_call("file_edit", command="view", path="."), {"repo_path": repo}
+    )
     assert not valid and "did you mean 'file_editor'" in obs["obs"]
-    obs, valid = call(url, "fe-bad", '<tool_call>{"name": "file_editor", "arguments": '
-                                     '{"command": "view", path: 1}}</tool_call>', {})
+    obs, valid = call(
+        url,
+        "fe-bad",
+        '<tool_call>{"name": "file_editor", "arguments": {"command": "view", path: 1}}</tool_call>',
+        {},
+    )
     assert not valid and "Invalid JSON" in obs["obs"]
-    obs, valid = call(url, "fe-bad2", fe(command="view", path="."),
-                      {"repo_path": str(tmp_path / "nope")})
+    obs, valid = call(
+        url, "fe-bad2", fe(command="view", path="."), {"repo_path": str(tmp_path / "nope")}
+    )
     assert not valid and 'extra_field["repo_path"] must be an existing directory' in obs["obs"]
     # without a repo_path the workspace starts empty
     obs, valid = call(url, "fe-empty", fe(command="create", path="a.txt", file_text="hi\n"), {})

@@ -1,4 +1,5 @@
 """The image tool (crop_image / zoom_in / rotate), end to end through the real server."""
+
 import base64
 import io
 import time
@@ -6,10 +7,10 @@ import time
 import numpy as np
 import pytest
 from PIL import Image
+from support.workspace_tools import call, finish, live, tool_call
 
 from tool_server.launcher import run_server
 from tool_server.tools.image import box_to_pixels, resolve_box, to_data_url
-from support.workspace_tools import call, finish, live, tool_call
 
 
 def decode(data_url: str) -> np.ndarray:
@@ -31,8 +32,11 @@ def source(tmp_path_factory):
 def url(tmp_path_factory):
     # file_editor and run_tests share the <tool_call> tag and come first: routing must
     # still reach the image tool for image names only.
-    with run_server(tools=["file_editor", "run_tests", "image"], timeout=10,
-                    workdir=str(tmp_path_factory.mktemp("wd"))) as u:
+    with run_server(
+        tools=["file_editor", "run_tests", "image"],
+        timeout=10,
+        workdir=str(tmp_path_factory.mktemp("wd")),
+    ) as u:
         yield u
 
 
@@ -66,14 +70,19 @@ def test_crop_zoom_rotate_and_indexing(url, source):
     np.testing.assert_array_equal(decode(obs["image"]), arr[20:60, 10:50])
 
     # normalised box with padding (fractions of the image side), on the original image 0
-    obs, valid = call(url, "img-a", tool_call("crop_image", bbox=[0.5, 0.5, 1.0, 1.0],
-                                              padding=0.1, image_index=0), extra)
+    obs, valid = call(
+        url,
+        "img-a",
+        tool_call("crop_image", bbox=[0.5, 0.5, 1.0, 1.0], padding=0.1, image_index=0),
+        extra,
+    )
     assert valid and "Image 2: 60x48 pixels" in obs["obs"]
     np.testing.assert_array_equal(decode(obs["image"]), arr[32:80, 40:100])
 
     # zoom_in on the image produced first (index 1): 2x size, box in its own pixels
-    obs, valid = call(url, "img-a", tool_call("zoom_in", bbox=[0, 0, 20, 10], factor=2,
-                                              image_index=1), extra)
+    obs, valid = call(
+        url, "img-a", tool_call("zoom_in", bbox=[0, 0, 20, 10], factor=2, image_index=1), extra
+    )
     assert valid and "Image 3: 40x20 pixels" in obs["obs"]
     assert decode(obs["image"]).shape == (20, 40, 3)
 
@@ -90,28 +99,36 @@ def test_crop_zoom_rotate_and_indexing(url, source):
 def test_data_url_images(url, source):
     arr, _ = source
     data_url = to_data_url(Image.fromarray(arr))
-    obs, valid = call(url, "img-b", tool_call("crop_image", bbox=[0, 0, 5, 5]),
-                      {"images": [data_url, data_url]})
+    obs, valid = call(
+        url, "img-b", tool_call("crop_image", bbox=[0, 0, 5, 5]), {"images": [data_url, data_url]}
+    )
     assert valid and obs["obs"].startswith("Image 2: 5x5 pixels")
     np.testing.assert_array_equal(decode(obs["image"]), arr[:5, :5])
     finish(url, "img-b")
 
 
-@pytest.mark.parametrize("action, expected", [
-    ('<tool_call>{"name": "crop_image", "arguments": {"bbox": [1, 2, 3, 4]</tool_call>',
-     "Invalid JSON in <tool_call>"),
-    (tool_call("crop", bbox=[0, 0, 5, 5]), "did you mean 'crop_image'"),
-    (tool_call("crop_image", bbox=[0, 0, 5, 5], image_index=7),
-     "image_index 7 does not exist; valid indices are 0...0"),
-    (tool_call("crop_image", bbox=[10, 10, 500, 20]), "x1=500 exceeds the width 100"),
-    (tool_call("crop_image", bbox=[0.2, 0.2, 0.1, 0.9]), "the box is empty"),
-    (tool_call("crop_image", bbox="0,0,5,5"), "list of 4 numbers"),
-    (tool_call("crop_image"), 'missing argument "bbox"'),
-    (tool_call("crop_image", bbox=[0, 0, 5, 5], scale=2), "unknown argument(s) ['scale']"),
-    (tool_call("zoom_in", factor=100), '"factor" must be between 1 and 8'),
-    (tool_call("rotate"), 'missing argument "angle"'),
-    (tool_call("rotate", angle="ninety"), '"angle" must be a number'),
-])
+@pytest.mark.parametrize(
+    "action, expected",
+    [
+        (
+            '<tool_call>{"name": "crop_image", "arguments": {"bbox": [1, 2, 3, 4]</tool_call>',
+            "Invalid JSON in <tool_call>",
+        ),
+        (tool_call("crop", bbox=[0, 0, 5, 5]), "did you mean 'crop_image'"),
+        (
+            tool_call("crop_image", bbox=[0, 0, 5, 5], image_index=7),
+            "image_index 7 does not exist; valid indices are 0...0",
+        ),
+        (tool_call("crop_image", bbox=[10, 10, 500, 20]), "x1=500 exceeds the width 100"),
+        (tool_call("crop_image", bbox=[0.2, 0.2, 0.1, 0.9]), "the box is empty"),
+        (tool_call("crop_image", bbox="0,0,5,5"), "list of 4 numbers"),
+        (tool_call("crop_image"), 'missing argument "bbox"'),
+        (tool_call("crop_image", bbox=[0, 0, 5, 5], scale=2), "unknown argument(s) ['scale']"),
+        (tool_call("zoom_in", factor=100), '"factor" must be between 1 and 8'),
+        (tool_call("rotate"), 'missing argument "angle"'),
+        (tool_call("rotate", angle="ninety"), '"angle" must be a number'),
+    ],
+)
 def test_errors_are_observations(url, source, action, expected):
     obs, valid = call(url, "img-err", action, {"images": [source[1]]})
     assert not valid
@@ -122,8 +139,9 @@ def test_errors_are_observations(url, source, action, expected):
 def test_missing_images_and_bad_source(url, tmp_path):
     obs, valid = call(url, "img-none", tool_call("rotate", angle=90), {})
     assert not valid and "no images" in obs["obs"]
-    obs, valid = call(url, "img-bad", tool_call("rotate", angle=90),
-                      {"images": [str(tmp_path / "missing.png")]})
+    obs, valid = call(
+        url, "img-bad", tool_call("rotate", angle=90), {"images": [str(tmp_path / "missing.png")]}
+    )
     assert not valid and 'extra_field["images"][0]: image file not found' in obs["obs"]
     for tid in ("img-none", "img-bad", "img-err"):
         finish(url, tid)
@@ -148,10 +166,12 @@ def test_state_freed_on_finish(url, source):
 
 
 def test_state_freed_by_ttl(tmp_path, source):
-    with run_server(tools=["image"], timeout=10, state_ttl=0.5, sweep_interval=0.1,
-                    workdir=str(tmp_path)) as u:
-        obs, valid = call(u, "img-ttl", tool_call("crop_image", bbox=[0, 0, 5, 5]),
-                          {"images": [source[1]]})
+    with run_server(
+        tools=["image"], timeout=10, state_ttl=0.5, sweep_interval=0.1, workdir=str(tmp_path)
+    ) as u:
+        obs, valid = call(
+            u, "img-ttl", tool_call("crop_image", bbox=[0, 0, 5, 5]), {"images": [source[1]]}
+        )
         assert valid and live(u) == 1
         deadline = time.monotonic() + 5
         while live(u) and time.monotonic() < deadline:

@@ -1,5 +1,6 @@
 """The mcp tool end to end: a real tool server calling a real MCP server (official SDK),
 over stdio and over Streamable HTTP."""
+
 import os
 import socket
 import subprocess
@@ -7,18 +8,24 @@ import sys
 import time
 
 import pytest
-
-from tool_server.launcher import get_json, run_server
 from support.workspace_tools import call, finish, live, tool_call
 
-MCP_SERVER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "mcp_test_server.py")
+from tool_server.launcher import get_json, run_server
+
+MCP_SERVER = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "mcp_test_server.py"
+)
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
-    with run_server(tools=["mcp"], timeout=10, workdir=str(tmp_path_factory.mktemp("wd")),
-                    tool_opt={"mcp_command": f"python {MCP_SERVER}", "mcp_timeout_s": 4},
-                    startup_timeout=120) as u:
+    with run_server(
+        tools=["mcp"],
+        timeout=10,
+        workdir=str(tmp_path_factory.mktemp("wd")),
+        tool_opt={"mcp_command": f"python {MCP_SERVER}", "mcp_timeout_s": 4},
+        startup_timeout=120,
+    ) as u:
         yield u
 
 
@@ -33,12 +40,15 @@ def test_lists_and_calls_tools(url):
     assert live(url) == 0
 
 
-@pytest.mark.parametrize("action, expected", [
-    (tool_call("add", a="x", b=1), "Error from MCP tool add:"),
-    (tool_call("fail", message="boom"), "Error from MCP tool fail"),
-    (tool_call("addd", a=1, b=2), "did you mean 'add'"),
-    ('<tool_call>{"name": "add", "arguments": {"a": 1,}}</tool_call>', "Invalid JSON"),
-])
+@pytest.mark.parametrize(
+    "action, expected",
+    [
+        (tool_call("add", a="x", b=1), "Error from MCP tool add:"),
+        (tool_call("fail", message="boom"), "Error from MCP tool fail"),
+        (tool_call("addd", a=1, b=2), "did you mean 'add'"),
+        ('<tool_call>{"name": "add", "arguments": {"a": 1,}}</tool_call>', "Invalid JSON"),
+    ],
+)
 def test_errors_are_observations(url, action, expected):
     obs, valid = call(url, "m2", action)
     assert not valid and expected in obs["obs"], obs
@@ -62,8 +72,11 @@ def test_streamable_http_and_tool_filter(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, MCP_SERVER, "--http", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, MCP_SERVER, "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -72,9 +85,13 @@ def test_streamable_http_and_tool_filter(tmp_path):
                 break
             except OSError:
                 time.sleep(0.2)
-        with run_server(tools=["mcp"], timeout=10, workdir=str(tmp_path), startup_timeout=120,
-                        tool_opt={"mcp_url": f"http://127.0.0.1:{port}/mcp",
-                                  "mcp_tools": "add"}) as u:
+        with run_server(
+            tools=["mcp"],
+            timeout=10,
+            workdir=str(tmp_path),
+            startup_timeout=120,
+            tool_opt={"mcp_url": f"http://127.0.0.1:{port}/mcp", "mcp_tools": "add"},
+        ) as u:
             obs, valid = call(u, "h1", tool_call("add", a=5, b=6))
             assert valid and obs["obs"] == "11"
             obs, valid = call(u, "h1", tool_call("fail", message="x"))  # filtered out

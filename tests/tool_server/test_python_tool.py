@@ -1,16 +1,17 @@
 """python_code tool: parsing, output formatting, stateless and stateful runs, through a
 real server and the real sandbox."""
+
 from __future__ import annotations
 
 import sys
 
 import pytest
+from support.tool_server import obs_text, one
 
+from tool_server.launcher import get_json, run_server
 from tool_server.python_pool import RunResult
 from tool_server.sandbox import ResourceLimits
-from tool_server.launcher import get_json, run_server
 from tool_server.tools.python_code import clean_paths, extract_code, format_result
-from support.tool_server import obs_text, one
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +28,10 @@ def py(url, code, tid="p", **kw):
 
 def test_extract_code_tags_fences_and_order():
     assert extract_code("a <python>x=1</python> b <python>print(x)</python>") == "x=1\nprint(x)"
-    assert extract_code("```python\nprint(2)\n```\ntext\n```py\nprint(3)\n```") == "print(2)\nprint(3)"
-    assert extract_code("<python>a</python>```python\nb\n```") == "a"   # tags win
+    assert (
+        extract_code("```python\nprint(2)\n```\ntext\n```py\nprint(3)\n```") == "print(2)\nprint(3)"
+    )
+    assert extract_code("<python>a</python>```python\nb\n```") == "a"  # tags win
     assert extract_code("no code here ```bash\nls\n```") is None
     assert extract_code("<python>unclosed") is None
 
@@ -44,8 +47,10 @@ def test_format_result_notes():
 
 
 def test_clean_paths_removes_host_prefixes():
-    text = (f'  File "{sys.base_prefix}/lib/python3.11/json/decoder.py", line 3\n'
-            '  File "/workspace/run_ab12cd/data.txt"')
+    text = (
+        f'  File "{sys.base_prefix}/lib/python3.11/json/decoder.py", line 3\n'
+        '  File "/workspace/run_ab12cd/data.txt"'
+    )
     out = clean_paths(text)
     assert sys.base_prefix not in out and "lib/python3.11/json/decoder.py" in out
     assert 'File "data.txt"' in out
@@ -53,8 +58,9 @@ def test_clean_paths_removes_host_prefixes():
 
 def test_happy_path_and_multiple_blocks(server):
     assert py(server, "print(1+1)") == "2\n"
-    obs, _, valid = one(server, "p", "Let me compute.\n<python>x = 6</python>\nthen\n"
-                                      "<python>print(x * 7)</python>")
+    obs, _, valid = one(
+        server, "p", "Let me compute.\n<python>x = 6</python>\nthen\n<python>print(x * 7)</python>"
+    )
     assert valid and obs == "42\n"
     obs, _, valid = one(server, "p", "```python\nimport math\nprint(math.factorial(5))\n```")
     assert valid and obs == "120\n"
@@ -75,9 +81,10 @@ def test_syntax_error_and_sys_exit(server):
 
 def test_endless_output_is_cut_off_early(server):
     import time
+
     t0 = time.monotonic()
     out = py(server, "while True: print('spam' * 100)")
-    assert time.monotonic() - t0 < 2.5               # well before the 3.5 s wall limit
+    assert time.monotonic() - t0 < 2.5  # well before the 3.5 s wall limit
     assert out.startswith("spam") and "printed too much and was stopped" in out
     assert "truncated" in out and len(out) <= 8192
 
@@ -99,8 +106,10 @@ def test_stateless_by_default(server):
 
 def test_stateful_mode_keeps_variables_until_finish(server):
     assert py(server, "counter = 41", tid="k", extra_fields={"stateful": True}) == ""
-    assert py(server, "counter += 1; print(counter)", tid="k",
-              extra_fields={"stateful": True}) == "42\n"
+    assert (
+        py(server, "counter += 1; print(counter)", tid="k", extra_fields={"stateful": True})
+        == "42\n"
+    )
     # another trajectory has its own interpreter
     assert "NameError" in py(server, "print(counter)", tid="k2", extra_fields={"stateful": True})
     assert get_json(server + "/health")["live_trajectories"] >= 2
@@ -126,9 +135,9 @@ def test_stateful_flag_on_the_server_and_kernel_cap():
         py(url, "a = 3", tid="z")
         assert py(url, "print(a * 2)", tid="z") == "6\n"
         py(url, "b = 1", tid="y")
-        assert py(url, "print(a)", tid="z") == "3\n"      # z used last; y is the oldest
-        py(url, "c = 1", tid="x")                          # third interpreter: y is freed
-        assert "NameError" in py(url, "print(b)", tid="y")   # new interpreter: z is freed
+        assert py(url, "print(a)", tid="z") == "3\n"  # z used last; y is the oldest
+        py(url, "c = 1", tid="x")  # third interpreter: y is freed
+        assert "NameError" in py(url, "print(b)", tid="y")  # new interpreter: z is freed
         assert py(url, "print(c)", tid="x") == "1\n"
 
 

@@ -1,5 +1,6 @@
 """Retrieval: corpus validation, the index-building CLI, BM25 and dense search over a
 real saved (memory-mapped) index, and batching of concurrent queries."""
+
 import asyncio
 import json
 import os
@@ -10,9 +11,16 @@ import time
 import numpy as np
 import pytest
 
-from tool_server.retrieval import (CorpusError, RetrievalIndexError, RetrievalService,
-                                   build_index, format_information, format_no_results,
-                                   read_corpus, write_corpus)
+from tool_server.retrieval import (
+    CorpusError,
+    RetrievalIndexError,
+    RetrievalService,
+    build_index,
+    format_information,
+    format_no_results,
+    read_corpus,
+    write_corpus,
+)
 from tool_server.retrieval.batcher import AsyncBatcher
 from tool_server.retrieval.synthetic import make_corpus, synthetic_index, town_name
 
@@ -51,8 +59,9 @@ def test_corpus_errors_name_the_field(tmp_path):
     p.write_text('{"id": 1, "title": "a", "contents": "x"\n')
     with pytest.raises(CorpusError, match="c.jsonl:1: not valid JSON"):
         list(read_corpus(str(p)))
-    p.write_text('{"id": 1, "title": "a", "contents": "x"}\n{"id": "1", "title": "b", '
-                 '"contents": "y"}\n')
+    p.write_text(
+        '{"id": 1, "title": "a", "contents": "x"}\n{"id": "1", "title": "b", "contents": "y"}\n'
+    )
     with pytest.raises(CorpusError, match="duplicate id '1'"):
         build_index(str(p), str(tmp_path / "idx"), "bm25")
     with pytest.raises(ValueError, match="--kind must be one of"):
@@ -64,24 +73,70 @@ def test_cli_builds_bm25_index_and_searches(tmp_path):
     write_corpus(str(corpus), make_corpus(20))
     out = tmp_path / "idx"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "tool_server.retrieval", "build", "--corpus",
-                        str(corpus), "--out", str(out), "--kind", "bm25"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tool_server.retrieval",
+            "build",
+            "--corpus",
+            str(corpus),
+            "--out",
+            str(out),
+            "--kind",
+            "bm25",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     meta = json.loads(r.stdout.strip().splitlines()[-1])
     assert meta["kind"] == "bm25" and meta["num_docs"] == 20
     assert sorted(os.listdir(out)) == ["bm25", "doc_offsets.npy", "docs.jsonl", "meta.json"]
-    r = subprocess.run([sys.executable, "-m", "tool_server.retrieval", "search", "--index",
-                        str(out), "--k", "1", "chess", "board", "game"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tool_server.retrieval",
+            "search",
+            "--index",
+            str(out),
+            "--k",
+            "1",
+            "chess",
+            "board",
+            "game",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("<information>Doc 1 (Title: Chess) Chess is a board game")
     # A bad corpus is a clear error and exit code 2, not a traceback.
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1, "contents": "x"}\n')
-    r = subprocess.run([sys.executable, "-m", "tool_server.retrieval", "build", "--corpus",
-                        str(bad), "--out", str(tmp_path / "x"), "--kind", "bm25"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tool_server.retrieval",
+            "build",
+            "--corpus",
+            str(bad),
+            "--out",
+            str(tmp_path / "x"),
+            "--kind",
+            "bm25",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 2 and "missing field(s) ['title']" in r.stderr
 
 
@@ -104,9 +159,14 @@ def test_bm25_finds_the_right_document(bm25_service):
     assert bm25_service.kind == "bm25"
     # The bm25s score matrix is loaded memory-mapped.
     assert isinstance(bm25_service._retriever._model.scores["data"], np.memmap)
-    hits = bm25_service.search_batch(["which town was founded in the year 1202",
-                                      "magnetic needle pointing north",
-                                      "xylophone quasar"], 3)
+    hits = bm25_service.search_batch(
+        [
+            "which town was founded in the year 1202",
+            "magnetic needle pointing north",
+            "xylophone quasar",
+        ],
+        3,
+    )
     assert hits[0][0].title == town_name(6)  # 1100 + 17 * 6 = 1202
     assert hits[0][0].rank == 1 and hits[0][0].score > 0
     assert hits[1][0].title == "Compass"
@@ -119,8 +179,13 @@ def test_bm25_finds_the_right_document(bm25_service):
 def test_dense_finds_paraphrases(dense_service):
     assert dense_service.kind == "dense"
     hits = dense_service.search_batch(
-        ["how do plants make food from sunlight", "what stops boats from hitting rocks at night",
-         "insects that make a sweet food"], 2)
+        [
+            "how do plants make food from sunlight",
+            "what stops boats from hitting rocks at night",
+            "insects that make a sweet food",
+        ],
+        2,
+    )
     assert [h[0].title for h in hits] == ["Photosynthesis", "Lighthouse", "Honey bee"]
     assert all(len(h) == 2 for h in hits)
     assert 0 < hits[0][1].score < hits[0][0].score <= 1.0 + 1e-5
@@ -128,6 +193,7 @@ def test_dense_finds_paraphrases(dense_service):
 
 def test_dense_index_file_opened_with_mmap(dense_service):
     import faiss
+
     idx = dense_service._retriever._index
     assert isinstance(idx, faiss.IndexFlatIP) and idx.ntotal == 50
     # The vectors are a read-only shared mapping of the saved file, not a copy.
@@ -153,8 +219,9 @@ def test_concurrent_queries_are_batched(bm25_service):
 
 def test_batches_mix_different_k(bm25_service):
     async def run():
-        return await asyncio.gather(bm25_service.search("chess board", 1),
-                                    bm25_service.search("town river fair", 4))
+        return await asyncio.gather(
+            bm25_service.search("chess board", 1), bm25_service.search("town river fair", 4)
+        )
 
     a, b = asyncio.run(run())
     assert len(a) == 1 and a[0].title == "Chess"
@@ -190,8 +257,10 @@ def test_batcher_caps_batch_size_and_propagates_errors():
 def test_format_information():
     text = format_information([("A", "first\ndoc"), ("B", "second")])
     assert text == "<information>Doc 1 (Title: A) first doc\nDoc 2 (Title: B) second</information>"
-    assert format_no_results("q  x") == \
-        "<information>No results found for the query: q x</information>"
+    assert (
+        format_no_results("q  x")
+        == "<information>No results found for the query: q x</information>"
+    )
 
 
 def test_encoder_is_configurable_and_never_downloaded(tmp_path):

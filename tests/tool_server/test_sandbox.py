@@ -1,5 +1,6 @@
 """The bubblewrap sandbox, for real: direct use of ``bwrap_argv`` and escape attempts
 through a running tool server (python_code). After every attempt the server is healthy."""
+
 from __future__ import annotations
 
 import os
@@ -11,16 +12,26 @@ import uuid
 
 import psutil
 import pytest
-
-import tool_server
-from tool_server.sandbox import (ResourceLimits, SandboxUnavailable, bwrap_argv,
-                                 require_sandbox, sandbox_status)
-from tool_server.launcher import get_json, run_server
 from support.tool_server import obs_text, one
 
+import tool_server
+from tool_server.launcher import get_json, run_server
+from tool_server.sandbox import (
+    ResourceLimits,
+    SandboxUnavailable,
+    bwrap_argv,
+    require_sandbox,
+    sandbox_status,
+)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(tool_server.__file__)))
-LIMITS = {"python_memory_mb": 256, "python_nproc": 32, "python_cpu_s": 1,
-          "python_fsize_mb": 8, "python_nofile": 64}
+LIMITS = {
+    "python_memory_mb": 256,
+    "python_nproc": 32,
+    "python_cpu_s": 1,
+    "python_fsize_mb": 8,
+    "python_nofile": 64,
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +59,11 @@ def test_bwrap_argv_isolates_a_plain_command(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("s3cret")
     argv = bwrap_argv(str(work), limits=ResourceLimits(cpu_s=2, wall_s=5))
-    script = (f"cat {secret} || echo no-secret; cat {REPO}/pyproject.toml || echo no-repo; "
-              "ls /root /home 2>&1; echo hi > out.txt && echo wrote; "
-              "touch /usr/x 2>&1 || echo ro-usr; pwd; prlimit --cpu --noheadings")
+    script = (
+        f"cat {secret} || echo no-secret; cat {REPO}/pyproject.toml || echo no-repo; "
+        "ls /root /home 2>&1; echo hi > out.txt && echo wrote; "
+        "touch /usr/x 2>&1 || echo ro-usr; pwd; prlimit --cpu --noheadings"
+    )
     r = subprocess.run(argv + ["sh", "-c", script], capture_output=True, text=True, timeout=10)
     out = r.stdout + r.stderr
     assert "s3cret" not in out and "no-secret" in out and "no-repo" in out
@@ -71,9 +84,11 @@ def test_resource_limits_validate_fields():
 def test_cannot_read_private_files(server, tmp_path):
     secret = tmp_path / "private.txt"
     secret.write_text("TOP-SECRET")
-    out = run(server, f"""
+    out = run(
+        server,
+        f"""
 import os
-for p in [{str(secret)!r}, {REPO + '/pyproject.toml'!r}, {REPO + '/tool_server/app.py'!r},
+for p in [{str(secret)!r}, {REPO + "/pyproject.toml"!r}, {REPO + "/tool_server/app.py"!r},
           '/root/.bashrc', '/root/.ssh', '/etc/shadow', '/home']:
     try:
         print(p, 'READ', open(p).read()[:20])
@@ -81,7 +96,8 @@ for p in [{str(secret)!r}, {REPO + '/pyproject.toml'!r}, {REPO + '/tool_server/a
         print(p, 'DENIED', type(e).__name__)
 print('root has', sorted(os.listdir('/root')))
 print('work has', sorted(os.listdir('/work')) if os.path.exists('/work') else [])
-""")
+""",
+    )
     assert "TOP-SECRET" not in out and "READ" not in out, out
     assert out.count("DENIED") == 7
     assert "root has ['.pyenv']" in out or "root has []" in out
@@ -90,7 +106,9 @@ print('work has', sorted(os.listdir('/work')) if os.path.exists('/work') else []
 
 def test_cannot_write_outside_workdir(server):
     marker = f"escape_{uuid.uuid4().hex}"
-    out = run(server, f"""
+    out = run(
+        server,
+        f"""
 for p in ['/usr/{marker}', '/etc/{marker}', '/{marker}', '{REPO}/{marker}',
           '/root/{marker}']:
     try:
@@ -99,7 +117,8 @@ for p in ['/usr/{marker}', '/etc/{marker}', '/{marker}', '{REPO}/{marker}',
         print(p, 'DENIED', type(e).__name__)
 open('/tmp/{marker}', 'w').write('x')          # the sandbox's private /tmp
 open('local.txt', 'w').write('ok'); print('workdir ok')
-""")
+""",
+    )
     assert "WROTE" not in out and out.count("DENIED") == 5, out
     assert "workdir ok" in out
     for p in (f"/tmp/{marker}", f"/{marker}", f"{REPO}/{marker}", f"/usr/{marker}"):
@@ -108,8 +127,11 @@ open('local.txt', 'w').write('ok'); print('workdir ok')
 
 def test_files_do_not_survive_between_calls(server):
     run(server, "open('keep.txt','w').write('x'); open('/tmp/keep2','w').write('y')", tid="a")
-    out = run(server, "import os; print(os.path.exists('keep.txt'), os.path.exists('/tmp/keep2'))",
-              tid="a")
+    out = run(
+        server,
+        "import os; print(os.path.exists('keep.txt'), os.path.exists('/tmp/keep2'))",
+        tid="a",
+    )
     assert out.strip() == "False False"
 
 
@@ -126,18 +148,22 @@ def test_cannot_open_a_socket_to_the_host(server):
         while time.monotonic() < end:
             try:
                 got.append(listener.accept())
-            except socket.timeout:
+            except TimeoutError:
                 pass
+
     th = threading.Thread(target=accept)
     th.start()
-    out = run(server, f"""
+    out = run(
+        server,
+        f"""
 import socket
 for host in ['127.0.0.1', 'localhost', '8.8.8.8']:
     try:
         s = socket.create_connection((host, {port}), timeout=1); print(host, 'CONNECTED')
     except Exception as e:
         print(host, 'BLOCKED', type(e).__name__)
-""")
+""",
+    )
     th.join()
     listener.close()
     assert "CONNECTED" not in out and out.count("BLOCKED") == 3, out
@@ -158,7 +184,9 @@ def _host_procs(pattern: str) -> list:
 def test_fork_bomb_is_contained(server):
     before = len(psutil.pids())
     t0 = time.monotonic()
-    out = run(server, """
+    out = run(
+        server,
+        """
 import os
 n = 0
 while True:
@@ -166,7 +194,8 @@ while True:
         os.fork(); n += 1
     except OSError:
         pass
-""")
+""",
+    )
     assert time.monotonic() - t0 < 6
     # the wall clock, a resource limit or the call's memory budget stops it
     assert "TimeoutError" in out or "Killed" in out or "MemoryError" in out, out
@@ -184,8 +213,8 @@ def test_memory_exhaustion_is_a_memoryerror(server):
 def test_cpu_limit_and_wall_timeout(server):
     t0 = time.monotonic()
     out = run(server, "import resource; print(resource.getrlimit(resource.RLIMIT_CPU))")
-    assert out.strip() == "(1, 2)"                 # cpu_s = 1: SIGXCPU at 1 s, SIGKILL at 2 s
-    out = run(server, "while True: pass")        # on a busy machine the wall clock may win
+    assert out.strip() == "(1, 2)"  # cpu_s = 1: SIGXCPU at 1 s, SIGKILL at 2 s
+    out = run(server, "while True: pass")  # on a busy machine the wall clock may win
     assert "SIGXCPU" in out or "SIGKILL" in out or "TimeoutError" in out, out
     assert time.monotonic() - t0 < 3.5
     t0 = time.monotonic()
@@ -203,16 +232,16 @@ def test_background_process_does_not_outlive_the_call(server):
 
 
 def test_file_size_and_open_file_limits(server):
-    out = run(server, "open('big', 'wb').write(b'0' * (64 * 1024 * 1024))")   # fsize 8 MiB
+    out = run(server, "open('big', 'wb').write(b'0' * (64 * 1024 * 1024))")  # fsize 8 MiB
     assert "File too large" in out or "SIGXFSZ" in out, out
-    out = run(server, "fs = [open('f%d' % i, 'w') for i in range(500)]")     # nofile 64
+    out = run(server, "fs = [open('f%d' % i, 'w') for i in range(500)]")  # nofile 64
     assert "Too many open files" in out, out
 
 
 def test_killing_the_worker_yields_an_observation_and_recovers(server):
     out = run(server, "import os, signal; os.kill(os.getppid(), signal.SIGKILL)")
     assert "killed" in out.lower()
-    for _ in range(4):   # every worker (2) is healthy again
+    for _ in range(4):  # every worker (2) is healthy again
         assert run(server, "print('alive')").strip() == "alive"
 
 
@@ -241,9 +270,16 @@ def test_sandbox_unavailable_raised_without_bwrap(monkeypatch, tmp_path):
 
 def test_unsafe_flag_logs_a_loud_warning():
     import subprocess as sp
-    from tool_server.launcher import server_argv, _REPO_ROOT
-    proc = sp.Popen(server_argv(["python_code"], workers=1, unsafe_no_sandbox=True),
-                    stdout=sp.PIPE, stderr=sp.PIPE, text=True, cwd=_REPO_ROOT)
+
+    from tool_server.launcher import _REPO_ROOT, server_argv
+
+    proc = sp.Popen(
+        server_argv(["python_code"], workers=1, unsafe_no_sandbox=True),
+        stdout=sp.PIPE,
+        stderr=sp.PIPE,
+        text=True,
+        cwd=_REPO_ROOT,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("TOOL_SERVER_READY")

@@ -1,13 +1,14 @@
 """search_retrieval tool: parsing, observations, errors, batching; then end to end
 through the real tool server (when the server core is present)."""
+
 import asyncio
 import json
 import os
 
 import pytest
 
-from tool_server.retrieval.synthetic import synthetic_index, town_name
 from tool_server.kit.base import ToolSettings
+from tool_server.retrieval.synthetic import synthetic_index, town_name
 from tool_server.tools.search_retrieval import SearchRetrievalTool
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -15,8 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="module")
 def tool():
-    t = SearchRetrievalTool(ToolSettings(extra={"retrieval_index": synthetic_index("bm25"),
-                                                "topk": "2"}))
+    t = SearchRetrievalTool(
+        ToolSettings(extra={"retrieval_index": synthetic_index("bm25"), "topk": "2"})
+    )
     yield t
     t.close()
 
@@ -29,8 +31,10 @@ def run(tool, action, tid="t0"):
 
 def test_parse_takes_the_last_search():
     t = SearchRetrievalTool(ToolSettings())
-    assert t.parse_action("I think.<search>first</search> then <search>\n second \n</search>") \
-        == ("second", True)
+    assert t.parse_action("I think.<search>first</search> then <search>\n second \n</search>") == (
+        "second",
+        True,
+    )
     assert t.parse_action("<answer>42</answer>") == (None, False)
     assert t.parse_action("<search>unclosed") == (None, False)
     assert t.parse_action("<search></search>") == ("", True)
@@ -76,15 +80,25 @@ def test_bad_option_is_a_clear_error():
 
 
 def test_dense_index_and_concurrent_trajectories_share_batches():
-    t = SearchRetrievalTool(ToolSettings(extra={"retrieval_index": synthetic_index("dense"),
-                                                "topk": 1, "retrieval_batch_ms": 20}))
-    questions = ["how do plants make food from sunlight", "what guides ships at night",
-                 "a game with a king and sixteen pieces", "ice that moves slowly down a valley"]
+    t = SearchRetrievalTool(
+        ToolSettings(
+            extra={"retrieval_index": synthetic_index("dense"), "topk": 1, "retrieval_batch_ms": 20}
+        )
+    )
+    questions = [
+        "how do plants make food from sunlight",
+        "what guides ships at night",
+        "a game with a king and sixteen pieces",
+        "ice that moves slowly down a valley",
+    ]
 
     async def go():
-        return await asyncio.gather(*(
-            t.conduct_action(f"t{i}", t.parse_action(f"<search>{q}</search>")[0], {})
-            for i, q in enumerate(questions)))
+        return await asyncio.gather(
+            *(
+                t.conduct_action(f"t{i}", t.parse_action(f"<search>{q}</search>")[0], {})
+                for i, q in enumerate(questions)
+            )
+        )
 
     svc = t.retrieval.service()
     svc.batch_sizes.clear()
@@ -98,28 +112,39 @@ def test_end_to_end_through_the_server():
     from tool_server.launcher import get_json, post_json, run_server
 
     idx = synthetic_index("bm25")
-    with run_server(tools=["search_retrieval"], tool_opt={"retrieval_index": idx, "topk": 2},
-                    timeout=30) as url:
+    with run_server(
+        tools=["search_retrieval"], tool_opt={"retrieval_index": idx, "topk": 2}, timeout=30
+    ) as url:
         assert "search_retrieval" in json.dumps(get_json(url + "/tools"))
-        status, body = post_json(url + "/get_observation", {
-            "trajectory_ids": ["a", "b", "c", "d"],
-            "actions": ["<think>hmm</think><search>magnetic needle north market</search>",
-                        "<search>which town was founded in the year 1287</search>",
-                        "<search></search>",
-                        "<search>xylophone quasar</search>"],
-            "extra_fields": [{}, {}, {}, {}]})
+        status, body = post_json(
+            url + "/get_observation",
+            {
+                "trajectory_ids": ["a", "b", "c", "d"],
+                "actions": [
+                    "<think>hmm</think><search>magnetic needle north market</search>",
+                    "<search>which town was founded in the year 1287</search>",
+                    "<search></search>",
+                    "<search>xylophone quasar</search>",
+                ],
+                "extra_fields": [{}, {}, {}, {}],
+            },
+        )
         assert status == 200, body
         obs = body["observations"]
-        assert obs[0].startswith("<information>Doc 1 (Title: Compass)") and \
-            obs[0].count("\nDoc 2 (Title: ") == 1
+        assert (
+            obs[0].startswith("<information>Doc 1 (Title: Compass)")
+            and obs[0].count("\nDoc 2 (Title: ") == 1
+        )
         assert obs[1].startswith(f"<information>Doc 1 (Title: {town_name(11)})")
         assert obs[2]["invalid_reason"] == "empty_query"
         assert obs[3].startswith("<information>No results found")
         assert body["valids"] == [True, True, False, True]
         assert body["dones"] == [False] * 4
         # Finishing the trajectories leaves nothing behind (the tool keeps no state).
-        status, body = post_json(url + "/get_observation", {
-            "trajectory_ids": ["a", "b"], "actions": ["", ""], "finish": [True, True]})
+        status, body = post_json(
+            url + "/get_observation",
+            {"trajectory_ids": ["a", "b"], "actions": ["", ""], "finish": [True, True]},
+        )
         assert status == 200 and body["dones"] == [True, True]
         assert get_json(url + "/health")["live_trajectories"] == 0
 
@@ -128,8 +153,10 @@ def test_end_to_end_without_index_answers_with_an_error_observation():
     from tool_server.launcher import post_json, run_server
 
     with run_server(tools=["search_retrieval"], env={"VERLTOOL_RETRIEVAL_INDEX": ""}) as url:
-        status, body = post_json(url + "/get_observation", {
-            "trajectory_ids": ["a"], "actions": ["<search>chess</search>"]})
+        status, body = post_json(
+            url + "/get_observation",
+            {"trajectory_ids": ["a"], "actions": ["<search>chess</search>"]},
+        )
         assert status == 200
         assert body["observations"][0]["invalid_reason"] == "retrieval_error"
         assert "retrieval_index" in body["observations"][0]["obs"]
@@ -155,8 +182,9 @@ def test_torch_threads_option_sets_encoder_threads():
     from tool_server.retrieval.options import RetrievalOptions
 
     before = torch.get_num_threads()
-    opts = RetrievalOptions.from_extra({"retrieval_index": synthetic_index("bm25"),
-                                        "retrieval_torch_threads": "1"})
+    opts = RetrievalOptions.from_extra(
+        {"retrieval_index": synthetic_index("bm25"), "retrieval_torch_threads": "1"}
+    )
     assert opts.torch_threads == 1
     try:
         opts.service()

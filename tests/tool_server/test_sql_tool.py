@@ -1,13 +1,14 @@
 """sql tool against real sqlite files through a real server."""
+
 from __future__ import annotations
 
 import sqlite3
 
 import pytest
+from support.tool_server import obs_text, one
 
 from tool_server.launcher import run_server
 from tool_server.tools.sql import format_table, run_query
-from support.tool_server import obs_text, one
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +16,10 @@ def db(tmp_path_factory):
     path = tmp_path_factory.mktemp("db") / "shop.db"
     with sqlite3.connect(path) as c:
         c.execute("create table items(id integer primary key, name text, price real)")
-        c.executemany("insert into items(name, price) values (?, ?)",
-                      [(f"item{i}", i * 1.5) for i in range(200)])
+        c.executemany(
+            "insert into items(name, price) values (?, ?)",
+            [(f"item{i}", i * 1.5) for i in range(200)],
+        )
     return str(path)
 
 
@@ -41,7 +44,10 @@ def test_format_table():
     assert lines[-1] == "(2 rows)"
     assert format_table(["a"], [], more=False).endswith("(0 rows)")
     assert "first 1 rows" in format_table(["a"], [(1,)], more=True)
-    assert format_table(["c"], [("y" * 50,)], more=False, max_cell_chars=10).splitlines()[2] == "yyyyyyy..."
+    assert (
+        format_table(["c"], [("y" * 50,)], more=False, max_cell_chars=10).splitlines()[2]
+        == "yyyyyyy..."
+    )
 
 
 def test_happy_path_table(server, db):
@@ -51,8 +57,12 @@ def test_happy_path_table(server, db):
 
 
 def test_last_sql_block_is_run(server, db):
-    obs, _, _ = one(server, "q", "<sql>select 1</sql> then <sql>select 2 as two</sql>",
-                    extra_fields={"db_path": db})
+    obs, _, _ = one(
+        server,
+        "q",
+        "<sql>select 1</sql> then <sql>select 2 as two</sql>",
+        extra_fields={"db_path": db},
+    )
     assert obs_text(obs).splitlines()[0] == "two"
 
 
@@ -63,8 +73,13 @@ def test_row_cap(server, db):
 
 
 def test_writes_do_not_survive(server, db):
-    for q in ["delete from items", "insert into items(name, price) values ('x', 1)",
-              "drop table items", "create table z(a)", "update items set price = 0"]:
+    for q in [
+        "delete from items",
+        "insert into items(name, price) values ('x', 1)",
+        "drop table items",
+        "create table z(a)",
+        "update items set price = 0",
+    ]:
         out = sql(server, q, db)
         assert out.startswith("SQL error") and "readonly" in out, (q, out)
     assert sql(server, "select count(*) as n from items", db).splitlines()[2].strip() == "200"
@@ -86,8 +101,7 @@ def test_sql_errors_missing_db_and_missing_field(server, db, tmp_path):
 
 
 def test_timeout_is_an_observation(server, db):
-    q = ("with recursive c(x) as (select 1 union all select x + 1 from c) "
-         "select count(*) from c")
+    q = "with recursive c(x) as (select 1 union all select x + 1 from c) select count(*) from c"
     out = sql(server, q, db)
     assert "longer than 0.5 s" in out
     assert "200" in sql(server, "select count(*) from items", db)

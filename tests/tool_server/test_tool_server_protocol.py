@@ -1,25 +1,32 @@
 """Protocol conformance, routing, state freeing and fault handling of the tool server
 (a real server subprocess; the tools are the real sql tool and a tool added from a
 temporary file through --tool-dir, as docs/adding_a_tool.md describes)."""
+
 from __future__ import annotations
 
 import sqlite3
 import time
 
 import pytest
+from support.tool_server import one, write_faulty_tool
 
 from tool_server.kit.observations import truncate_text
-from tool_server.protocol import ProtocolError, parse_request
 from tool_server.launcher import get_json, post_json, run_server
-from support.tool_server import one, write_faulty_tool
+from tool_server.protocol import ProtocolError, parse_request
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tool_dir = write_faulty_tool(str(tmp_path_factory.mktemp("tools")))
-    with run_server(["faulty", "sql", "synctool"], tool_dir=[tool_dir], timeout=1.5,
-                    max_obs_length=500, state_ttl=1.0, sweep_interval=0.2,
-                    workers=1) as url:
+    with run_server(
+        ["faulty", "sql", "synctool"],
+        tool_dir=[tool_dir],
+        timeout=1.5,
+        max_obs_length=500,
+        state_ttl=1.0,
+        sweep_interval=0.2,
+        workers=1,
+    ) as url:
         yield url
 
 
@@ -42,9 +49,11 @@ def test_same_length_and_order_with_mixed_tools(server, tmp_path):
     with sqlite3.connect(db) as c:
         c.execute("create table t(x)")
         c.execute("insert into t values (42)")
-    body = {"trajectory_ids": ["t1", "t2", "t3", "t4"],
-            "actions": ["<echo>hi", "<sql>select x from t</sql>", "nothing here", "<sync>a"],
-            "extra_fields": [{}, {"db_path": str(db)}, None, {}]}
+    body = {
+        "trajectory_ids": ["t1", "t2", "t3", "t4"],
+        "actions": ["<echo>hi", "<sql>select x from t</sql>", "nothing here", "<sync>a"],
+        "extra_fields": [{}, {"db_path": str(db)}, None, {}],
+    }
     status, out = post(server, body)
     assert status == 200
     assert set(out) == {"observations", "dones", "valids"}
@@ -65,7 +74,8 @@ def test_routing_first_tool_wins_in_tools_order(tmp_path):
         "class Greedy(BaseTool):\n"
         "    name = 'greedy'\n    usage = 'accepts everything'\n"
         "    def parse_action(self, a): return a, True\n"
-        "    def conduct_action(self, t, p, e): return 'greedy', False, True\n")
+        "    def conduct_action(self, t, p, e): return 'greedy', False, True\n"
+    )
     write_faulty_tool(str(d))
     with run_server(["faulty", "greedy"], tool_dir=[str(d)]) as url:
         assert one(url, "a", "<echo>x")[0]["obs"] == "a|<echo>x"
@@ -79,7 +89,7 @@ def test_finish_frees_state_and_returns_empty_done(server):
     assert one(server, "f1", "<count/>")[0] == "count=2"
     obs, done, valid = one(server, "f1", "<count/>", finish=True)
     assert (obs, done, valid) == ("", True, True)
-    assert one(server, "f1", "<count/>")[0] == "count=1"   # state was freed
+    assert one(server, "f1", "<count/>")[0] == "count=1"  # state was freed
 
 
 def test_is_last_step_frees_state_after_running(server):
@@ -97,14 +107,13 @@ def test_done_from_tool_frees_state(server):
 def test_idle_ttl_sweeper_frees_state(server):
     assert one(server, "ttl", "<count/>")[0] == "count=1"
     assert get_json(server + "/health")["live_trajectories"] >= 1
-    time.sleep(1.8)   # ttl 1 s, sweep every 0.2 s
+    time.sleep(1.8)  # ttl 1 s, sweep every 0.2 s
     assert one(server, "ttl", "<count/>")[0] == "count=1"
     assert get_json(server + "/health")["freed_by_ttl"] >= 1
 
 
 def test_same_trajectory_twice_in_one_request_runs_in_order(server):
-    status, out = post(server, {"trajectory_ids": ["o", "o", "o"],
-                                "actions": ["<count/>"] * 3})
+    status, out = post(server, {"trajectory_ids": ["o", "o", "o"], "actions": ["<count/>"] * 3})
     assert out["observations"] == ["count=1", "count=2", "count=3"]
     one(server, "o", "", finish=True)
 
@@ -120,31 +129,38 @@ def test_truncate_text_formula():
     out = truncate_text(text, 200)
     assert len(out) <= 200 and out.startswith("aaa") and out.endswith("bbb")
     n = int(out.split("[truncated ")[1].split(" ")[0])
-    kept = len(out) - len("\n...[truncated %d characters]...\n" % n)
+    kept = len(out) - len(f"\n...[truncated {n} characters]...\n")
     assert kept + n == len(text)
     assert truncate_text("short", 200) == "short"
 
 
 def test_raising_hanging_blocking_and_bad_tools_yield_observations(server):
     t0 = time.monotonic()
-    status, out = post(server, {
-        "trajectory_ids": ["r", "h", "b", "bad", "ok"],
-        "actions": ["<raise/>", "<hang/>", "<sync>sleep", "<bad/>", "<echo>fine"]})
+    status, out = post(
+        server,
+        {
+            "trajectory_ids": ["r", "h", "b", "bad", "ok"],
+            "actions": ["<raise/>", "<hang/>", "<sync>sleep", "<bad/>", "<echo>fine"],
+        },
+    )
     elapsed = time.monotonic() - t0
     assert status == 200
     o = out["observations"]
-    assert "RuntimeError: boom from the tool" in o[0]["obs"] and o[0]["invalid_reason"] == "tool_error"
+    assert (
+        "RuntimeError: boom from the tool" in o[0]["obs"] and o[0]["invalid_reason"] == "tool_error"
+    )
     assert "timed out after 1.5 s" in o[1]["obs"] and o[1]["invalid_reason"] == "timeout"
     assert "timed out" in o[2]["obs"]
     assert "expected (observation, done, valid)" in o[3]["obs"]
     assert o[4]["obs"] == "ok|<echo>fine"
     assert out["valids"] == [False, False, False, False, True]
-    assert elapsed < 5, elapsed                    # the hung calls ran concurrently
+    assert elapsed < 5, elapsed  # the hung calls ran concurrently
     assert get_json(server + "/health")["status"] == "ok"
 
 
 def test_hung_call_does_not_block_other_requests(server):
     import threading
+
     res = {}
     th = threading.Thread(target=lambda: res.setdefault("h", one(server, "hh", "<hang/>")))
     th.start()
@@ -156,19 +172,25 @@ def test_hung_call_does_not_block_other_requests(server):
     assert "timed out" in res["h"][0]["obs"]
 
 
-@pytest.mark.parametrize("body,field,status", [
-    ({"actions": ["a"]}, "trajectory_ids", 422),
-    ({"trajectory_ids": ["a"]}, "actions", 422),
-    ({"trajectory_ids": ["a", "b"], "actions": ["a"]}, "actions", 422),
-    ({"trajectory_ids": "a", "actions": ["a"]}, "trajectory_ids", 422),
-    ({"trajectory_ids": [["x"]], "actions": ["a"]}, "trajectory_ids", 422),
-    ({"trajectory_ids": ["a"], "actions": [3]}, "actions", 422),
-    ({"trajectory_ids": ["a"], "actions": ["a"], "extra_fields": [1]}, "extra_fields", 422),
-    ({"trajectory_ids": ["a"], "actions": ["a"], "extra_fields": []}, "extra_fields", 422),
-    ({"trajectory_ids": ["a"], "actions": ["a"], "finish": ["yes"]}, "finish", 422),
-    ({"trajectory_ids": ["a"], "actions": ["a"], "is_last_step": [True, False]},
-     "is_last_step", 422),
-])
+@pytest.mark.parametrize(
+    "body,field,status",
+    [
+        ({"actions": ["a"]}, "trajectory_ids", 422),
+        ({"trajectory_ids": ["a"]}, "actions", 422),
+        ({"trajectory_ids": ["a", "b"], "actions": ["a"]}, "actions", 422),
+        ({"trajectory_ids": "a", "actions": ["a"]}, "trajectory_ids", 422),
+        ({"trajectory_ids": [["x"]], "actions": ["a"]}, "trajectory_ids", 422),
+        ({"trajectory_ids": ["a"], "actions": [3]}, "actions", 422),
+        ({"trajectory_ids": ["a"], "actions": ["a"], "extra_fields": [1]}, "extra_fields", 422),
+        ({"trajectory_ids": ["a"], "actions": ["a"], "extra_fields": []}, "extra_fields", 422),
+        ({"trajectory_ids": ["a"], "actions": ["a"], "finish": ["yes"]}, "finish", 422),
+        (
+            {"trajectory_ids": ["a"], "actions": ["a"], "is_last_step": [True, False]},
+            "is_last_step",
+            422,
+        ),
+    ],
+)
 def test_malformed_requests_get_4xx_naming_the_field(server, body, field, status):
     code, out = post(server, body)
     assert code == status
@@ -209,21 +231,29 @@ def test_finish_tool_claims_no_action_only_the_finish_flag_ends(tmp_path):
         obs, done, valid = one(url, "fin", "The answer is 42.")
         assert (obs["obs"], done, valid) == ("", False, False)
         assert "no tool accepted" in obs["invalid_reason"]
-        assert one(url, "fin", "<count/>")[0] == "count=2"      # state kept
+        assert one(url, "fin", "<count/>")[0] == "count=2"  # state kept
         assert one(url, "fin", "The answer is 42.", finish=True) == ("", True, True)
-        assert one(url, "fin", "<count/>")[0] == "count=1"      # freed everywhere
+        assert one(url, "fin", "<count/>")[0] == "count=1"  # freed everywhere
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--tools", "sql", "--workers", "0"], "--workers must be positive"),
-    (["--tools", "sql", "--tool-dir", "/no/such/dir"], "does not exist (--tool-dir)"),
-    (["--tools", "python_code", "--tool-opt", "python_memory_mb=lots"], "python_memory_mb"),
-    (["--tools", "sql", "--tool-opt", "novalue"], "KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--tools", "sql", "--workers", "0"], "--workers must be positive"),
+        (["--tools", "sql", "--tool-dir", "/no/such/dir"], "does not exist (--tool-dir)"),
+        (["--tools", "python_code", "--tool-opt", "python_memory_mb=lots"], "python_memory_mb"),
+        (["--tools", "sql", "--tool-opt", "novalue"], "KEY=VALUE"),
+    ],
+)
 def test_bad_command_line_exits_with_a_clear_message(flags, message):
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "tool_server", "--port", "0", *flags],
-                       capture_output=True, text=True, timeout=60)
+
+    r = subprocess.run(
+        [sys.executable, "-m", "tool_server", "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr

@@ -1,6 +1,7 @@
 """web_search: backends (a Serper-style HTTP API served by a local aiohttp server, and
 the local retrieval backend), retries with backoff, the disk cache, the key never
 logged, and the tool's observations."""
+
 import asyncio
 import logging
 import os
@@ -9,12 +10,19 @@ import time
 
 import pytest
 
+from tool_server.kit.base import ToolSettings
 from tool_server.retrieval.options import RetrievalOptions
 from tool_server.retrieval.synthetic import synthetic_index
-from tool_server.kit.base import ToolSettings
 from tool_server.tools.web_search import WebSearchTool
-from tool_server.websearch import (CachedBackend, LocalBackend, Result, SearchCache,
-                                   SearchError, SerperBackend, backoff_delay)
+from tool_server.websearch import (
+    CachedBackend,
+    LocalBackend,
+    Result,
+    SearchCache,
+    SearchError,
+    SerperBackend,
+    backoff_delay,
+)
 from tool_server.websearch.cache import cache_key
 from tool_server.websearch.fake_api import FakeSearchAPI
 
@@ -51,8 +59,14 @@ def test_backoff_delay_doubles_and_caps():
 
 def test_http_backend_speaks_the_api(api):
     results = asyncio.run(backend(api).search("tallest mountain", 3))
-    assert results == [Result(f"tallest mountain result {i}", f"https://example.org/{i}",
-                              f"About tallest mountain: fact number {i}.") for i in (1, 2, 3)]
+    assert results == [
+        Result(
+            f"tallest mountain result {i}",
+            f"https://example.org/{i}",
+            f"About tallest mountain: fact number {i}.",
+        )
+        for i in (1, 2, 3)
+    ]
     assert api.requests == [{"body": {"q": "tallest mountain", "num": 3}, "key": KEY}]
 
 
@@ -156,9 +170,11 @@ def test_local_backend_searches_the_index():
 
 
 def test_tool_with_local_backend_is_the_default(tmp_path):
-    t = WebSearchTool(ToolSettings(workdir=str(tmp_path),
-                                   extra={"retrieval_index": synthetic_index("bm25"),
-                                          "topk": 2}))
+    t = WebSearchTool(
+        ToolSettings(
+            workdir=str(tmp_path), extra={"retrieval_index": synthetic_index("bm25"), "topk": 2}
+        )
+    )
     assert isinstance(t.backend, CachedBackend) and isinstance(t.backend.backend, LocalBackend)
     parsed, ok = t.parse_action("<search>old</search> now <search>chess board game</search>")
     assert ok and parsed == "chess board game"
@@ -171,17 +187,28 @@ def test_tool_with_local_backend_is_the_default(tmp_path):
 
 def test_tool_with_http_backend_and_custom_tag(api, tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
-    t = WebSearchTool(ToolSettings(workdir=str(tmp_path), extra={
-        "web_search_backend": "serper", "serper_url": api.url,
-        "serper_api_key_env": "TEST_SERPER_KEY", "web_search_tag": "web",
-        "web_search_backoff_s": "0.01", "topk": 2}))
+    t = WebSearchTool(
+        ToolSettings(
+            workdir=str(tmp_path),
+            extra={
+                "web_search_backend": "serper",
+                "serper_url": api.url,
+                "serper_api_key_env": "TEST_SERPER_KEY",
+                "web_search_tag": "web",
+                "web_search_backoff_s": "0.01",
+                "topk": 2,
+            },
+        )
+    )
     assert t.parse_action("<search>x</search>") == (None, False)
     parsed, ok = t.parse_action("<web>moon landing</web>")
     api.fail_with = [500]
     obs, done, valid = asyncio.run(t.conduct_action("t", parsed, {}))
-    assert obs == ("<information>Doc 1 (Title: moon landing result 1) About moon landing: "
-                   "fact number 1.\nDoc 2 (Title: moon landing result 2) About moon "
-                   "landing: fact number 2.</information>")
+    assert obs == (
+        "<information>Doc 1 (Title: moon landing result 1) About moon landing: "
+        "fact number 1.\nDoc 2 (Title: moon landing result 2) About moon "
+        "landing: fact number 2.</information>"
+    )
     assert valid and len(api.requests) == 2
     obs2, _, _ = asyncio.run(t.conduct_action("t2", parsed, {}))
     assert obs2 == obs and len(api.requests) == 2  # served from the cache
@@ -190,8 +217,10 @@ def test_tool_with_http_backend_and_custom_tag(api, tmp_path, caplog):
     assert "query is empty" in obs["obs"] and "<web>your query</web>" in obs["obs"]
     api.fail_with = [500] * 4
     obs, _, valid = asyncio.run(t.conduct_action("t", "never works", {}))
-    assert obs == {"obs": "Search error: search API failed after 4 attempt(s): HTTP 500",
-                   "invalid_reason": "search_error"}
+    assert obs == {
+        "obs": "Search error: search API failed after 4 attempt(s): HTTP 500",
+        "invalid_reason": "search_error",
+    }
     assert not valid
     assert KEY not in caplog.text
     t.close()
@@ -208,50 +237,74 @@ def test_end_to_end_http_backend_through_the_server(api, tmp_path):
     from tool_server.launcher import post_json, run_server
 
     cache = tmp_path / "cache.sqlite"
-    opts = {"web_search_backend": "serper", "serper_url": api.url,
-            "serper_api_key_env": "TEST_SERPER_KEY", "web_search_cache": str(cache),
-            "web_search_backoff_s": 0.01, "topk": 1}
-    with run_server(tools=["web_search"], tool_opt=opts, workdir=str(tmp_path),
-                    env={"TEST_SERPER_KEY": KEY}) as url:
+    opts = {
+        "web_search_backend": "serper",
+        "serper_url": api.url,
+        "serper_api_key_env": "TEST_SERPER_KEY",
+        "web_search_cache": str(cache),
+        "web_search_backoff_s": 0.01,
+        "topk": 1,
+    }
+    with run_server(
+        tools=["web_search"], tool_opt=opts, workdir=str(tmp_path), env={"TEST_SERPER_KEY": KEY}
+    ) as url:
         api.fail_with = [503]
-        status, body = post_json(url + "/get_observation", {
-            "trajectory_ids": ["a", "b"],
-            "actions": ["<search>capital of peru</search>", "<search>deepest lake</search>"]})
+        status, body = post_json(
+            url + "/get_observation",
+            {
+                "trajectory_ids": ["a", "b"],
+                "actions": ["<search>capital of peru</search>", "<search>deepest lake</search>"],
+            },
+        )
         assert status == 200, body
         assert body["observations"] == [
             "<information>Doc 1 (Title: capital of peru result 1) About capital of peru: "
             "fact number 1.</information>",
             "<information>Doc 1 (Title: deepest lake result 1) About deepest lake: "
-            "fact number 1.</information>"]
+            "fact number 1.</information>",
+        ]
         assert body["valids"] == [True, True]
         assert len(api.requests) == 3  # one of them was retried after the 503
         n = len(api.requests)
-        status, body = post_json(url + "/get_observation", {
-            "trajectory_ids": ["c"], "actions": ["<search>capital  of peru</search>"]})
+        status, body = post_json(
+            url + "/get_observation",
+            {"trajectory_ids": ["c"], "actions": ["<search>capital  of peru</search>"]},
+        )
         assert body["observations"][0].startswith("<information>Doc 1 (Title: capital of peru")
         assert len(api.requests) == n  # the disk cache answered
         api.fail_with = [500] * 4  # every attempt fails: an error observation, not a crash
-        status, body = post_json(url + "/get_observation", {
-            "trajectory_ids": ["d"], "actions": ["<search>unlucky</search>"]})
+        status, body = post_json(
+            url + "/get_observation",
+            {"trajectory_ids": ["d"], "actions": ["<search>unlucky</search>"]},
+        )
         assert status == 200 and body["valids"] == [False]
         assert body["observations"][0] == {
             "obs": "Search error: search API failed after 4 attempt(s): HTTP 500",
-            "invalid_reason": "search_error"}
+            "invalid_reason": "search_error",
+        }
     assert cache.exists()
 
 
 def test_end_to_end_local_backend_is_the_offline_default(tmp_path):
     from tool_server.launcher import post_json, run_server
 
-    with run_server(tools=["web_search"], workdir=str(tmp_path),
-                    tool_opt={"retrieval_index": synthetic_index("bm25"), "topk": 1}) as url:
-        status, body = post_json(url + "/get_observation", {
-            "trajectory_ids": ["a", "b"],
-            "actions": ["<search>chess board game</search>", "no search here"]})
+    with run_server(
+        tools=["web_search"],
+        workdir=str(tmp_path),
+        tool_opt={"retrieval_index": synthetic_index("bm25"), "topk": 1},
+    ) as url:
+        status, body = post_json(
+            url + "/get_observation",
+            {
+                "trajectory_ids": ["a", "b"],
+                "actions": ["<search>chess board game</search>", "no search here"],
+            },
+        )
         assert status == 200
         assert body["observations"][0] == (
             "<information>Doc 1 (Title: Chess) Chess is a board game for two players on an "
             "eight by eight grid; each side commands sixteen pieces and tries to checkmate "
-            "the opposing king.</information>")
+            "the opposing king.</information>"
+        )
         assert body["valids"] == [True, False]
     assert (tmp_path / "web_search_cache.sqlite").exists()

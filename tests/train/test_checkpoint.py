@@ -1,11 +1,12 @@
 """Orbax checkpoints: a resumed run reproduces the uninterrupted one; keep-last-n; errors."""
+
 import json
 
 import jax
 import numpy as np
 import pytest
-
 from support.train import batch, host, new_state, step_for
+
 from verltool_jax.train.checkpoint import Checkpointer
 
 N_STEPS = 4
@@ -23,11 +24,11 @@ def _run(state, step, start, stop, ckpt=None):
 
 
 def test_resumed_run_gives_the_same_losses(tmp_path):
-    step, _ = step_for("ppo_full")           # AdamW + schedule, reference params, 2 epochs
+    step, _ = step_for("ppo_full")  # AdamW + schedule, reference params, 2 epochs
     full_state, full_losses = _run(new_state("ppo_full"), step, 0, N_STEPS)
 
     with Checkpointer(tmp_path / "ck", save_every=2, keep=2) as ck:
-        _, first = _run(new_state("ppo_full"), step, 0, 2, ckpt=ck)   # saves at step 2
+        _, first = _run(new_state("ppo_full"), step, 0, 2, ckpt=ck)  # saves at step 2
     assert first == full_losses[:2]
 
     # a fresh process: a differently initialised template, then restore

@@ -1,4 +1,5 @@
 """Config loading and command-line overrides: real files, real ConfigDicts."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,42 +28,58 @@ def test_unknown_variant_names_it():
 
 
 def test_overrides_are_typed():
-    cl = parse_command_line([
-        "--config", f"{TINY}:smoke", "--config.rollout.max_turns=3",
-        "--config.optimizer.lr", "3e-4", "--config.optimizer.warmup_steps=5",
-        "--config.optimizer.lr=1", "--config.data.shuffle=false",
-        "--config.rollout.action_stop_strings=</python>,</answer>",
-        "--config.mesh_shape=(1, 2, 4)", "--config.rollout.max_action_tokens=9",
-        "--config.trainer.out_dir=/tmp/x y", "--config.data.train_files=a.parquet,b.jsonl"])
+    cl = parse_command_line(
+        [
+            "--config",
+            f"{TINY}:smoke",
+            "--config.rollout.max_turns=3",
+            "--config.optimizer.lr",
+            "3e-4",
+            "--config.optimizer.warmup_steps=5",
+            "--config.optimizer.lr=1",
+            "--config.data.shuffle=false",
+            "--config.rollout.action_stop_strings=</python>,</answer>",
+            "--config.mesh_shape=(1, 2, 4)",
+            "--config.rollout.max_action_tokens=9",
+            "--config.trainer.out_dir=/tmp/x y",
+            "--config.data.train_files=a.parquet,b.jsonl",
+        ]
+    )
     c = cl.config
     assert c.rollout.max_turns == 3 and isinstance(c.rollout.max_turns, int)
-    assert c.optimizer.lr == 1.0 and isinstance(c.optimizer.lr, float)   # int text -> float
+    assert c.optimizer.lr == 1.0 and isinstance(c.optimizer.lr, float)  # int text -> float
     assert c.data.shuffle is False
     assert c.rollout.action_stop_strings == ("</python>", "</answer>")
     assert c.mesh_shape == (1, 2, 4)
-    assert c.rollout.max_action_tokens == 9                                 # placeholder(int)
+    assert c.rollout.max_action_tokens == 9  # placeholder(int)
     assert c.trainer.out_dir == "/tmp/x y"
     assert c.data.train_files == ("a.parquet", "b.jsonl")
     assert cl.overrides[0] == ("rollout.max_turns", "3")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("--config.rollout.max_turn=3", r"rollout\.max_turn: unknown key 'max_turn'; did you mean 'max_turns'"),
-    ("--config.rolout.max_turns=3", r"unknown key 'rolout'"),
-    ("--config.rollout.max_turns=three", r"rollout\.max_turns='three': expected an int"),
-    ("--config.optimizer.lr=fast", r"optimizer\.lr='fast': expected a float"),
-    ("--config.data.shuffle=maybe", r"data\.shuffle='maybe': expected a bool"),
-    ("--config.mesh_shape=(1, x)", r"mesh_shape.*not a valid tuple literal"),
-    ("--config.mesh_shape=1,2,x", r"mesh_shape\[2\]='x': expected an int"),
-    ("--config.rollout=3", r"rollout is a section"),
-    ("--config.rollout.max_turns.x=3", r"'rollout.max_turns' is a value, not a section"),
-    ("--config.algo.adv_estimator=ppo", r"algo\.adv_estimator='ppo' must be one of"),
-    ("--config.rollout.top_p=1.5", r"rollout\.top_p=1\.5 must be in \(0, 1\]"),
-    ("--config.mesh_shape=(-1, -1, 1)", r"mesh_shape=.*3 ints"),
-    ("--config.rollout.n_samples=1", r"n_samples=1 must be >= 2"),
-    ("--config.rollout.obs_template=no placeholder", r"obs_template.*\{obs\} once"),
-    ("--checkpoint=x", r"unknown flag --checkpoint"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "--config.rollout.max_turn=3",
+            r"rollout\.max_turn: unknown key 'max_turn'; did you mean 'max_turns'",
+        ),
+        ("--config.rolout.max_turns=3", r"unknown key 'rolout'"),
+        ("--config.rollout.max_turns=three", r"rollout\.max_turns='three': expected an int"),
+        ("--config.optimizer.lr=fast", r"optimizer\.lr='fast': expected a float"),
+        ("--config.data.shuffle=maybe", r"data\.shuffle='maybe': expected a bool"),
+        ("--config.mesh_shape=(1, x)", r"mesh_shape.*not a valid tuple literal"),
+        ("--config.mesh_shape=1,2,x", r"mesh_shape\[2\]='x': expected an int"),
+        ("--config.rollout=3", r"rollout is a section"),
+        ("--config.rollout.max_turns.x=3", r"'rollout.max_turns' is a value, not a section"),
+        ("--config.algo.adv_estimator=ppo", r"algo\.adv_estimator='ppo' must be one of"),
+        ("--config.rollout.top_p=1.5", r"rollout\.top_p=1\.5 must be in \(0, 1\]"),
+        ("--config.mesh_shape=(-1, -1, 1)", r"mesh_shape=.*3 ints"),
+        ("--config.rollout.n_samples=1", r"n_samples=1 must be >= 2"),
+        ("--config.rollout.obs_template=no placeholder", r"obs_template.*\{obs\} once"),
+        ("--checkpoint=x", r"unknown flag --checkpoint"),
+    ],
+)
 def test_bad_overrides_fail_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         parse_command_line(["--config", TINY, override])
@@ -78,21 +95,25 @@ def test_locked_and_missing_things():
         load_config("configs/nope.py")
     with pytest.raises(ConfigError, match="missing required flag.*--checkpoint"):
         parse_command_line(["--config", TINY], flags={"checkpoint": None})
-    cl = parse_command_line(["--config", TINY, "--checkpoint", "ck/5", "--dry_run"],
-                            flags={"checkpoint": None, "dry_run": "false", "split": "eval"})
+    cl = parse_command_line(
+        ["--config", TINY, "--checkpoint", "ck/5", "--dry_run"],
+        flags={"checkpoint": None, "dry_run": "false", "split": "eval"},
+    )
     assert cl.flags == {"checkpoint": "ck/5", "dry_run": "true", "split": "eval"}
 
 
 def test_config_file_outside_repo(tmp_path):
     d = tmp_path / "exp"
     d.mkdir()
-    (d / "noarg.py").write_text(textwrap.dedent("""
+    (d / "noarg.py").write_text(
+        textwrap.dedent("""
         import ml_collections
         def get_config():
             c = ml_collections.ConfigDict()
             c.x = 1
             return c
-    """))
+    """)
+    )
     assert load_config(str(d / "noarg.py")).x == 1
     with pytest.raises(ConfigError, match="takes no argument"):
         load_config(f"{d / 'noarg.py'}:foo")
@@ -105,15 +126,29 @@ def test_local_sweep_script_emits_valid_commands():
     import os
     import shlex
     import subprocess
-    out = subprocess.run(["bash", "launch/local.sh", TINY, "", "sync", "smoke,sync", "--",
-                          "--config.trainer.steps=3"], env=dict(os.environ, DRY_RUN="1"),
-                         capture_output=True, text=True, check=True).stdout
+
+    out = subprocess.run(
+        [
+            "bash",
+            "launch/local.sh",
+            TINY,
+            "",
+            "sync",
+            "smoke,sync",
+            "--",
+            "--config.trainer.steps=3",
+        ],
+        env=dict(os.environ, DRY_RUN="1"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     cmds = [shlex.split(line[3:]) for line in out.splitlines() if line.startswith("== ")]
     assert len(cmds) == 3
     dirs = []
     for cmd in cmds:
         assert cmd[:3] == ["python", "-m", "verltool_jax.train"]
-        cl = parse_command_line(cmd[3:])                   # each would start: config is valid
+        cl = parse_command_line(cmd[3:])  # each would start: config is valid
         assert cl.config.trainer.steps == 3
         dirs.append(cl.config.trainer.out_dir)
     assert dirs == ["runs/tiny_math", "runs/tiny_math_sync", "runs/tiny_math_smoke_sync"]
@@ -126,16 +161,18 @@ def test_sections_feed_the_components():
 
     from verltool_jax.models.tiny import build_tiny_hf, tiny_config_dict
     from verltool_jax.rollout.config import RolloutConfig
+
     rc = validate_config(load_config(TINY))
     r = rc.rollout.rollout_config()
     assert type(r) is RolloutConfig
     assert r.action_stop_strings == ("</python>",) and r.max_turns == rc.rollout.max_turns
     tiny = dataclasses.asdict(rc.model.tiny)
     accepted = set(inspect.signature(tiny_config_dict).parameters) | set(
-        inspect.signature(build_tiny_hf).parameters)
+        inspect.signature(build_tiny_hf).parameters
+    )
     assert set(tiny) <= accepted, set(tiny) - accepted
     d = tiny_config_dict(rc.model.family, **{k: v for k, v in tiny.items() if k != "seed"})
-    assert d["hidden_size"] // d["num_attention_heads"] == 64   # vLLM CPU needs head_dim 64
+    assert d["hidden_size"] // d["num_attention_heads"] == 64  # vLLM CPU needs head_dim 64
     assert rc.algo_for_run().temperature == rc.rollout.temperature
     assert rc.optimizer_for_run().total_steps == rc.trainer.steps
 
@@ -146,17 +183,21 @@ def test_defaults_have_one_source():
     from verltool_jax.run_config import RunConfig, run_config_from_dict
     from verltool_jax.train.config import AlgoConfig
     from verltool_jax.train.optimizer import OptimConfig
+
     rc = run_config_from_dict(base.get_config())
     assert dataclasses.replace(rc, task=None) == RunConfig()
     assert rc.algo == AlgoConfig()
     assert rc.algo.clip_ratio_high == 0.28 and rc.algo.tis_cap == 2.0
     assert rc.optimizer.weight_decay == OptimConfig().weight_decay
-    assert rc.rollout.obs_template == __import__(
-        "verltool_jax.rollout.config", fromlist=["x"]).RolloutConfig().obs_template
+    assert (
+        rc.rollout.obs_template
+        == __import__("verltool_jax.rollout.config", fromlist=["x"]).RolloutConfig().obs_template
+    )
 
 
 def _leaves(cls, prefix=""):
     from verltool_jax.run_config import _hints, _inner, config_fields
+
     hints = _hints(cls)
     for f in config_fields(cls):
         sub = f.default_factory
@@ -169,30 +210,39 @@ def _leaves(cls, prefix=""):
 def _other_value(key, ft, current):
     """A valid value different from ``current`` for field ``f``, as command-line text."""
     f, typ = ft
-    special = {"mesh_shape": ((1, 2, 4), "(1, 2, 4)"),
-               "rollout.obs_template": ("[{obs}]", "[{obs}]"),
-               "rollout.top_p": (0.5, "0.5"), "sampler.gpu_memory_utilization": (0.5, "0.5"),
-               "algo.clip_ratio_low": (0.1, "0.1"), "algo.dual_clip_c": (4.0, "4.0"),
-               "rollout.n_samples": (4, "4"), "rollout.top_k": (5, "5"),
-               "optimizer.name": (None, None), "optimizer.schedule": ("cosine", "cosine"),
-               "algo.old_logprobs": ("recompute", "recompute"),
-               # a free-form map whose keys the experiment config defines: overriding one of
-               # them is tested with the retrieval-QA configs (tests/tasks)
-               "tool_server.tool_opt": (None, None),
-               "tool_server.url": ("http://a:1,http://b:2", "http://a:1,http://b:2"),
-               # placement modes need their device sets / URLs: tests/launch/test_launch.py
-               "placement.mode": (None, None), "placement.sampler_devices": (None, None),
-               "placement.trainer_devices": ((0,), "(0,)"),
-               "placement.sampler_urls": (("http://h:1",), "http://h:1"),
-               "algo.adv_estimator": ("rloo", "rloo"), "algo.policy_loss": ("gspo", "gspo"),
-               "algo.kl_estimator": ("k1", "k1"),
-               "algo.loss_agg_mode": ("seq-mean-token-mean", "seq-mean-token-mean"),
-               "rollout.action_stop_strings": (("</a>", "</b>"), "</a>,</b>"),
-               "rollout.final_stop_strings": (("</c>",), "</c>"),
-               "tool_server.tools": (("python_code", "sql"), "python_code,sql"),
-               "data.train_files": (("a.parquet",), "a.parquet"),
-               "data.eval_files": (("b.jsonl",), "b.jsonl"), "sft.files": (("c.parquet",), "c.parquet"),
-               "model.lora_targets": (("q_proj", "v_proj"), "q_proj,v_proj")}
+    special = {
+        "mesh_shape": ((1, 2, 4), "(1, 2, 4)"),
+        "rollout.obs_template": ("[{obs}]", "[{obs}]"),
+        "rollout.top_p": (0.5, "0.5"),
+        "sampler.gpu_memory_utilization": (0.5, "0.5"),
+        "algo.clip_ratio_low": (0.1, "0.1"),
+        "algo.dual_clip_c": (4.0, "4.0"),
+        "rollout.n_samples": (4, "4"),
+        "rollout.top_k": (5, "5"),
+        "optimizer.name": (None, None),
+        "optimizer.schedule": ("cosine", "cosine"),
+        "algo.old_logprobs": ("recompute", "recompute"),
+        # a free-form map whose keys the experiment config defines: overriding one of
+        # them is tested with the retrieval-QA configs (tests/tasks)
+        "tool_server.tool_opt": (None, None),
+        "tool_server.url": ("http://a:1,http://b:2", "http://a:1,http://b:2"),
+        # placement modes need their device sets / URLs: tests/launch/test_launch.py
+        "placement.mode": (None, None),
+        "placement.sampler_devices": (None, None),
+        "placement.trainer_devices": ((0,), "(0,)"),
+        "placement.sampler_urls": (("http://h:1",), "http://h:1"),
+        "algo.adv_estimator": ("rloo", "rloo"),
+        "algo.policy_loss": ("gspo", "gspo"),
+        "algo.kl_estimator": ("k1", "k1"),
+        "algo.loss_agg_mode": ("seq-mean-token-mean", "seq-mean-token-mean"),
+        "rollout.action_stop_strings": (("</a>", "</b>"), "</a>,</b>"),
+        "rollout.final_stop_strings": (("</c>",), "</c>"),
+        "tool_server.tools": (("python_code", "sql"), "python_code,sql"),
+        "data.train_files": (("a.parquet",), "a.parquet"),
+        "data.eval_files": (("b.jsonl",), "b.jsonl"),
+        "sft.files": (("c.parquet",), "c.parquet"),
+        "model.lora_targets": (("q_proj", "v_proj"), "q_proj,v_proj"),
+    }
     if key in special:
         return special[key]
     choices = f.metadata.get("choices")
@@ -216,6 +266,7 @@ def test_every_field_is_settable_and_arrives():
     """Each field of each section: override it on the command line, and the typed run
     config (what the trainer reads) carries the new value."""
     from verltool_jax.run_config import RunConfig
+
     seen = 0
     for key, f in _leaves(RunConfig):
         section, _, name = key.rpartition(".")
@@ -225,7 +276,7 @@ def test_every_field_is_settable_and_arrives():
         current = getattr(node, name)
         value, text = _other_value(key, f, current)
         if text is None:
-            continue                                   # a single allowed value
+            continue  # a single allowed value
         rc = parse_command_line(["--config", TINY, f"--config.{key}={text}"]).config
         node = validate_config(rc)
         for part in section.split(".") if section else ():
@@ -242,9 +293,17 @@ def test_every_field_is_read_by_the_code():
     from pathlib import Path
 
     from verltool_jax.run_config import RunConfig
+
     root = Path(__file__).resolve().parents[2]
-    code = "\n".join(p.read_text() for d in ("verltool_jax", "tool_server")
-                     for p in (root / d).rglob("*.py") if p.name != "run_config.py")
-    unread = [key for key, _ in _leaves(RunConfig)
-              if not re.search(r"\." + re.escape(key.rpartition(".")[2]) + r"\b", code)]
+    code = "\n".join(
+        p.read_text()
+        for d in ("verltool_jax", "tool_server")
+        for p in (root / d).rglob("*.py")
+        if p.name != "run_config.py"
+    )
+    unread = [
+        key
+        for key, _ in _leaves(RunConfig)
+        if not re.search(r"\." + re.escape(key.rpartition(".")[2]) + r"\b", code)
+    ]
     assert not unread, unread

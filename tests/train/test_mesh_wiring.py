@@ -1,15 +1,16 @@
 """The config's ``mesh_shape`` reaches the train step: the model loads straight into its
 shardings, the step sees its parameters and batch split as configured, a few steps give
 the single-device losses, and the sampler weight push gathers the sharded parameters."""
+
 import dataclasses
 
 import jax
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
-
-from support.train import batch, host
 from support.models import tiny_ckpt
+from support.train import batch, host
+
 from verltool_jax.models.hf_io import load_hf
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.run_config import RunConfig
@@ -33,6 +34,7 @@ class ShardingProbe:
     def __call__(self, model, input_ids, *args, **kw):
         def record(name):
             return lambda s: self.seen.setdefault(name, s)
+
         jax.debug.inspect_array_sharding(input_ids, callback=record("input_ids"))
         jax.debug.inspect_array_sharding(model.embed.embedding[...], callback=record("embed"))
         return token_logprobs(model, input_ids, *args, **kw)
@@ -47,16 +49,25 @@ def _run(rc: RunConfig, ckpt):
     probe = ShardingProbe()
     step = make_train_step(algo, state.graphdef, optimizer, mesh=mesh, logprob_fn=probe)
     params_init = host(state.params)
-    loaded = [(path, arr.shape, arr.sharding)
-              for path, arr in jax.tree_util.tree_flatten_with_path(state.params)[0]]
+    loaded = [
+        (path, arr.shape, arr.sharding)
+        for path, arr in jax.tree_util.tree_flatten_with_path(state.params)[0]
+    ]
     losses, grad_norms = [], []
     for i in range(STEPS):
         b = batch(i)
         state, m = step(state, shard_batch(b, mesh) if mesh is not None else b)
         losses.append(float(m["loss"]))
         grad_norms.append(float(m["grad_norm"]))
-    return dict(mesh=mesh, loaded=loaded, params_init=params_init, state=state, probe=probe, losses=losses,
-                grad_norms=grad_norms)
+    return dict(
+        mesh=mesh,
+        loaded=loaded,
+        params_init=params_init,
+        state=state,
+        probe=probe,
+        losses=losses,
+        grad_norms=grad_norms,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,35 +101,46 @@ def test_mesh_shape_reaches_the_step_with_the_configured_shardings(runs):
     assert seen["input_ids"].spec[0] == BATCH_AXES
     emb_shape = next(shape for path, shape, _ in sh["loaded"] if "embed" in str(path))
     assert seen["embed"].is_equivalent_to(
-        NamedSharding(mesh, param_spec("embed/embedding", emb_shape, mesh)), 2)
+        NamedSharding(mesh, param_spec("embed/embedding", emb_shape, mesh)), 2
+    )
     assert not seen["embed"].is_fully_replicated
     assert one["probe"].seen["input_ids"].is_fully_replicated
 
 
 def test_sharded_losses_equal_single_device(runs):
     _, one, sh = runs
-    assert len(set(np.round(one["losses"], 6))) > 1            # the batches differ
+    assert len(set(np.round(one["losses"], 6))) > 1  # the batches differ
     np.testing.assert_allclose(sh["losses"], one["losses"], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(sh["grad_norms"], one["grad_norms"], rtol=1e-4, atol=1e-6)
     # AdamW divides by sqrt(v): a 1e-7 gradient difference on a near-zero gradient moves
     # a weight by up to ~lr, so the parameters agree to a fraction of the update (3 x lr)
-    moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-                for a, b in zip(jax.tree.leaves(host(one["state"].params)),
-                                jax.tree.leaves(host(one["params_init"]))))
+    moved = max(
+        float(np.abs(np.asarray(a) - np.asarray(b)).max())
+        for a, b in zip(
+            jax.tree.leaves(host(one["state"].params)), jax.tree.leaves(host(one["params_init"]))
+        )
+    )
     assert moved > 5e-3
-    for a, b in zip(jax.tree.leaves(host(sh["state"].params)),
-                    jax.tree.leaves(host(one["state"].params))):
+    for a, b in zip(
+        jax.tree.leaves(host(sh["state"].params)), jax.tree.leaves(host(one["state"].params))
+    ):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-3)
 
 
 def test_weight_push_gathers_the_sharded_params(runs):
     ckpt, one, sh = runs
     from verltool_jax.models.config import ModelConfig
+
     cfg = ModelConfig.from_pretrained(ckpt)
     p_sh = pack_named_tensors(named_tensors_from_params(sh["state"].params, cfg))
     p_one = pack_named_tensors(named_tensors_from_params(one["state"].params, cfg))
     assert p_sh.names == p_one.names and p_sh.shapes == p_one.shapes
     assert p_sh.nbytes == p_one.nbytes > 0
-    for name, a, b, shape in zip(p_sh.names, p_sh.buffers, p_one.buffers, p_sh.shapes):
-        np.testing.assert_allclose(np.frombuffer(a, np.float32), np.frombuffer(b, np.float32),
-                                   rtol=0, atol=1e-3, err_msg=name)
+    for name, a, b, _shape in zip(p_sh.names, p_sh.buffers, p_one.buffers, p_sh.shapes):
+        np.testing.assert_allclose(
+            np.frombuffer(a, np.float32),
+            np.frombuffer(b, np.float32),
+            rtol=0,
+            atol=1e-3,
+            err_msg=name,
+        )

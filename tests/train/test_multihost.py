@@ -11,6 +11,7 @@ checkpoint. The prompts of each step must be the ones one process would have tak
 the same order (the strided share per process, kept across the resume).
 
 The fast tests check the helpers' single-process answers and errors."""
+
 from __future__ import annotations
 
 import json
@@ -28,11 +29,18 @@ from verltool_jax.cli import parse_command_line
 from verltool_jax.train import multihost
 
 REPO = Path(__file__).resolve().parents[2]
-OVERRIDES = ("sampler.backend=jax", "rollout.mode=sync", "logging.progress_bar=false",
-             "logging.plot=false", "logging.dump_trajectories=true", "logging.tensorboard=false",
-             # non-zero advantages (length penalty) and a loss that is never 0 (entropy)
-             "algo.overlong_buffer_len=40", "algo.entropy_coef=0.01",
-             "data.max_eval_examples=2")
+OVERRIDES = (
+    "sampler.backend=jax",
+    "rollout.mode=sync",
+    "logging.progress_bar=false",
+    "logging.plot=false",
+    "logging.dump_trajectories=true",
+    "logging.tensorboard=false",
+    # non-zero advantages (length penalty) and a loss that is never 0 (entropy)
+    "algo.overlong_buffer_len=40",
+    "algo.entropy_coef=0.01",
+    "data.max_eval_examples=2",
+)
 
 
 def _free_port() -> int:
@@ -43,11 +51,21 @@ def _free_port() -> int:
 
 def _launch(out: Path, steps: int, logs: Path, *extra: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    env.update(NUM_PROCESSES="2", DEVICES_PER_PROCESS="1", PLATFORM="cpu",
-               COORDINATOR_PORT=str(_free_port()), OUT=str(logs))
-    cmd = ["bash", str(REPO / "launch/multiprocess.sh"), "configs/tiny_math.py:smoke",
-           f"--config.trainer.out_dir={out}", f"--config.trainer.steps={steps}",
-           "--config.mesh_shape=(1,-1,1)"] + [f"--config.{o}" for o in OVERRIDES + extra]
+    env.update(
+        NUM_PROCESSES="2",
+        DEVICES_PER_PROCESS="1",
+        PLATFORM="cpu",
+        COORDINATOR_PORT=str(_free_port()),
+        OUT=str(logs),
+    )
+    cmd = [
+        "bash",
+        str(REPO / "launch/multiprocess.sh"),
+        "configs/tiny_math.py:smoke",
+        f"--config.trainer.out_dir={out}",
+        f"--config.trainer.steps={steps}",
+        "--config.mesh_shape=(1,-1,1)",
+    ] + [f"--config.{o}" for o in OVERRIDES + extra]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     other = (logs / "process1.console").read_text() if (logs / "process1.console").exists() else ""
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n--- process 1:\n{other}"
@@ -64,8 +82,10 @@ def two_process_run(tmp_path_factory):
 
 
 def _flat(params) -> dict:
-    return {jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    return {
+        jax.tree_util.keystr(k): np.asarray(v)
+        for k, v in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
 
 
 def _index(group_id: str) -> int:
@@ -81,6 +101,7 @@ def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_p
     from verltool_jax.train.state import TrainState
     from verltool_jax.train.step import make_train_step
     from verltool_jax.train.trainer import load_trajectories, train_on
+
     out = two_process_run["out"]
 
     # process 0 alone wrote the metrics (one record per step), both ran, the second resumed
@@ -88,27 +109,33 @@ def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_p
     rl = [r for r in records if "train/loss" in r]
     assert [r["step"] for r in rl] == [1, 2]
     assert "resumed from" in two_process_run["second"] and "at step 1" in two_process_run["second"]
-    assert (out / "run.process1.log").exists() and json.loads(
-        (out / "summary.json").read_text())["steps"] == 2
+    assert (out / "run.process1.log").exists() and json.loads((out / "summary.json").read_text())[
+        "steps"
+    ] == 2
     data = json.loads(next((out / "checkpoints/2/data").glob("*")).read_text())
     assert data["process_count"] == 2 and len(data["processes"]) == 2
-    assert all(r["rollout/num"] == 4 for r in rl)       # global: 2 groups x 2 samples
+    assert all(r["rollout/num"] == 4 for r in rl)  # global: 2 groups x 2 samples
     evals = [r for r in records if "eval/num" in r]
     # after SFT and final (run 1), at the start and final (run 2); one item per process
     assert [r["step"] for r in evals] == [0, 1, 1, 2] and all(r["eval/num"] == 2 for r in evals)
 
     # the prompts of each step are the ones one process takes, in its order
-    cfg = parse_command_line(["--config", str(REPO / "configs/tiny_math.py") + ":smoke",
-                              f"--config.trainer.out_dir={tmp_path / 'ref'}",
-                              f"--config.model.path={out / 'init_model'}"]
-                             + [f"--config.{o}" for o in OVERRIDES]).config
+    cfg = parse_command_line(
+        [
+            "--config",
+            str(REPO / "configs/tiny_math.py") + ":smoke",
+            f"--config.trainer.out_dir={tmp_path / 'ref'}",
+            f"--config.model.path={out / 'init_model'}",
+        ]
+        + [f"--config.{o}" for o in OVERRIDES]
+    ).config
     steps = {k: load_trajectories(out / "trained" / f"step_{k:05d}.jsonl") for k in (1, 2)}
     with build.build_run(cfg) as run:
         order = [e.index for e in run.prompt_pipeline().next_batch(4)]
         taken = []
         for k in (1, 2):
             gids = list(dict.fromkeys(t.group_id for t in steps[k]))
-            assert [g[:2] for g in gids] == ["p0", "p1"]          # one group per process
+            assert [g[:2] for g in gids] == ["p0", "p1"]  # one group per process
             taken += [_index(g) for g in gids]
         assert taken == order
 
@@ -124,13 +151,16 @@ def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_p
                 assert m[key] == pytest.approx(logged[key], rel=1e-5, abs=1e-7), (k, key)
             assert m["train/loss"] != 0.0
         saved, _ = Checkpointer(out / "checkpoints").restore(
-            TrainState.create(run.model, optimizer, seed=rc.trainer.seed))
+            TrainState.create(run.model, optimizer, seed=rc.trainer.seed)
+        )
     assert int(saved.step) == 2
     mine, theirs = _flat(state.params), _flat(saved.params)
     assert mine.keys() == theirs.keys()
     # the HF export (process 0, from the gathered params) is the checkpoint's policy
     from flax import nnx
+
     from verltool_jax.models.hf_io import load_hf
+
     exported = _flat(nnx.state(load_hf(out / "hf_model"), nnx.Param))
     assert exported.keys() == theirs.keys()
     for k in exported:
@@ -191,13 +221,24 @@ def test_helpers_across_two_real_processes():
     procs = []
     for pid in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                   JAX_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu",
-                   XLA_FLAGS="--xla_force_host_platform_device_count=1",
-                   PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
-        procs.append(subprocess.Popen([sys.executable, "-c", HELPERS_SCRIPT], env=env,
-                                      text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, cwd=REPO))
+        env.update(
+            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+            JAX_NUM_PROCESSES="2",
+            JAX_PROCESS_ID=str(pid),
+            JAX_PLATFORMS="cpu",
+            XLA_FLAGS="--xla_force_host_platform_device_count=1",
+            PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", HELPERS_SCRIPT],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=REPO,
+            )
+        )
     try:
         outs = [p.communicate(timeout=180) for p in procs]
     finally:
@@ -244,8 +285,11 @@ def test_prompt_share_is_strided_and_covers_every_position():
 
 
 def test_bad_batch_groups_and_process_count_name_the_fix():
-    with pytest.raises(ValueError, match=r"trainer.batch_groups=3 .* multiple of the number "
-                                         r"of processes \(2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.batch_groups=3 .* multiple of the number "
+        r"of processes \(2\)",
+    ):
         multihost.check_batch_groups(3, 2)
     saved = {"processes": [{"prompts": 1}, {"prompts": 2}], "process_count": 2}
     with pytest.raises(ValueError, match="written by 2 processes, this run has 1"):

@@ -1,6 +1,7 @@
 """End-to-end training through the real components: the tiny_math smoke config
 with the real tool server (sandboxed python), the real vLLM CPU sampler, the reward pool,
 the jitted train step, weight resync, orbax checkpoints, metrics, plot and HTML report."""
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _config(out_dir: Path, *overrides: str):
-    argv = ["--config", str(REPO / "configs/tiny_math.py") + ":smoke",
-            f"--config.trainer.out_dir={out_dir}", "--config.logging.progress_bar=false"]
+    argv = [
+        "--config",
+        str(REPO / "configs/tiny_math.py") + ":smoke",
+        f"--config.trainer.out_dir={out_dir}",
+        "--config.logging.progress_bar=false",
+    ]
     return parse_command_line(argv + [f"--config.{o}" for o in overrides]).config
 
 
 def _flat(params) -> dict:
-    return {jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    return {
+        jax.tree_util.keystr(k): np.asarray(v)
+        for k, v in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +42,7 @@ def two_runs(tmp_path_factory):
     3 steps, sync mode, JAX sampler: resumes from A's checkpoint and does one more step."""
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.train.trainer import train
+
     out = tmp_path_factory.mktemp("e2e") / "run"
     a = train(_config(out, "trainer.steps=2"), echo=False)
     summary_a = a.summary
@@ -43,6 +51,7 @@ def two_runs(tmp_path_factory):
     orig_restore = None
 
     from verltool_jax.train import checkpoint as ck_mod
+
     orig_restore = ck_mod.Checkpointer.restore
 
     def spy(self, template, step=None):
@@ -54,17 +63,26 @@ def two_runs(tmp_path_factory):
 
     ck_mod.Checkpointer.restore = spy
     try:
-        b = train(_config(out, "trainer.steps=3", "rollout.mode=sync", "sampler.backend=jax"),
-                  echo=False)
+        b = train(
+            _config(out, "trainer.steps=3", "rollout.mode=sync", "sampler.backend=jax"), echo=False
+        )
         summary_b = b.summary
     finally:
         ck_mod.Checkpointer.restore = orig_restore
-    return dict(out=out, a=a, b=b, summary_a=summary_a, summary_b=summary_b, init=init,
-                restored=restored_from)
+    return dict(
+        out=out,
+        a=a,
+        b=b,
+        summary_a=summary_a,
+        summary_b=summary_b,
+        init=init,
+        restored=restored_from,
+    )
 
 
 def test_weights_change_and_versions_advance(two_runs):
     from flax import nnx
+
     a = two_runs["a"]
     init = _flat(nnx.state(two_runs["init"], nnx.Param))
     after = _flat(a.state.params)
@@ -72,10 +90,10 @@ def test_weights_change_and_versions_advance(two_runs):
     changed = [k for k in init if not np.array_equal(init[k], after[k])]
     assert len(changed) == len(init), f"unchanged params: {set(init) - set(changed)}"
     assert two_runs["summary_a"]["steps"] == 2
-    assert a.policy_version == 2                  # the sampler got every new version
+    assert a.policy_version == 2  # the sampler got every new version
     records = [json.loads(x) for x in (two_runs["out"] / "metrics.jsonl").read_text().splitlines()]
     versions = [r["policy/version"] for r in records if "policy/version" in r]
-    assert versions == [1, 2, 3]                  # A: 1, 2; B (resumed): 3
+    assert versions == [1, 2, 3]  # A: 1, 2; B (resumed): 3
     rl = [r for r in records if "policy/version" in r]
     for r in rl:
         assert 0.0 <= r["reward/mean"] <= 1.0 and r["time/train_s"] > 0
@@ -92,12 +110,13 @@ def test_resume_restores_exactly(two_runs):
     assert saved.keys() == restored["params"].keys()
     for k in saved:
         np.testing.assert_array_equal(saved[k], restored["params"][k], err_msg=k)
-    assert restored["data"]["prompts"]["consumed"] >= 2 * 2   # 2 steps x 2 groups started
+    assert restored["data"]["prompts"]["consumed"] >= 2 * 2  # 2 steps x 2 groups started
     assert two_runs["summary_b"]["steps"] == 3
     assert int(b.state.step) == 3
-    steps = sorted(int(p.name) for p in (two_runs["out"] / "checkpoints").iterdir()
-                   if p.name.isdigit())
-    assert steps[-1] == 3 and len(steps) <= 2            # keep_ckpts=2
+    steps = sorted(
+        int(p.name) for p in (two_runs["out"] / "checkpoints").iterdir() if p.name.isdigit()
+    )
+    assert steps[-1] == 3 and len(steps) <= 2  # keep_ckpts=2
 
 
 def test_outputs_written(two_runs):
@@ -114,24 +133,45 @@ def test_outputs_written(two_runs):
 
 def test_bad_override_fails_before_work(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    r = subprocess.run([sys.executable, "-m", "verltool_jax.train", "--config",
-                        "configs/tiny_math.py:smoke", "--config.rollout.max_turnz=3",
-                        f"--config.trainer.out_dir={tmp_path / 'x'}"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verltool_jax.train",
+            "--config",
+            "configs/tiny_math.py:smoke",
+            "--config.rollout.max_turnz=3",
+            f"--config.trainer.out_dir={tmp_path / 'x'}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "rollout.max_turnz" in r.stderr
-    assert not (tmp_path / "x").exists()          # nothing was started
+    assert not (tmp_path / "x").exists()  # nothing was started
     with pytest.raises(ConfigError, match="rollout.max_turns"):
         _config(tmp_path, "rollout.max_turns=three")
 
 
 def test_bad_data_row_is_a_clear_error(tmp_path):
     from verltool_jax.train.trainer import train
+
     bad = tmp_path / "bad.jsonl"
-    rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "tiny_math",
-             "reward_model": {"ground_truth": "2"}},
-            {"prompt": "not a list of messages", "data_source": "tiny_math",
-             "reward_model": {"ground_truth": "3"}}]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "1+1?"}],
+            "data_source": "tiny_math",
+            "reward_model": {"ground_truth": "2"},
+        },
+        {
+            "prompt": "not a list of messages",
+            "data_source": "tiny_math",
+            "reward_model": {"ground_truth": "3"},
+        },
+    ]
     bad.write_text("\n".join(json.dumps(r) for r in rows))
     cfg = _config(tmp_path / "run", f"data.train_files=('{bad}',)", "sft.steps=0")
     with pytest.raises(ValueError, match=r"row 1.*prompt"):
@@ -140,10 +180,20 @@ def test_bad_data_row_is_a_clear_error(tmp_path):
 
 def test_eval_entry_point_scores_the_checkpoint(two_runs, capsys, tmp_path):
     from verltool_jax import eval as eval_cli
+
     report = tmp_path / "eval.html"
-    rc = eval_cli.main(["--config", str(REPO / "configs/tiny_math.py") + ":smoke",
-                        "--config.sampler.backend=jax", "--config.logging.progress_bar=false",
-                        "--checkpoint", str(two_runs["out"]), "--report", str(report)])
+    rc = eval_cli.main(
+        [
+            "--config",
+            str(REPO / "configs/tiny_math.py") + ":smoke",
+            "--config.sampler.backend=jax",
+            "--config.logging.progress_bar=false",
+            "--checkpoint",
+            str(two_runs["out"]),
+            "--report",
+            str(report),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("[eval] orbax checkpoint"))
@@ -151,8 +201,12 @@ def test_eval_entry_point_scores_the_checkpoint(two_runs, capsys, tmp_path):
     metrics = json.loads(line.split(": ", 1)[1])
     assert metrics["eval/num"] == 8 and 0.0 <= metrics["eval/acc"] <= 1.0
     assert "&lt;python&gt;" in report.read_text() or "tool calls" in report.read_text()
-    assert eval_cli.main(["--config", "configs/tiny_math.py:smoke",
-                          "--checkpoint", str(tmp_path / "missing")]) == 2
+    assert (
+        eval_cli.main(
+            ["--config", "configs/tiny_math.py:smoke", "--checkpoint", str(tmp_path / "missing")]
+        )
+        == 2
+    )
 
 
 def test_console_shows_the_trainer_and_the_log_file_the_libraries(tmp_path):
@@ -160,24 +214,38 @@ def test_console_shows_the_trainer_and_the_log_file_the_libraries(tmp_path):
     where the library log is); vLLM/XLA/tool-server output lands in <out_dir>/run.log."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "verltool_jax.train", "--config",
-                        "configs/tiny_math.py:smoke", f"--config.trainer.out_dir={out}",
-                        "--config.logging.progress_bar=false", "--config.trainer.steps=1"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verltool_jax.train",
+            "--config",
+            "configs/tiny_math.py:smoke",
+            f"--config.trainer.out_dir={out}",
+            "--config.logging.progress_bar=false",
+            "--config.trainer.steps=1",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     console = r.stdout + r.stderr
     assert f"library logs (vLLM, XLA, tool server) go to {out}/run.log" in console
     assert "[sft] step 2/2" in console and "[trainer] done" in console
-    assert "step 1/1 | reward" in console                        # the progress line
-    assert " INFO " not in console and "WARNING" not in console   # no library lines
+    assert "step 1/1 | reward" in console  # the progress line
+    assert " INFO " not in console and "WARNING" not in console  # no library lines
     log = (out / "run.log").read_text()
-    assert "vllm" in log.lower() and " INFO " in log             # they went to the log
+    assert "vllm" in log.lower() and " INFO " in log  # they went to the log
 
 
 def _rewards_by_batch(monkeypatch, mixed: list[bool]):
     """Training batches get all-zero rewards, or mixed ones (0, 1, 0, 1 in each group),
     batch by batch as ``mixed`` says (then mixed): a task whose difficulty the test sets."""
     from verltool_jax.train import trainer as trainer_mod
+
     real, calls = trainer_mod.assign_rewards, iter(mixed)
 
     def assign(trajs, results):
@@ -185,6 +253,7 @@ def _rewards_by_batch(monkeypatch, mixed: list[bool]):
         mix = next(calls, True)
         for i, t in enumerate(trajs):
             t.reward = float(mix and i % 2)
+
     monkeypatch.setattr(trainer_mod, "assign_rewards", assign)
 
 
@@ -193,11 +262,20 @@ def test_dynamic_sampling_samples_again_when_no_group_has_a_signal(tmp_path, mon
     step: no metrics row, evaluation or checkpoint for it, no weight push; another batch
     is sampled, and the step that follows says how many were dropped."""
     from verltool_jax.train import trainer as trainer_mod
+
     _rewards_by_batch(monkeypatch, [False, False, True])
     out = tmp_path / "ds"
-    r = trainer_mod.train(_config(out, "algo.dynamic_sampling=true", "trainer.steps=2",
-                                  "trainer.eval_every=1", "rollout.mode=sync",
-                                  "sampler.backend=jax"), echo=False)
+    r = trainer_mod.train(
+        _config(
+            out,
+            "algo.dynamic_sampling=true",
+            "trainer.steps=2",
+            "trainer.eval_every=1",
+            "rollout.mode=sync",
+            "sampler.backend=jax",
+        ),
+        echo=False,
+    )
     assert r.summary["steps"] == 2 and r.policy_version == 2
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if "batch/uninformative_batches" in row]
@@ -205,7 +283,7 @@ def test_dynamic_sampling_samples_again_when_no_group_has_a_signal(tmp_path, mon
     assert [row["batch/uninformative_batches"] for row in steps] == [2, 0]
     assert all(row["batch/informative_frac"] > 0 for row in steps)
     evals = [row["step"] for row in rows if "eval/acc" in row]
-    assert evals == [0, 1, 2]                         # start, eval_every=1, final
+    assert evals == [0, 1, 2]  # start, eval_every=1, final
 
 
 def test_dynamic_sampling_stops_after_its_limit_of_empty_batches(tmp_path, monkeypatch):
@@ -213,12 +291,21 @@ def test_dynamic_sampling_stops_after_its_limit_of_empty_batches(tmp_path, monke
     with an error naming the setting, the state saved."""
     from verltool_jax.train import trainer as trainer_mod
     from verltool_jax.train.checkpoint import Checkpointer
+
     _rewards_by_batch(monkeypatch, [False] * 10)
     out = tmp_path / "ds"
     with pytest.raises(RuntimeError, match="dynamic_sampling_max_batches=2"):
-        trainer_mod.train(_config(out, "algo.dynamic_sampling=true",
-                                  "algo.dynamic_sampling_max_batches=2", "trainer.steps=2",
-                                  "rollout.mode=sync", "sampler.backend=jax"), echo=False)
+        trainer_mod.train(
+            _config(
+                out,
+                "algo.dynamic_sampling=true",
+                "algo.dynamic_sampling_max_batches=2",
+                "trainer.steps=2",
+                "rollout.mode=sync",
+                "sampler.backend=jax",
+            ),
+            echo=False,
+        )
     assert Checkpointer(out / "checkpoints", save_every=1).all_steps() == [0]
     with pytest.raises(ConfigError, match="dynamic_sampling_max_batches"):
         _config(out, "algo.dynamic_sampling_max_batches=-1")
@@ -231,15 +318,18 @@ def test_sft_stage_without_a_held_out_set_starts_no_sampler(tmp_path, monkeypatc
     from flax import nnx
 
     from verltool_jax.models.hf_io import load_hf
-    from verltool_jax.train import build, trainer as trainer_mod
+    from verltool_jax.train import build
+    from verltool_jax.train import trainer as trainer_mod
 
     def refuse(*a, **kw):
         raise AssertionError("a sampler was started for a run that samples nothing")
 
     monkeypatch.setattr(build, "make_sampler", refuse)
     out = tmp_path / "sft"
-    r = trainer_mod.train(_config(out, "stage=sft", "data.max_eval_examples=0",
-                                  "checkpoint.export_hf=true"), echo=False)
+    r = trainer_mod.train(
+        _config(out, "stage=sft", "data.max_eval_examples=0", "checkpoint.export_hf=true"),
+        echo=False,
+    )
     assert r.summary["steps"] == 0 and not r.summary["interrupted"]
     assert r.summary["eval_before"] is None and r.summary["eval_after"] is None
     assert json.loads((out / "summary.json").read_text())["steps"] == 0
@@ -249,7 +339,7 @@ def test_sft_stage_without_a_held_out_set_starts_no_sampler(tmp_path, monkeypatc
     assert got.keys() == want.keys()
     assert all(np.array_equal(got[k], want[k]) for k in got)
     init = _flat(nnx.state(load_hf(out / "init_model"), nnx.Param))
-    assert any(not np.array_equal(got[k], init[k]) for k in got)     # the warm start ran
+    assert any(not np.array_equal(got[k], init[k]) for k in got)  # the warm start ran
 
 
 def test_sft_stage_evaluates_the_held_out_set_once(tmp_path, monkeypatch):
@@ -257,6 +347,7 @@ def test_sft_stage_evaluates_the_held_out_set_once(tmp_path, monkeypatch):
     final one: one pass over the held-out set (it took two, doubling a 30-minute SmolLM2
     evaluation), its figures reported as before and after."""
     from verltool_jax.train import trainer as trainer_mod
+
     calls = []
     real = trainer_mod.evaluate
 
@@ -265,9 +356,8 @@ def test_sft_stage_evaluates_the_held_out_set_once(tmp_path, monkeypatch):
         return await real(*a, **kw)
 
     monkeypatch.setattr(trainer_mod, "evaluate", counting)
-    r = trainer_mod.train(_config(tmp_path / "sft", "stage=sft", "sampler.backend=jax"),
-                          echo=False)
-    assert calls == [8]                                      # data.max_eval_examples
+    r = trainer_mod.train(_config(tmp_path / "sft", "stage=sft", "sampler.backend=jax"), echo=False)
+    assert calls == [8]  # data.max_eval_examples
     assert r.summary["steps"] == 0 and r.summary["eval_after"] == r.summary["eval_before"]
     assert r.summary["eval_before"] is not None
 
@@ -280,18 +370,29 @@ def test_group_reward_terms_are_added_by_the_trainer(tmp_path, monkeypatch):
     from verltool_jax.rewards.visual_reward import CuriositySettings, curiosity_terms
     from verltool_jax.train import trainer as trainer_mod
     from verltool_jax.train.trainer import load_trajectories, train
+
     orig = trainer_mod.assign_rewards
 
     def assign(trajs, results):
         orig(trajs, results)
         for i, t in enumerate(trajs):
             t.tool_calls, t.invalid_tool_calls = i % 3, 0
+
     monkeypatch.setattr(trainer_mod, "assign_rewards", assign)
     out = tmp_path / "cur"
-    train(_config(out, "trainer.steps=1", "rollout.mode=sync", "sampler.backend=jax",
-                  "reward.curiosity_alpha=0.5", "reward.curiosity_rate_bound=1.0",
-                  "reward.extra_call_penalty=0.05", "logging.dump_trajectories=true"),
-          echo=False)
+    train(
+        _config(
+            out,
+            "trainer.steps=1",
+            "rollout.mode=sync",
+            "sampler.backend=jax",
+            "reward.curiosity_alpha=0.5",
+            "reward.curiosity_rate_bound=1.0",
+            "reward.extra_call_penalty=0.05",
+            "logging.dump_trajectories=true",
+        ),
+        echo=False,
+    )
     trajs = load_trajectories(out / "trained" / "step_00001.jsonl")
     groups: dict = {}
     for t in trajs:
@@ -307,4 +408,5 @@ def test_group_reward_terms_are_added_by_the_trainer(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     (step,) = [r for r in rows if "reward/curiosity_bonus" in r]
     assert step["reward/curiosity_bonus"] == pytest.approx(
-        np.mean([t.reward_info["curiosity_bonus"] for t in trajs]))
+        np.mean([t.reward_info["curiosity_bonus"] for t in trajs])
+    )

@@ -4,6 +4,7 @@ checkpoint kept), the sampler engine (the failed batch is not trained on, the ru
 a reward worker (the pool replaces it; the lost item is a failure, not a 0 reward), and
 SIGTERM (exit 130, no final evaluation). Real tool server, real JAX sampler, real
 trainer on the tiny_math smoke config."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-
+import support.rewards_testlib as rewards_testlib  # noqa: F401  (registers the test rewards)
 from support.scripted_sampler import ScriptedSampler
+
 from tool_server.launcher import ToolServerProcess, run_server
 from verltool_jax.cli import parse_command_line
 from verltool_jax.rewards import RewardItem, RewardPool
@@ -28,19 +30,22 @@ from verltool_jax.tools_client import ToolClient
 from verltool_jax.train import trainer as trainer_mod
 from verltool_jax.train.health import DependencyDown, ToolServerGuard, batch_health
 
-import support.rewards_testlib as rewards_testlib  # noqa: F401  (registers the test rewards)
-
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def _argv(out_dir: Path, *overrides: str) -> list[str]:
-    return (["--config", str(REPO / "configs/tiny_math.py") + ":smoke",
-             "--config.sampler.backend=jax", "--config.sft.steps=0",
-             f"--config.trainer.out_dir={out_dir}", "--config.logging.progress_bar=false",
-             "--config.logging.plot=false", "--config.logging.tensorboard=false",
-             "--config.data.max_eval_examples=2"]
-            + [f"--config.{o}" for o in overrides])
+    return [
+        "--config",
+        str(REPO / "configs/tiny_math.py") + ":smoke",
+        "--config.sampler.backend=jax",
+        "--config.sft.steps=0",
+        f"--config.trainer.out_dir={out_dir}",
+        "--config.logging.progress_bar=false",
+        "--config.logging.plot=false",
+        "--config.logging.tensorboard=false",
+        "--config.data.max_eval_examples=2",
+    ] + [f"--config.{o}" for o in overrides]
 
 
 def _ckpt_steps(out: Path) -> list[int]:
@@ -62,6 +67,7 @@ def _after_step(monkeypatch, step: int, action) -> None:
         if self.step == step:
             action(self)
         return metrics
+
     monkeypatch.setattr(trainer_mod.RLLoop, "rl_step", rl_step)
 
 
@@ -72,7 +78,7 @@ def _kill(proc) -> int:
     return pid
 
 
-def test_started_tool_server_killed_is_restarted_and_turns_retried(tok):  # noqa: F811
+def test_started_tool_server_killed_is_restarted_and_turns_retried(tok):
     said: list[str] = []
     server = ToolServerProcess(["python_code"], timeout=10)
     url = server.start()
@@ -81,17 +87,25 @@ def test_started_tool_server_killed_is_restarted_and_turns_retried(tok):  # noqa
     killed: list[int] = []
 
     def script(rid: str, turn: int) -> str:
-        if turn == 0 and not killed:       # the server dies while the turns are in flight
+        if turn == 0 and not killed:  # the server dies while the turns are in flight
             killed.append(_kill(server))
         return "<python>print(6*7)</python>" if turn == 0 else "<answer>42</answer>"
 
     async def go():
         async with guard.watch(ToolClient(url, retries=1, backoff_s=0.05)) as client:
-            items = [PromptItem(tok.encode(PROMPT, add_special_tokens=False), group_id=f"p{i}")
-                     for i in range(3)]
-            return await run_rollout(items, 4, ScriptedSampler(tok, script, delay_s=0.01),
-                                     client, tok, RolloutConfig(max_turns=3,
-                                                                max_response_tokens=128))
+            items = [
+                PromptItem(tok.encode(PROMPT, add_special_tokens=False), group_id=f"p{i}")
+                for i in range(3)
+            ]
+            return await run_rollout(
+                items,
+                4,
+                ScriptedSampler(tok, script, delay_s=0.01),
+                client,
+                tok,
+                RolloutConfig(max_turns=3, max_response_tokens=128),
+            )
+
     try:
         groups = asyncio.run(go())
         trajs = [t for g in groups for t in g]
@@ -99,7 +113,7 @@ def test_started_tool_server_killed_is_restarted_and_turns_retried(tok):  # noqa
         assert [t.termination for t in trajs] == ["eos"] * 12, [t.error for t in trajs]
         assert all(t.tool_calls == 1 and t.observations[0].strip() == "42" for t in trajs)
         assert guard.restarts == 1 and server.restarts == 1 and guard.down is None
-        assert server.alive and server.pid != first_pid and server.url == url   # same port
+        assert server.alive and server.pid != first_pid and server.url == url  # same port
         assert any("restarted" in s for s in said), said
         # the dead server left nothing behind: its scratch dir and sandboxed workers are gone
         assert not os.path.exists(first_scratch)
@@ -111,15 +125,24 @@ def test_started_tool_server_killed_is_restarted_and_turns_retried(tok):  # noqa
 
 
 def test_external_tool_server_down_stops_the_run_and_keeps_the_checkpoint(
-        tmp_path, monkeypatch, capfd):
+    tmp_path, monkeypatch, capfd
+):
     from verltool_jax.train.__main__ import EXIT_DEPENDENCY_DOWN, main
+
     out = tmp_path / "run"
     handler_before = signal.getsignal(signal.SIGTERM)
     with ToolServerProcess(["python_code"], timeout=10) as server:
         _after_step(monkeypatch, 1, lambda loop: _kill(server))
         t0 = time.monotonic()
-        rc = main(_argv(out, f"tool_server.url={server.url}", "tool_server.down_grace_s=1.0",
-                        "trainer.steps=3", "trainer.keep_ckpts=1"))
+        rc = main(
+            _argv(
+                out,
+                f"tool_server.url={server.url}",
+                "tool_server.down_grace_s=1.0",
+                "trainer.steps=3",
+                "trainer.keep_ckpts=1",
+            )
+        )
         elapsed = time.monotonic() - t0
     console = capfd.readouterr().out
     assert rc == EXIT_DEPENDENCY_DOWN == 3
@@ -141,23 +164,27 @@ def test_dead_sampler_batch_is_not_trained_and_the_run_stops(tmp_path, monkeypat
     def crash_the_engine(loop):
         def dead(*a, **kw):
             raise RuntimeError("engine killed by the test")
+
         loop.run_.sampler._prefill = loop.run_.sampler._decode = dead
 
     _after_step(monkeypatch, 1, crash_the_engine)
     cfg = parse_command_line(_argv(out, "trainer.steps=3", "rollout.mode=sync")).config
-    with pytest.raises(DependencyDown, match=r"the sampler died \(step 2: 4/4 trajectories "
-                                             r"failed .*SamplerDeadError"):
+    with pytest.raises(
+        DependencyDown,
+        match=r"the sampler died \(step 2: 4/4 trajectories "
+        r"failed .*SamplerDeadError",
+    ):
         trainer_mod.train(cfg, echo=False)
-    assert _ckpt_steps(out) == [1]                # step 2's failed batch never trained
+    assert _ckpt_steps(out) == [1]  # step 2's failed batch never trained
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in records if "policy/version" in r]
     assert [r["policy/version"] for r in trained] == [1]
     assert all(r["rollout/errors"] == 0 for r in trained)
 
 
-def test_started_server_killed_then_sigterm_restarts_and_exits_130(tmp_path, monkeypatch,
-                                                                    capfd):
+def test_started_server_killed_then_sigterm_restarts_and_exits_130(tmp_path, monkeypatch, capfd):
     from verltool_jax.train.__main__ import EXIT_INTERRUPTED, main
+
     out = tmp_path / "run"
     handler_before = signal.getsignal(signal.SIGTERM)
     servers: list = []
@@ -169,6 +196,7 @@ def test_started_server_killed_then_sigterm_restarts_and_exits_130(tmp_path, mon
         servers.append(self)
         scratch.append(self.scratch)
         return url
+
     monkeypatch.setattr(ToolServerProcess, "start", start)
     killed: list[int] = []
 
@@ -181,10 +209,11 @@ def test_started_server_killed_then_sigterm_restarts_and_exits_130(tmp_path, mon
     async def rl_step(self, *a, **kw):
         metrics = await orig(self, *a, **kw)
         if self.step == 1:
-            act(self)                                  # kill -9 the server we started
+            act(self)  # kill -9 the server we started
         if self.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)       # then interrupt the run
+            os.kill(os.getpid(), signal.SIGTERM)  # then interrupt the run
         return metrics
+
     monkeypatch.setattr(trainer_mod.RLLoop, "rl_step", rl_step)
     rc = main(_argv(out, "trainer.steps=4"))
     console = capfd.readouterr().out
@@ -203,19 +232,33 @@ def test_started_server_killed_then_sigterm_restarts_and_exits_130(tmp_path, mon
 
 
 def test_killed_reward_worker_is_replaced_and_its_item_is_a_failure():
-    items = [RewardItem("x", "1", "test_sleep", {"sleep_s": 1.5}),
-             ("<answer>6</answer>", {"data_source": "tiny_math",
-                                     "reward_model": {"ground_truth": "6"}})]
-    with RewardPool(num_workers=1, timeout_s=2.0, grace_s=1.0, warm_up=False,
-                    reward_modules=("support.rewards_testlib",)) as pool:
-        pool.score([items[1]])                                # workers up
+    items = [
+        RewardItem("x", "1", "test_sleep", {"sleep_s": 1.5}),
+        ("<answer>6</answer>", {"data_source": "tiny_math", "reward_model": {"ground_truth": "6"}}),
+    ]
+    with RewardPool(
+        num_workers=1,
+        timeout_s=2.0,
+        grace_s=1.0,
+        warm_up=False,
+        reward_modules=("support.rewards_testlib",),
+    ) as pool:
+        pool.score([items[1]])  # workers up
         (worker,) = pool._pool._pool
         threading.Timer(0.5, lambda: os.kill(worker.pid, signal.SIGKILL)).start()
         res = pool.score(items)
         assert res[0].info.get("killed") is True and res[0].score == 0.0
-        assert pool.restarts == 1             # (test_rewards.py: the fresh pool scores)
-    trajs = [Trajectory(trajectory_id=f"t{i}", group_id="g", prompt_ids=[1], termination="eos",
-                        reward_info=dict(r.info)) for i, r in enumerate(res)]
+        assert pool.restarts == 1  # (test_rewards.py: the fresh pool scores)
+    trajs = [
+        Trajectory(
+            trajectory_id=f"t{i}",
+            group_id="g",
+            prompt_ids=[1],
+            termination="eos",
+            reward_info=dict(r.info),
+        )
+        for i, r in enumerate(res)
+    ]
     h = batch_health(trajs)
     # (the queued item is killed too when the replacement worker starts too late)
     killed = sum(bool(r.info.get("killed")) for r in res)
@@ -251,10 +294,16 @@ def test_batches_over_the_error_rate_are_skipped_then_the_run_stops():
     from verltool_jax.train.health import HealthMonitor
 
     def batch(n_failed: int, n: int = 4) -> list[Trajectory]:
-        return [Trajectory(trajectory_id=f"t{i}", group_id="g", prompt_ids=[1],
-                           termination="error" if i < n_failed else "eos",
-                           error="ToolServerError: boom" if i < n_failed else None)
-                for i in range(n)]
+        return [
+            Trajectory(
+                trajectory_id=f"t{i}",
+                group_id="g",
+                prompt_ids=[1],
+                termination="error" if i < n_failed else "eos",
+                error="ToolServerError: boom" if i < n_failed else None,
+            )
+            for i in range(n)
+        ]
 
     said: list[str] = []
 
@@ -263,30 +312,37 @@ def test_batches_over_the_error_rate_are_skipped_then_the_run_stops():
 
     async def go(url):
         guard = ToolServerGuard(url, None, down_grace_s=0, say=said.append)
-        mon = HealthMonitor(guard, lambda: Alive(), None, max_error_rate=0.25,
-                            max_skipped_steps=2, say=said.append)
-        assert await mon.admit(batch(1), 0)              # 1/4 = the threshold: trained on
-        assert not await mon.admit(batch(2), 1)          # 2/4: skipped
+        mon = HealthMonitor(
+            guard, lambda: Alive(), None, max_error_rate=0.25, max_skipped_steps=2, say=said.append
+        )
+        assert await mon.admit(batch(1), 0)  # 1/4 = the threshold: trained on
+        assert not await mon.admit(batch(2), 1)  # 2/4: skipped
         assert not await mon.admit(batch(4), 1)
         assert await mon.admit(batch(0), 1) and mon.skipped_in_a_row == 0
         for _ in range(2):
             assert not await mon.admit(batch(3), 2)
-        with pytest.raises(DependencyDown, match=r"3 batches in a row failed .*3/4 "
-                                                 r"trajectories failed \(3x ToolServerError"):
+        with pytest.raises(
+            DependencyDown,
+            match=r"3 batches in a row failed .*3/4 "
+            r"trajectories failed \(3x ToolServerError",
+        ):
             await mon.admit(batch(3), 2)
         return mon
 
     with run_server(["python_code"], timeout=5) as url:
         mon = asyncio.run(go(url))
     assert mon.metrics()["health/skipped_steps"] == 5
-    assert said[0].startswith("[health] step 2: 2/4 trajectories failed (2x ToolServerError: "
-                              "boom), more than trainer.max_error_rate=0.25: not training")
+    assert said[0].startswith(
+        "[health] step 2: 2/4 trajectories failed (2x ToolServerError: "
+        "boom), more than trainer.max_error_rate=0.25: not training"
+    )
 
 
 def test_a_replica_list_is_healthy_while_any_replica_answers():
     """``tool_server.url`` may list replicas; the guard probed the whole comma-separated
     string as one URL and stopped every multi-replica run (launch/local_cluster.sh)."""
     from verltool_jax.samplers.remote_vllm import free_port
+
     dead = f"http://127.0.0.1:{free_port()}"
     with run_server(["python_code"], timeout=5) as live:
         both = asyncio.run(ToolServerGuard(f"{dead},{live}", None, down_grace_s=0).healthy())
@@ -294,13 +350,13 @@ def test_a_replica_list_is_healthy_while_any_replica_answers():
     assert asyncio.run(ToolServerGuard(f"{dead},{live}", None, down_grace_s=0).healthy()) is False
 
 
-def test_sigterm_during_the_sft_warm_start_stops_it_and_keeps_nothing(tmp_path, monkeypatch,
-                                                                       capfd):
+def test_sigterm_during_the_sft_warm_start_stops_it_and_keeps_nothing(tmp_path, monkeypatch, capfd):
     """A signal during SFT ends it after the step in progress (not after all of them); no
     checkpoint is written (a resumed run would otherwise skip the unfinished warm start),
     the summary says interrupted, and the same command runs SFT again from the start."""
-    from verltool_jax.train.__main__ import EXIT_INTERRUPTED, main
     import verltool_jax.train.sft as sft_mod
+    from verltool_jax.train.__main__ import EXIT_INTERRUPTED, main
+
     out = tmp_path / "run"
     orig = sft_mod.sft_batch
     calls = []
@@ -308,8 +364,9 @@ def test_sigterm_during_the_sft_warm_start_stops_it_and_keeps_nothing(tmp_path, 
     def sft_batch(*a, **kw):
         calls.append(1)
         if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGTERM)       # during the third step
+            os.kill(os.getpid(), signal.SIGTERM)  # during the third step
         return orig(*a, **kw)
+
     monkeypatch.setattr(sft_mod, "sft_batch", sft_batch)
     argv = _argv(out, "trainer.steps=2", "sft.steps=50", "sft.batch_size=2")
     assert main(argv) == EXIT_INTERRUPTED

@@ -1,6 +1,7 @@
 """A LoRA run through the real trainer (tiny_math smoke config, JAX sampler): only the
 adapters change, the sampler serves the merged weights (its logprobs match the trainer's
 unmerged forward), the SFT warm start trains adapters too, and the HF export is merged."""
+
 from __future__ import annotations
 
 import json
@@ -19,30 +20,38 @@ def test_lora_run_trains_adapters_and_syncs_merged_weights(tmp_path):
 
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.train.trainer import train
+
     out = tmp_path / "run"
-    argv = ["--config", str(REPO / "configs/tiny_math.py") + ":smoke",
-            f"--config.trainer.out_dir={out}", "--config.logging.progress_bar=false",
-            "--config.trainer.steps=2", "--config.sampler.backend=jax",
-            "--config.rollout.mode=sync", "--config.model.lora_rank=4",
-            "--config.model.lora_last_layers=1", "--config.optimizer.lr=1e-2",
-            "--config.checkpoint.export_hf=true"]
+    argv = [
+        "--config",
+        str(REPO / "configs/tiny_math.py") + ":smoke",
+        f"--config.trainer.out_dir={out}",
+        "--config.logging.progress_bar=false",
+        "--config.trainer.steps=2",
+        "--config.sampler.backend=jax",
+        "--config.rollout.mode=sync",
+        "--config.model.lora_rank=4",
+        "--config.model.lora_last_layers=1",
+        "--config.optimizer.lr=1e-2",
+        "--config.checkpoint.export_hf=true",
+    ]
     res = train(parse_command_line(argv).config, echo=False)
     params = {k: np.asarray(v.get_value()) for k, v in nnx.to_flat_state(res.state.params)}
     lora = {k: v for k, v in params.items() if k[-1] in ("lora_a", "lora_b")}
-    assert lora and all(k[1] == max(p[1] for p in lora) for k in lora)   # top layer only
+    assert lora and all(k[1] == max(p[1] for p in lora) for k in lora)  # top layer only
     assert any(np.abs(v).max() > 0 for k, v in lora.items() if k[-1] == "lora_b")  # trained
     init = load_hf(out / "init_model")
-    base = {k: np.asarray(v.get_value())
-            for k, v in nnx.to_flat_state(nnx.state(init, nnx.Param))}
+    base = {k: np.asarray(v.get_value()) for k, v in nnx.to_flat_state(nnx.state(init, nnx.Param))}
     sft_steps = json.loads((out / "config.json").read_text())["sft"]["steps"]
-    for k, v in base.items():                      # frozen weights: bit-identical
+    for k, v in base.items():  # frozen weights: bit-identical
         np.testing.assert_array_equal(params[k], v, err_msg=str(k))
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     diffs = [r["sync/logprob_diff_max"] for r in records if "sync/logprob_diff_max" in r]
-    assert diffs and max(diffs) < 1e-3, diffs     # the sampler serves the merged weights
+    assert diffs and max(diffs) < 1e-3, diffs  # the sampler serves the merged weights
     if sft_steps:
         assert any("sft/sft_loss" in r for r in records)
-    merged = load_hf(out / "hf_model")             # export: plain HF weights, adapters folded
+    merged = load_hf(out / "hf_model")  # export: plain HF weights, adapters folded
     ids = jax.numpy.asarray([[5, 9, 17, 3]])
-    np.testing.assert_allclose(np.asarray(merged(ids)), np.asarray(res.state.model()(ids)),
-                               atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        np.asarray(merged(ids)), np.asarray(res.state.model()(ids)), atol=1e-4, rtol=0
+    )

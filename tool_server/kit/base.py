@@ -4,40 +4,41 @@ A tool is one Python file in ``tool_server/tools/`` that defines a subclass of
 :class:`BaseTool` with a unique ``name``. The server discovers it by scanning that folder;
 nothing else needs editing. See ``docs/adding_a_tool.md``.
 """
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, ClassVar
 
 from tool_server.kit.compat import NATIVE, VERLTOOL, tool_compat
 
 # An observation is either a plain string or a dict with at least "obs": str and
 # optionally "image" (data URL), "reward", "metrics", "invalid_reason".
-Observation = Union[str, dict]
+Observation = str | dict
 
 
 @dataclass
 class ToolSettings:
     """Server-wide settings every tool sees (set from the command line)."""
 
-    timeout_s: float = 10.0            # per-call wall-clock limit
-    max_obs_chars: int = 8192          # observations longer than this are truncated
-    state_ttl_s: float = 600.0         # idle per-trajectory state is freed after this
-    unsafe_no_sandbox: bool = False    # run code without bubblewrap (loud warning)
+    timeout_s: float = 10.0  # per-call wall-clock limit
+    max_obs_chars: int = 8192  # observations longer than this are truncated
+    state_ttl_s: float = 600.0  # idle per-trajectory state is freed after this
+    unsafe_no_sandbox: bool = False  # run code without bubblewrap (loud warning)
     workdir: str = "/tmp/verltool_jax_tools"  # scratch root for sandboxes/workspaces
     extra: dict = field(default_factory=dict)  # tool-specific options ("--tool-opt k=v")
     # --- server-wide knobs (added with the server core; all have defaults) ---
-    workers: int = 4                   # sandboxed python worker processes (fork servers)
-    max_concurrency: int = 256         # tool calls in flight, all tools together
-    tool_max_concurrency: int = 64     # default per-tool bound (a tool's class attr wins)
-    sweep_interval_s: float = 30.0     # how often idle trajectory state is swept
+    workers: int = 4  # sandboxed python worker processes (fork servers)
+    max_concurrency: int = 256  # tool calls in flight, all tools together
+    tool_max_concurrency: int = 64  # default per-tool bound (a tool's class attr wins)
+    sweep_interval_s: float = 30.0  # how often idle trajectory state is swept
     tool_dirs: list = field(default_factory=list)  # extra folders scanned for tools
-    compat: str = NATIVE               # answer format: native | verltool (tool_server.kit.compat)
+    compat: str = NATIVE  # answer format: native | verltool (tool_server.kit.compat)
     # --- request limits (HTTP) ---
-    max_request_mb: float = 64.0       # larger request bodies get HTTP 413
-    max_batch: int = 4096              # more actions in one request get HTTP 422
-    client_timeout_s: float = 60.0     # a client that takes longer to send a request is cut off
+    max_request_mb: float = 64.0  # larger request bodies get HTTP 413
+    max_batch: int = 4096  # more actions in one request get HTTP 422
+    client_timeout_s: float = 60.0  # a client that takes longer to send a request is cut off
 
 
 class BaseTool:
@@ -52,12 +53,12 @@ class BaseTool:
     name: ClassVar[str] = ""
     usage: ClassVar[str] = ""
     # Concurrency bound for this tool (None: only the server-wide bound applies).
-    max_concurrency: ClassVar[Optional[int]] = None
+    max_concurrency: ClassVar[int | None] = None
     # VerlTool's usage text for its tool of the same name (the invalid-action answer of
     # --compat verltool lists it); None: ``usage``.
-    verltool_usage: ClassVar[Optional[str]] = None
+    verltool_usage: ClassVar[str | None] = None
 
-    def __init__(self, settings: Optional[ToolSettings] = None) -> None:
+    def __init__(self, settings: ToolSettings | None = None) -> None:
         self.settings = settings or ToolSettings()
         self.env: dict[str, dict] = {}
         self._last_used: dict[str, float] = {}
@@ -69,8 +70,9 @@ class BaseTool:
         """Return ``(parsed, True)`` if this tool handles ``action``, else ``(None, False)``."""
         raise NotImplementedError
 
-    def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
-                       ) -> tuple[Observation, bool, bool]:
+    def conduct_action(
+        self, trajectory_id: str, parsed: Any, extra_field: dict
+    ) -> tuple[Observation, bool, bool]:
         """Run ``parsed`` for one trajectory; return ``(observation, done, valid)``.
 
         May be ``async def``. Blocking sync implementations are run in a thread by the
@@ -103,7 +105,7 @@ class BaseTool:
     def on_delete(self, trajectory_id: str, env: dict) -> None:
         """Hook: release external resources held in ``env``."""
 
-    def expired(self, now: Optional[float] = None) -> list[str]:
+    def expired(self, now: float | None = None) -> list[str]:
         """Trajectory ids idle for longer than ``settings.state_ttl_s``."""
         now = time.monotonic() if now is None else now
         ttl = self.settings.state_ttl_s

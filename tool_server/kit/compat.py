@@ -16,9 +16,11 @@ same bytes from ``python_code``, ``sql``, ``search_retrieval`` and ``finish``:
 A tool reads its mode with :func:`tool_compat`: the option ``<tool name>_compat``
 (``--tool-opt sql_compat=native``) overrides the server-wide ``--compat`` for that tool.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from tool_server.kit.options import tool_option
 
@@ -41,25 +43,27 @@ def check_compat(value: str, where: str = "--compat") -> str:
     return value
 
 
-def tool_compat(settings: "ToolSettings", tool_name: str) -> str:
+def tool_compat(settings: ToolSettings, tool_name: str) -> str:
     """The mode of one tool: option ``<tool_name>_compat``, else ``settings.compat``."""
     key = f"{tool_name}_compat"
     value = tool_option(settings.extra, key, str, settings.compat)
     return check_compat(value, f"--tool-opt {key}")
 
 
-def verltool_usage_block(tools: Iterable["BaseTool"]) -> str:
+def verltool_usage_block(tools: Iterable[BaseTool]) -> str:
     """VerlTool's ``available_tools`` text: ``"Available tools:"`` then one line
     ``"• {name}: {usage}"`` per tool other than ``finish`` (in routing order), or
     :data:`VERLTOOL_NO_USAGE` when there is none. A tool's usage is its
     ``verltool_usage`` (VerlTool's text for the tool of that name), else ``usage``."""
-    lines = [f"• {t.name}: {t.verltool_usage if t.verltool_usage is not None else t.usage}"
-             for t in tools if t.name != "finish"]
+    lines = [
+        f"• {t.name}: {t.verltool_usage if t.verltool_usage is not None else t.usage}"
+        for t in tools
+        if t.name != "finish"
+    ]
     return "\n".join(["Available tools:", *lines]) if lines else VERLTOOL_NO_USAGE
 
 
 def verltool_invalid_observation(usage_block: str) -> dict:
     """VerlTool's observation for an action no tool parses (sent with done=False,
     valid=False): ``{"obs": "", "invalid_reason": ..., "available_tools": usage_block}``."""
-    return {"obs": "", "invalid_reason": VERLTOOL_INVALID_REASON,
-            "available_tools": usage_block}
+    return {"obs": "", "invalid_reason": VERLTOOL_INVALID_REASON, "available_tools": usage_block}

@@ -1,5 +1,6 @@
 """Observation helpers shared by the server and the tools: truncation and the
 standard invalid / error / timeout observations."""
+
 from __future__ import annotations
 
 from tool_server.kit.base import Observation
@@ -27,7 +28,7 @@ def truncate_text(text: str, max_chars: int) -> str:
     tail = budget // 4
     head = budget - tail
     marker = TRUNCATION_MARKER.format(n=len(text) - head - tail)
-    return text[:head] + marker + (text[len(text) - tail:] if tail else "")
+    return text[:head] + marker + (text[len(text) - tail :] if tail else "")
 
 
 def truncate_observation(obs: Observation, max_chars: int) -> Observation:

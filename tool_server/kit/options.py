@@ -5,10 +5,11 @@ Tool-specific options reach a tool through ``ToolSettings.extra`` (the server's
 converts them to the wanted type; when a key is absent it falls back to an environment
 variable, then to the default. Bad values raise ``ValueError`` naming the option.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -29,15 +30,23 @@ def _convert(key: str, value: Any, typ: type) -> Any:
             return typ(value)
         except (TypeError, ValueError):
             kind = "an integer" if typ is int else "a number"
-            raise ValueError(f"tool option {key!r} must be {kind}, got {value!r} "
-                             f"(set it with --tool-opt {key}=<{typ.__name__}>)") from None
+            raise ValueError(
+                f"tool option {key!r} must be {kind}, got {value!r} "
+                f"(set it with --tool-opt {key}=<{typ.__name__}>)"
+            ) from None
     if typ is str:
         return str(value)
     raise TypeError(f"unsupported option type {typ!r}")
 
 
-def tool_option(extra: Optional[dict], key: str, typ: type, default: Any = None,
-                env: Optional[str] = None, minimum: Optional[float] = None) -> Any:
+def tool_option(
+    extra: dict | None,
+    key: str,
+    typ: type,
+    default: Any = None,
+    env: str | None = None,
+    minimum: float | None = None,
+) -> Any:
     """``extra[key]``, else ``os.environ[env]``, else ``default``, converted to ``typ``."""
     if extra and key in extra and extra[key] is not None:
         value = extra[key]

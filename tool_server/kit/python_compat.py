@@ -21,30 +21,64 @@ no history re-execution):
 * the observation wraps the text in a ``result`` block chosen by the action's shape
   (:func:`wrap_observation`); done=False, valid=True.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from tool_server.python_pool import RunResult
 
-STAR_IMPORTS = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy",
-                "math", "random", "statistics", "itertools", "functools", "operator", "io",
-                "sys", "json", "builtins", "typing")
+STAR_IMPORTS = (
+    "string",
+    "re",
+    "datetime",
+    "collections",
+    "heapq",
+    "bisect",
+    "copy",
+    "math",
+    "random",
+    "statistics",
+    "itertools",
+    "functools",
+    "operator",
+    "io",
+    "sys",
+    "json",
+    "builtins",
+    "typing",
+)
 PLAIN_IMPORTS = tuple(m for m in STAR_IMPORTS if m not in ("builtins", "typing"))
-RECURSION_LIMIT = 6 * 10 ** 5
+RECURSION_LIMIT = 6 * 10**5
 USER_CODE_LINE = 82
 MAX_OBS_CHARS = 100_000
 OUTPUT_TAG = "result"
-BLOCKED_MODULES = ("subprocess", "multiprocessing", "threading", "socket", "psutil",
-                   "resource", "ctypes")
-BLOCKED_CALLS = ("os.system", "os.popen", "os.spawn", "os.fork", "os.exec", "sys.exit",
-                 "os._exit", "os.kill")
+BLOCKED_MODULES = (
+    "subprocess",
+    "multiprocessing",
+    "threading",
+    "socket",
+    "psutil",
+    "resource",
+    "ctypes",
+)
+BLOCKED_CALLS = (
+    "os.system",
+    "os.popen",
+    "os.spawn",
+    "os.fork",
+    "os.exec",
+    "sys.exit",
+    "os._exit",
+    "os.kill",
+)
 BLOCKED_MESSAGE = "Execution blocked: Code contains potentially dangerous operations or imports."
 
-_CODE_PATTERNS = tuple(re.compile(p, re.DOTALL) for p in (
-    r"<python>(.*?)</python>", r"```\n?python(.*?)```", r"```\n?py(.*?)```"))
+_CODE_PATTERNS = tuple(
+    re.compile(p, re.DOTALL)
+    for p in (r"<python>(.*?)</python>", r"```\n?python(.*?)```", r"```\n?py(.*?)```")
+)
 _INPUT_RE = re.compile(r"```input\n(.*?)\n```", re.DOTALL)
 
 
@@ -57,7 +91,7 @@ class CompatCall:
     action: str
 
 
-def extract_code(action: str) -> Optional[str]:
+def extract_code(action: str) -> str | None:
     """The code of ``action`` as VerlTool parses it (module docstring), or None."""
     for pattern in _CODE_PATTERNS:
         blocks = pattern.findall(action)
@@ -85,11 +119,12 @@ def program(code: str) -> str:
 def is_blocked(code: str) -> bool:
     """VerlTool's refusal test: an ``import m`` / ``from m`` of a blocked module, or a
     blocked call name, anywhere in the code text."""
-    return (any(f"import {m}" in code or f"from {m}" in code for m in BLOCKED_MODULES)
-            or any(c in code for c in BLOCKED_CALLS))
+    return any(f"import {m}" in code or f"from {m}" in code for m in BLOCKED_MODULES) or any(
+        c in code for c in BLOCKED_CALLS
+    )
 
 
-def stdin_for(action: str, extra_field: Optional[dict]) -> Optional[str]:
+def stdin_for(action: str, extra_field: dict | None) -> str | None:
     """The program's standard input (module docstring), None for none."""
     stdin = (extra_field or {}).get("stdin", "")
     blocks = _INPUT_RE.findall(action)

@@ -1,20 +1,22 @@
 """The mechanism shared by the ``<search>`` tools (``search_retrieval``, ``web_search``):
 action parsing, the empty-query observation and :class:`QuerySearchTool`, their common
 base. Not a tool: ``_`` files are skipped."""
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
-from tool_server.kit.observations import invalid_observation
-from tool_server.retrieval.format import format_information, format_no_results
-from tool_server.kit.tags import last_tag_body
 from tool_server.kit.base import BaseTool, Observation
+from tool_server.kit.observations import invalid_observation
+from tool_server.kit.tags import last_tag_body
+from tool_server.retrieval.format import format_information, format_no_results
 
 log = logging.getLogger(__name__)
 
 
-def parse_query_action(action: str, tag: str) -> tuple[Optional[str], bool]:
+def parse_query_action(action: str, tag: str) -> tuple[str | None, bool]:
     """``parse_action`` of a ``<tag>query</tag>`` tool: ``(query, True)`` with the body of
     the last complete pair (``""`` for an empty one), ``(None, False)`` when there is none."""
     query = last_tag_body(action, tag)
@@ -24,8 +26,10 @@ def parse_query_action(action: str, tag: str) -> tuple[Optional[str], bool]:
 def empty_query_observation(tag: str) -> dict:
     """The invalid observation for an empty ``<tag></tag>`` query, saying how to write one."""
     return invalid_observation(
-        "empty_query", f"Search error: the query is empty. Write the query between the "
-        f"tags: <{tag}>your query</{tag}>.")
+        "empty_query",
+        f"Search error: the query is empty. Write the query between the "
+        f"tags: <{tag}>your query</{tag}>.",
+    )
 
 
 class QuerySearchTool(BaseTool):
@@ -62,8 +66,9 @@ class QuerySearchTool(BaseTool):
     def parse_action(self, action: str) -> tuple[Any, bool]:
         return parse_query_action(action, self.tag)
 
-    async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
-                             ) -> tuple[Observation, bool, bool]:
+    async def conduct_action(
+        self, trajectory_id: str, parsed: Any, extra_field: dict
+    ) -> tuple[Observation, bool, bool]:
         query: str = parsed
         if not query:
             return empty_query_observation(self.tag), False, False

@@ -16,11 +16,12 @@ Follows VerlTool's ``verl_tool/servers/tools/search_retrieval.py`` (Search-R1's 
   error);
 * final answer: ``("", done=True, valid=False)``.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 _SEARCH_RE = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -34,10 +35,12 @@ class CompatAction:
     text: str
 
 
-def parse(action: str) -> Optional[CompatAction]:
+def parse(action: str) -> CompatAction | None:
     """The action as VerlTool's search tool reads it (module docstring), or None."""
-    for kind, close, pattern in (("search", "</search>", _SEARCH_RE),
-                                 ("answer", "</answer>", _ANSWER_RE)):
+    for kind, close, pattern in (
+        ("search", "</search>", _SEARCH_RE),
+        ("answer", "</answer>", _ANSWER_RE),
+    ):
         if close in action:
             bodies = pattern.findall(action)
             if bodies:

@@ -16,6 +16,7 @@ command per call):
   timeout gets the whole sandbox killed (process group + pid namespace).
 * :func:`run_once` - one command in a fresh sandbox, with a timeout.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,33 +28,48 @@ import signal
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import Optional
 
 from tool_server.kit.observations import truncate_text
-from tool_server.python_pool import WORKER_FILE, WORKER_SANDBOX_PATH
-from tool_server.sandbox import (ProcessHandle, ResourceLimits, SandboxUnavailable, bwrap_argv,
-                                 bwrap_path, packed_argv, require_sandbox)
 from tool_server.kit.options import tool_option
 from tool_server.kit.workspace import Workspace
+from tool_server.python_pool import WORKER_FILE, WORKER_SANDBOX_PATH
+from tool_server.sandbox import (
+    ProcessHandle,
+    ResourceLimits,
+    SandboxUnavailable,
+    bwrap_argv,
+    bwrap_path,
+    packed_argv,
+    require_sandbox,
+)
 
 log = logging.getLogger("tool_server.shell")
 
-__all__ = ["command_timeout", "workspace_argv", "workspace_limits", "OutputBuffer",
-           "ShellResult", "ShellSession", "run_once", "format_result", "SandboxUnavailable"]
+__all__ = [
+    "command_timeout",
+    "workspace_argv",
+    "workspace_limits",
+    "OutputBuffer",
+    "ShellResult",
+    "ShellSession",
+    "run_once",
+    "format_result",
+    "SandboxUnavailable",
+]
 
 
-def command_timeout(extra: Optional[dict], key: str, server_timeout_s: float,
-                    requested: Optional[float] = None) -> float:
+def command_timeout(
+    extra: dict | None, key: str, server_timeout_s: float, requested: float | None = None
+) -> float:
     """Wall-clock limit of one command: the ``key`` option (or ``requested``), capped at
     ``0.9 * server_timeout_s`` so the tool's own timeout (which kills and reports) fires
     before the server cuts the call off. Default: that cap."""
     cap = 0.9 * server_timeout_s
-    value = requested if requested is not None else tool_option(extra, key, float, cap,
-                                                                minimum=0.1)
+    value = requested if requested is not None else tool_option(extra, key, float, cap, minimum=0.1)
     return min(float(value), cap)
 
 
-def workspace_limits(extra: Optional[dict], prefix: str, wall_s: float) -> ResourceLimits:
+def workspace_limits(extra: dict | None, prefix: str, wall_s: float) -> ResourceLimits:
     """Resource limits for a workspace sandbox from the ``<prefix>_*`` tool options.
 
     Options (``--tool-opt``): ``<prefix>_cpu_s`` (CPU seconds per process, default 120),
@@ -66,16 +82,17 @@ def workspace_limits(extra: Optional[dict], prefix: str, wall_s: float) -> Resou
     return ResourceLimits(
         cpu_s=tool_option(extra, f"{prefix}_cpu_s", int, 120, minimum=1),
         memory_mb=memory_mb,
-        total_memory_mb=tool_option(extra, f"{prefix}_total_memory_mb", int, memory_mb,
-                                    minimum=64),
+        total_memory_mb=tool_option(extra, f"{prefix}_total_memory_mb", int, memory_mb, minimum=64),
         nproc=tool_option(extra, f"{prefix}_nproc", int, 256, minimum=4),
         nofile=tool_option(extra, f"{prefix}_nofile", int, 1024, minimum=16),
         fsize_mb=tool_option(extra, f"{prefix}_fsize_mb", int, 512, minimum=1),
-        wall_s=wall_s)
+        wall_s=wall_s,
+    )
 
 
-def workspace_argv(ws: Workspace, limits: ResourceLimits, unsafe_no_sandbox: bool,
-                   command: list[str]) -> tuple[list[str], Optional[str]]:
+def workspace_argv(
+    ws: Workspace, limits: ResourceLimits, unsafe_no_sandbox: bool, command: list[str]
+) -> tuple[list[str], str | None]:
     """``(argv, cwd)`` that runs ``command`` in ``ws``.
 
     Sandboxed (the default): bubblewrap with the workspace at ``ws.sandbox_path`` as the
@@ -89,14 +106,25 @@ def workspace_argv(ws: Workspace, limits: ResourceLimits, unsafe_no_sandbox: boo
         return list(command), ws.root
     require_sandbox()
     ro_binds = []
-    if limits.total_memory_mb:   # all processes of the sandbox under one measured budget
+    if limits.total_memory_mb:  # all processes of the sandbox under one measured budget
         ro_binds.append((WORKER_FILE, WORKER_SANDBOX_PATH))
-        command = [os.path.basename(sys.executable), "-I", WORKER_SANDBOX_PATH, "watch",
-                   str(limits.total_memory_mb), "--", *command]
-    return bwrap_argv(ws.root, limits=limits, uid=ws.uid, workdir_dest=ws.sandbox_path,
-                      ro_binds=ro_binds,
-                      env={"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
-                           "PYTHONUNBUFFERED": "1"}) + list(command), None
+        command = [
+            os.path.basename(sys.executable),
+            "-I",
+            WORKER_SANDBOX_PATH,
+            "watch",
+            str(limits.total_memory_mb),
+            "--",
+            *command,
+        ]
+    return bwrap_argv(
+        ws.root,
+        limits=limits,
+        uid=ws.uid,
+        workdir_dest=ws.sandbox_path,
+        ro_binds=ro_binds,
+        env={"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", "PYTHONUNBUFFERED": "1"},
+    ) + list(command), None
 
 
 class OutputBuffer:
@@ -116,17 +144,19 @@ class OutputBuffer:
         self.buf += chunk
         if len(self.buf) > 2 * self.cap:
             excess = len(self.buf) - 2 * self.cap
-            del self.buf[self.cap:self.cap + excess]
+            del self.buf[self.cap : self.cap + excess]
             self.dropped += excess
             self._cut_at = self.cap
 
-    def text(self, end: Optional[int] = None) -> str:
+    def text(self, end: int | None = None) -> str:
         """The kept output (up to byte ``end``) decoded, with a note where bytes were dropped."""
         data = bytes(self.buf[:end] if end is not None else self.buf)
         if self.dropped and 0 <= self._cut_at <= len(data):
-            return (data[:self._cut_at].decode("utf-8", "replace")
-                    + f"\n[... {self.dropped} bytes of output dropped ...]\n"
-                    + data[self._cut_at:].decode("utf-8", "replace"))
+            return (
+                data[: self._cut_at].decode("utf-8", "replace")
+                + f"\n[... {self.dropped} bytes of output dropped ...]\n"
+                + data[self._cut_at :].decode("utf-8", "replace")
+            )
         return data.decode("utf-8", "replace")
 
 
@@ -136,7 +166,7 @@ class ShellResult:
     whether it timed out or the shell itself exited (both mean the shell is gone)."""
 
     output: str
-    exit_code: Optional[int]
+    exit_code: int | None
     timed_out: bool = False
     shell_exited: bool = False
 
@@ -174,11 +204,11 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
 class ShellSession:
     """A persistent ``bash`` in a sandbox: :meth:`run` one command at a time."""
 
-    def __init__(self, argv: list[str], cwd: Optional[str], output_cap: int) -> None:
+    def __init__(self, argv: list[str], cwd: str | None, output_cap: int) -> None:
         self.argv = argv
         self.cwd = cwd
         self.output_cap = output_cap
-        self.proc: Optional[asyncio.subprocess.Process] = None
+        self.proc: asyncio.subprocess.Process | None = None
         self.commands_run = 0
 
     @property
@@ -187,9 +217,13 @@ class ShellSession:
 
     async def start(self) -> None:
         self.proc = await _spawn(
-            self.argv, cwd=self.cwd, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True)
+            self.argv,
+            cwd=self.cwd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     async def run(self, command: str, timeout_s: float) -> ShellResult:
         """Run ``command`` in the shell; stdout and stderr are interleaved as written."""
@@ -199,8 +233,10 @@ class ShellSession:
         marker = f"__VTJ_END_{uuid.uuid4().hex}__"
         end_re = re.compile(rb"\n" + marker.encode() + rb"(-?\d+)__\n")
         b64 = base64.b64encode(command.encode("utf-8")).decode("ascii")
-        script = (f"eval \"$(printf %s '{b64}' | base64 -d)\" < /dev/null\n"
-                  f"printf '\\n{marker}%s__\\n' \"$?\"\n")
+        script = (
+            f"eval \"$(printf %s '{b64}' | base64 -d)\" < /dev/null\n"
+            f"printf '\\n{marker}%s__\\n' \"$?\"\n"
+        )
         out = OutputBuffer(self.output_cap)
         self.commands_run += 1
         try:
@@ -209,7 +245,7 @@ class ShellSession:
         except (BrokenPipeError, ConnectionResetError):
             return await self._exited(out)
 
-        async def read_until_marker() -> Optional[re.Match]:
+        async def read_until_marker() -> re.Match | None:
             while True:
                 chunk = await self.proc.stdout.read(65536)
                 if not chunk:
@@ -260,13 +296,19 @@ class ShellSession:
             pass
 
 
-async def run_once(argv: list[str], cwd: Optional[str], timeout_s: float, output_cap: int
-                   ) -> ShellResult:
+async def run_once(
+    argv: list[str], cwd: str | None, timeout_s: float, output_cap: int
+) -> ShellResult:
     """Run ``argv`` (stdin ``/dev/null``) to completion or ``timeout_s``, killing the whole
     process group on timeout."""
     proc = await _spawn(
-        argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        argv,
+        cwd=cwd,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
     out = OutputBuffer(output_cap)
 
     async def pump() -> None:
@@ -295,12 +337,16 @@ def format_result(res: ShellResult, timeout_s: float, max_chars: int) -> str:
     text = res.output[:-1] if res.output.endswith("\n") else res.output
     notes = []
     if res.timed_out:
-        notes.append(f"[command timed out after {timeout_s:g}s; the shell was killed and will "
-                     "be restarted for the next command: working directory, variables and "
-                     "background jobs are reset]")
+        notes.append(
+            f"[command timed out after {timeout_s:g}s; the shell was killed and will "
+            "be restarted for the next command: working directory, variables and "
+            "background jobs are reset]"
+        )
     elif res.shell_exited:
-        notes.append(f"[the shell exited (status {res.exit_code}); a new shell will be started "
-                     "for the next command]")
+        notes.append(
+            f"[the shell exited (status {res.exit_code}); a new shell will be started "
+            "for the next command]"
+        )
     elif res.exit_code:
         notes.append(f"[exit code {res.exit_code}]")
     tail = "\n".join(notes)

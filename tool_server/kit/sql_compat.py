@@ -24,16 +24,20 @@ Follows VerlTool's ``verl_tool/servers/tools/sql.py`` and its
 The database is still opened read-only by :func:`tool_server.tools.sql.run_query`
 (``ATTACH`` refused), so a write or an attach fails with sqlite's error message.
 """
+
 from __future__ import annotations
 
 import os
 import re
 import sqlite3
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 SQL_OPEN, SQL_CLOSE = "<sql>", "</sql>"
-INVALID_TEXT = ("Your previous action is invalid. Follow the format of outputting thinking "
-                "process and sql tool, and try again.")
+INVALID_TEXT = (
+    "Your previous action is invalid. Follow the format of outputting thinking "
+    "process and sql tool, and try again."
+)
 REMINDER = "<reminder>You have {turns_left} turns left to complete the task.</reminder>"
 MAX_RESULT_CHARS = 9000
 TRUNCATED_ROWS = 50
@@ -45,12 +49,13 @@ MAX_FETCH_ROWS = MAX_RESULT_CHARS + 1
 CACHE_DIR_ENV, DEFAULT_CACHE_DIR = "SQL_CACHE_DIR", "data/nl2sql/cache"
 
 _MARKDOWN_SQL = re.compile(r"```sql[ \t]*[\r\n]+(.*?)[\r\n]+[ \t]*```", re.DOTALL | re.IGNORECASE)
-_TAGGED = tuple(re.compile(rf"<{t}>(.*?)</{t}>", re.DOTALL | re.IGNORECASE)
-                for t in ("sql", "solution"))
+_TAGGED = tuple(
+    re.compile(rf"<{t}>(.*?)</{t}>", re.DOTALL | re.IGNORECASE) for t in ("sql", "solution")
+)
 _CURDATE_YEAR = re.compile(r"YEAR\s*\(\s*CURDATE\s*\(\s*\)\s*\)", re.IGNORECASE)
 
 
-def parse_sql_action(action: str) -> Optional[str]:
+def parse_sql_action(action: str) -> str | None:
     """The stripped text between the last ``<sql>`` and the next ``</sql>``, or None."""
     start = action.rfind(SQL_OPEN)
     if start == -1:
@@ -58,7 +63,7 @@ def parse_sql_action(action: str) -> Optional[str]:
     end = action.find(SQL_CLOSE, start + len(SQL_OPEN))
     if end == -1:
         return None
-    return action[start + len(SQL_OPEN):end].strip()
+    return action[start + len(SQL_OPEN) : end].strip()
 
 
 def _fix_operators(query: str) -> str:
@@ -83,6 +88,7 @@ def format_rows(rows: Sequence[Sequence[Any]]) -> str:
     """The rows as pandas prints them without the index, cut to the first
     :data:`TRUNCATED_ROWS` (with :data:`TRUNCATED_PREFIX`) when too long."""
     import pandas as pd
+
     df = pd.DataFrame(list(rows))
     text = df.to_string(index=False)
     if len(text) > MAX_RESULT_CHARS:
@@ -98,9 +104,12 @@ def db_path_for(extra_field: dict) -> str:
     return os.path.join(os.getenv(CACHE_DIR_ENV, DEFAULT_CACHE_DIR), extra_field["db_id"])
 
 
-def result_text(parsed: str, extra_field: dict,
-                run: Callable[[str, str], list], check_path: Callable[[str], Optional[str]]
-                ) -> str:
+def result_text(
+    parsed: str,
+    extra_field: dict,
+    run: Callable[[str, str], list],
+    check_path: Callable[[str], str | None],
+) -> str:
     """The text inside ``<observation>`` for the action text ``parsed``.
 
     ``run(db_path, query) -> rows`` runs the query (raising on error);
@@ -112,7 +121,7 @@ def result_text(parsed: str, extra_field: dict,
     if not query:
         return INVALID_TEXT
     refused = check_path(path)  # before the existence test: nothing is told about
-    if refused:                 # paths outside the allowed root
+    if refused:  # paths outside the allowed root
         return refused
     if not os.path.exists(path):
         return f"The database file {path} does not exist."
@@ -125,7 +134,7 @@ def result_text(parsed: str, extra_field: dict,
     return format_rows(rows)
 
 
-def observation(parsed: str, extra_field: Optional[dict], run, check_path) -> tuple[dict, bool]:
+def observation(parsed: str, extra_field: dict | None, run, check_path) -> tuple[dict, bool]:
     """``({"obs": ..., "parsed_sql": parsed}, valid)`` (module docstring)."""
     extra_field = extra_field or {}
     valid = True
@@ -134,5 +143,7 @@ def observation(parsed: str, extra_field: Optional[dict], run, check_path) -> tu
     except Exception as e:
         text, valid = f"Execution Error:\n{e}", False
     reminder = REMINDER.format(turns_left=extra_field.get("turns_left", 0))
-    return {"obs": f"\n\n<observation>{text}\n{reminder}</observation>\n\n",
-            "parsed_sql": parsed}, valid
+    return {
+        "obs": f"\n\n<observation>{text}\n{reminder}</observation>\n\n",
+        "parsed_sql": parsed,
+    }, valid

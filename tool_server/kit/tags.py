@@ -8,11 +8,12 @@ Every scan here takes time linear in the length of the text (a model can write 1
 opening tags with no closing one; a backtracking regex such as ``<t>(.*?)</t>`` would
 rescan the rest of the text from every opening tag).
 """
+
 from __future__ import annotations
 
 import functools
 import re
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 _TAG_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]*")
 _FENCE_LANG_RE = re.compile(r"([A-Za-z0-9_+-]*)[ \t]*\n")
@@ -23,8 +24,9 @@ def tag_regex(tag: str) -> re.Pattern:
     """The compiled ``<tag>(.*?)</tag>`` pattern (non-greedy, across newlines); also the
     validation of a tag name (``ValueError`` naming the allowed characters)."""
     if not _TAG_NAME_RE.fullmatch(tag or ""):
-        raise ValueError(f"tag name {tag!r} is not valid; use letters, digits and _ . : - "
-                         "(e.g. 'search')")
+        raise ValueError(
+            f"tag name {tag!r} is not valid; use letters, digits and _ . : - (e.g. 'search')"
+        )
     t = re.escape(tag)
     return re.compile(rf"<{t}>(.*?)</{t}>", re.DOTALL)
 
@@ -54,7 +56,7 @@ def tag_bodies(text: str, tag: str) -> list[str]:
     return delimited_bodies(text or "", f"<{tag}>", f"</{tag}>")
 
 
-def last_tag_body(text: str, tag: str) -> Optional[str]:
+def last_tag_body(text: str, tag: str) -> str | None:
     """The stripped text inside the last complete ``<tag>...</tag>`` of ``text``, or
     ``None`` when there is none (an empty pair gives ``""``)."""
     bodies = tag_bodies(text, tag)
@@ -79,5 +81,5 @@ def fenced_blocks(text: str, langs: Iterable[str]) -> list[str]:
         end = text.find("```", m.end())
         if end < 0:
             return out
-        out.append(text[m.end():end])
+        out.append(text[m.end() : end])
         pos = end + 3

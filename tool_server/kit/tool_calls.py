@@ -12,13 +12,14 @@ tool whose ``parse_action`` accepts it, so each tool must accept **only its own 
   whose ``message`` says exactly what is wrong (the tool turns it into an observation);
 * anything else -> not accepted, so the router can try the next tool.
 """
+
 from __future__ import annotations
 
 import difflib
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Collection, Optional, Union
 
 from tool_server.kit.tags import delimited_bodies
 
@@ -37,14 +38,14 @@ class ToolCall:
 class ToolCallError:
     """A ``<tool_call>`` meant for this tool that cannot be run; ``message`` says why."""
 
-    name: Optional[str]
+    name: str | None
     message: str
 
 
-ParsedToolCall = Union[ToolCall, ToolCallError]
+ParsedToolCall = ToolCall | ToolCallError
 
 
-def last_tool_call_body(action: str) -> Optional[str]:
+def last_tool_call_body(action: str) -> str | None:
     """The text inside the last complete ``<tool_call>...</tool_call>`` of ``action``."""
     bodies = delimited_bodies(action or "", "<tool_call>", "</tool_call>")
     return bodies[-1].strip() if bodies else None
@@ -71,18 +72,25 @@ def decode_tool_call(body: str) -> ParsedToolCall:
     try:
         obj = json.loads(body)
     except RecursionError:
-        return ToolCallError(None, "Invalid JSON in <tool_call>: nested too deeply. Write "
-                             '{"name": "<tool>", "arguments": {...}}.')
+        return ToolCallError(
+            None,
+            "Invalid JSON in <tool_call>: nested too deeply. Write "
+            '{"name": "<tool>", "arguments": {...}}.',
+        )
     except json.JSONDecodeError as e:
         m = _NAME_RE.search(body)
         return ToolCallError(
             m.group(1) if m else None,
             f"Invalid JSON in <tool_call>: {e.msg} at line {e.lineno} column {e.colno}. "
-            'Write {"name": "<tool>", "arguments": {...}} with double-quoted keys and strings.')
+            'Write {"name": "<tool>", "arguments": {...}} with double-quoted keys and strings.',
+        )
     if not isinstance(obj, dict):
-        return ToolCallError(None, "<tool_call> must contain a JSON object "
-                             '{"name": "<tool>", "arguments": {...}}, got '
-                             f"{type(obj).__name__}.")
+        return ToolCallError(
+            None,
+            "<tool_call> must contain a JSON object "
+            '{"name": "<tool>", "arguments": {...}}, got '
+            f"{type(obj).__name__}.",
+        )
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return ToolCallError(None, '<tool_call> is missing the "name" field (a string).')
@@ -95,11 +103,15 @@ def decode_tool_call(body: str) -> ParsedToolCall:
         except RecursionError:
             return ToolCallError(name, f'"arguments" of {name} is nested too deeply.')
         except json.JSONDecodeError as e:
-            return ToolCallError(name, f'"arguments" of {name} is a string that is not valid '
-                                       f"JSON ({e.msg}); give an object instead.")
+            return ToolCallError(
+                name,
+                f'"arguments" of {name} is a string that is not valid '
+                f"JSON ({e.msg}); give an object instead.",
+            )
     if not isinstance(args, dict):
-        return ToolCallError(name, f'"arguments" of {name} must be a JSON object, got '
-                                   f"{type(args).__name__}.")
+        return ToolCallError(
+            name, f'"arguments" of {name} must be a JSON object, got {type(args).__name__}.'
+        )
     return ToolCall(name, args)
 
 
@@ -114,7 +126,7 @@ def register_names(names: Collection[str]) -> frozenset:
     return frozenset(names)
 
 
-def near_miss(name: str, names: Collection[str], cutoff: float = 0.75) -> Optional[str]:
+def near_miss(name: str, names: Collection[str], cutoff: float = 0.75) -> str | None:
     """The tool name in ``names`` that ``name`` most plausibly misspells, if any.
 
     Never a name some registered tool owns exactly. A near miss has difflib similarity
@@ -131,8 +143,9 @@ def near_miss(name: str, names: Collection[str], cutoff: float = 0.75) -> Option
     return close[0] if close else None
 
 
-def parse_tool_call_for(action: str, names: Collection[str],
-                        claim_near_misses: bool = True) -> tuple[Optional[ParsedToolCall], bool]:
+def parse_tool_call_for(
+    action: str, names: Collection[str], claim_near_misses: bool = True
+) -> tuple[ParsedToolCall | None, bool]:
     """``parse_action`` for a ``<tool_call>`` tool whose tool names are ``names``.
 
     Uses the last complete ``<tool_call>`` of the action. Returns ``(ToolCall, True)`` for a
@@ -148,12 +161,15 @@ def parse_tool_call_for(action: str, names: Collection[str],
             return parsed, True
         guess = near_miss(parsed.name, names) if claim_near_misses else None
         if guess is not None:
-            return ToolCallError(parsed.name, f"Unknown tool name {parsed.name!r}; did you mean "
-                                              f"{guess!r}? Available: {', '.join(sorted(names))}."
-                                 ), True
+            return ToolCallError(
+                parsed.name,
+                f"Unknown tool name {parsed.name!r}; did you mean "
+                f"{guess!r}? Available: {', '.join(sorted(names))}.",
+            ), True
         return None, False
-    if parsed.name is not None and (parsed.name in names or (
-            claim_near_misses and near_miss(parsed.name, names) is not None)):
+    if parsed.name is not None and (
+        parsed.name in names or (claim_near_misses and near_miss(parsed.name, names) is not None)
+    ):
         return parsed, True
     return None, False
 

@@ -30,6 +30,7 @@ The workspace gets one sandbox uid for its whole life (shell and test runs share
 that uid owns the tree; files written by the host side (``file_editor``) are handed to it
 (:meth:`Workspace.adopt`).
 """
+
 from __future__ import annotations
 
 import os
@@ -39,13 +40,18 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional
 
-from tool_server.sandbox import SANDBOX_WORKDIR, sandbox_uid
 from tool_server.kit.base import BaseTool
+from tool_server.sandbox import SANDBOX_WORKDIR, sandbox_uid
 
-__all__ = ["Workspace", "WorkspaceError", "WorkspaceRegistry", "REGISTRY", "WorkspaceTool",
-           "copy_tree"]
+__all__ = [
+    "Workspace",
+    "WorkspaceError",
+    "WorkspaceRegistry",
+    "REGISTRY",
+    "WorkspaceTool",
+    "copy_tree",
+]
 
 
 class WorkspaceError(ValueError):
@@ -63,8 +69,8 @@ class Workspace:
 
     trajectory_id: str
     root: str
-    source: Optional[str]
-    uid: Optional[int]
+    source: str | None
+    uid: int | None
     sandbox_path: str = SANDBOX_WORKDIR
     created_s: float = 0.0
     holders: set = field(default_factory=set)
@@ -84,7 +90,7 @@ def _cp(args: list[str], src: str) -> None:
 GIT_OBJECTS = os.path.join(".git", "objects")
 
 
-def copy_tree(src: str, dst: str, link_git_objects_for_uid: Optional[int] = None) -> list[str]:
+def copy_tree(src: str, dst: str, link_git_objects_for_uid: int | None = None) -> list[str]:
     """Copy the contents of directory ``src`` into the new directory ``dst``.
 
     ``cp -a --reflink=auto``: modes, times and symlinks are preserved; data blocks are shared
@@ -93,15 +99,22 @@ def copy_tree(src: str, dst: str, link_git_objects_for_uid: Optional[int] = None
     could write (see the module docstring). Returns the hardlinked paths (relative).
     """
     objects = os.path.join(src, GIT_OBJECTS)
-    link = (link_git_objects_for_uid is not None and os.path.isdir(objects)
-            and not os.path.islink(os.path.join(src, ".git")) and not os.path.islink(objects))
+    link = (
+        link_git_objects_for_uid is not None
+        and os.path.isdir(objects)
+        and not os.path.islink(os.path.join(src, ".git"))
+        and not os.path.islink(objects)
+    )
     os.makedirs(dst, exist_ok=False)
     if not link:
         _cp(["-a", "--reflink=auto", "--", os.path.join(src, "."), dst], src)
         return []
     top = [os.path.join(src, e) for e in os.listdir(src) if e != ".git"]
-    git = [os.path.join(src, ".git", e) for e in os.listdir(os.path.join(src, ".git"))
-           if e != "objects"]
+    git = [
+        os.path.join(src, ".git", e)
+        for e in os.listdir(os.path.join(src, ".git"))
+        if e != "objects"
+    ]
     if top:
         _cp(["-a", "--reflink=auto", "--", *top, dst], src)
     os.makedirs(os.path.join(dst, ".git"))
@@ -158,8 +171,9 @@ class WorkspaceRegistry:
         self._creating: dict[str, threading.Lock] = {}
         self._deleters: set[threading.Thread] = set()
 
-    def acquire(self, trajectory_id: str, holder: str, extra_field: Optional[dict],
-                base_dir: str) -> Workspace:
+    def acquire(
+        self, trajectory_id: str, holder: str, extra_field: dict | None, base_dir: str
+    ) -> Workspace:
         """The workspace of ``trajectory_id`` (made from ``extra_field["repo_path"]``)."""
         with self._lock:
             ws = self._spaces.get(trajectory_id)
@@ -183,14 +197,15 @@ class WorkspaceRegistry:
                 ws.holders.add(holder)
             return ws
 
-    async def acquire_async(self, trajectory_id: str, holder: str,
-                            extra_field: Optional[dict], base_dir: str) -> Workspace:
+    async def acquire_async(
+        self, trajectory_id: str, holder: str, extra_field: dict | None, base_dir: str
+    ) -> Workspace:
         """:meth:`acquire` in a worker thread (the copy must not block the event loop)."""
         import asyncio
-        return await asyncio.to_thread(self.acquire, trajectory_id, holder, extra_field,
-                                       base_dir)
 
-    def get(self, trajectory_id: str) -> Optional[Workspace]:
+        return await asyncio.to_thread(self.acquire, trajectory_id, holder, extra_field, base_dir)
+
+    def get(self, trajectory_id: str) -> Workspace | None:
         with self._lock:
             return self._spaces.get(trajectory_id)
 
@@ -212,8 +227,7 @@ class WorkspaceRegistry:
             os.rename(holder_dir, doomed)
         except OSError:
             doomed = holder_dir
-        t = threading.Thread(target=self._delete, args=(doomed,), daemon=True,
-                             name="workspace-rm")
+        t = threading.Thread(target=self._delete, args=(doomed,), daemon=True, name="workspace-rm")
         with self._lock:
             self._deleters.add(t)
         t.start()
@@ -224,7 +238,7 @@ class WorkspaceRegistry:
         with self._lock:
             self._deleters.discard(threading.current_thread())
 
-    def drain(self, timeout: Optional[float] = None) -> None:
+    def drain(self, timeout: float | None = None) -> None:
         """Wait until every released workspace is deleted from disk."""
         with self._lock:
             pending = list(self._deleters)
@@ -241,8 +255,9 @@ class WorkspaceRegistry:
         source = extra_field.get("repo_path")
         if source is not None:
             if not isinstance(source, str) or not os.path.isdir(source):
-                raise WorkspaceError(f'extra_field["repo_path"] must be an existing directory, '
-                                     f"got {source!r:.200}")
+                raise WorkspaceError(
+                    f'extra_field["repo_path"] must be an existing directory, got {source!r:.200}'
+                )
             source = os.path.realpath(source)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(trajectory_id))[:60]
         holder_dir = os.path.join(base_dir, "workspaces", f"{safe}-{uuid.uuid4().hex[:12]}")
@@ -272,17 +287,17 @@ class WorkspaceTool(BaseTool):
     ``file_editor``, ``run_tests``): acquiring it marks the tool as a holder, freeing the
     trajectory releases it, and server shutdown waits for the deletions."""
 
-    def workspace(self, trajectory_id: str, extra_field: Optional[dict]) -> Workspace:
+    def workspace(self, trajectory_id: str, extra_field: dict | None) -> Workspace:
         """The trajectory's workspace, from a worker thread (blocks while copying)."""
         ws = REGISTRY.acquire(trajectory_id, self.name, extra_field, self.settings.workdir)
         self.load_env(trajectory_id)["workspace"] = True
         return ws
 
-    async def workspace_async(self, trajectory_id: str, extra_field: Optional[dict]
-                              ) -> Workspace:
+    async def workspace_async(self, trajectory_id: str, extra_field: dict | None) -> Workspace:
         """:meth:`workspace` for ``async`` tools: the copy runs in a thread."""
-        ws = await REGISTRY.acquire_async(trajectory_id, self.name, extra_field,
-                                          self.settings.workdir)
+        ws = await REGISTRY.acquire_async(
+            trajectory_id, self.name, extra_field, self.settings.workdir
+        )
         self.load_env(trajectory_id)["workspace"] = True
         return ws
 

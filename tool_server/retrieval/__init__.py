@@ -5,6 +5,7 @@ Build: ``python -m tool_server.retrieval build --corpus FILES --out idx/ --kind 
 (corpus files in the layouts of :mod:`.sources`; ``--questions`` prints recall@k).
 Use: ``get_service(idx).search(query, k)`` (async) or ``.search_batch(queries, k)``.
 """
+
 from .corpus import CorpusError, Document, read_corpus, write_corpus
 from .format import format_information, format_no_results
 from .index import RetrievalIndexError, build_index, check_index, read_meta
@@ -12,7 +13,22 @@ from .questions import Question, QuestionError, read_questions
 from .service import Hit, RetrievalService, get_service
 from .sources import load_corpus_sources
 
-__all__ = ["CorpusError", "Document", "read_corpus", "write_corpus", "format_information",
-           "format_no_results", "RetrievalIndexError", "build_index", "read_meta", "Hit",
-           "RetrievalService", "get_service", "check_index", "Question", "QuestionError",
-           "read_questions", "load_corpus_sources"]
+__all__ = [
+    "CorpusError",
+    "Document",
+    "read_corpus",
+    "write_corpus",
+    "format_information",
+    "format_no_results",
+    "RetrievalIndexError",
+    "build_index",
+    "read_meta",
+    "Hit",
+    "RetrievalService",
+    "get_service",
+    "check_index",
+    "Question",
+    "QuestionError",
+    "read_questions",
+    "load_corpus_sources",
+]

@@ -6,11 +6,12 @@ occurs in the normalised text as a whole-token run (so "1972" is found in "... D
 1972 ..." but "art" is not found in "party"), the has-answer test of dense-passage
 retrieval evaluations, here on SQuAD-normalised text instead of their own tokenizer.
 """
+
 from __future__ import annotations
 
 import re
 import string
-from typing import Iterable
+from collections.abc import Iterable
 
 _PUNCT = set(string.punctuation)
 

@@ -6,20 +6,27 @@ to ``fn(items) -> results`` in one worker thread, and each caller gets its own r
 (or the batch's exception). One worker thread means ``fn`` never runs concurrently with
 itself, so it may use non-thread-safe state (a model, a FAISS index).
 """
+
 from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Generic, Sequence, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 class AsyncBatcher(Generic[T, R]):
-    def __init__(self, fn: Callable[[list[T]], Sequence[R]], max_wait_ms: float = 5.0,
-                 max_batch: int = 64, name: str = "batcher") -> None:
+    def __init__(
+        self,
+        fn: Callable[[list[T]], Sequence[R]],
+        max_wait_ms: float = 5.0,
+        max_batch: int = 64,
+        name: str = "batcher",
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_wait_ms < 0:
@@ -61,8 +68,9 @@ class AsyncBatcher(Generic[T, R]):
         try:
             results = await loop.run_in_executor(self._executor, self._fn, items)
             if len(results) != len(items):
-                raise RuntimeError(f"batched function returned {len(results)} results "
-                                   f"for {len(items)} items")
+                raise RuntimeError(
+                    f"batched function returned {len(results)} results for {len(items)} items"
+                )
         except BaseException as e:  # every waiter learns of the failure
             for _, fut in batch:
                 if not fut.done():

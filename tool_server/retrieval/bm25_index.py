@@ -6,10 +6,11 @@ with ``idf(t) = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))``. Text is lower-cased
 ``\\w\\w+`` and English stop words are removed, identically at build and query time.
 The saved score matrix is memory-mapped when loaded.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import bm25s
 
@@ -20,8 +21,9 @@ STOPWORDS = "en"
 
 
 def _tokenize(texts: Sequence[str]) -> list[list[str]]:
-    return bm25s.tokenize(list(texts), lower=True, stopwords=STOPWORDS, return_ids=False,
-                          show_progress=False)
+    return bm25s.tokenize(
+        list(texts), lower=True, stopwords=STOPWORDS, return_ids=False, show_progress=False
+    )
 
 
 def document_text(doc: Document) -> str:
@@ -31,8 +33,9 @@ def document_text(doc: Document) -> str:
 
 def build_bm25(docs: list[Document], out_dir: str, k1: float = 1.5, b: float = 0.75) -> None:
     """Index ``docs`` and save the score matrix under ``out_dir/bm25``."""
-    tokens = bm25s.tokenize([document_text(d) for d in docs], lower=True, stopwords=STOPWORDS,
-                            show_progress=False)
+    tokens = bm25s.tokenize(
+        [document_text(d) for d in docs], lower=True, stopwords=STOPWORDS, show_progress=False
+    )
     model = bm25s.BM25(k1=k1, b=b)
     model.index(tokens, show_progress=False)
     model.save(os.path.join(out_dir, SUBDIR), show_progress=False)
@@ -44,8 +47,9 @@ class BM25Retriever:
     kind = "bm25"
 
     def __init__(self, index_dir: str, num_docs: int) -> None:
-        self._model = bm25s.BM25.load(os.path.join(index_dir, SUBDIR), mmap=True,
-                                      show_progress=False)
+        self._model = bm25s.BM25.load(
+            os.path.join(index_dir, SUBDIR), mmap=True, show_progress=False
+        )
         self._num_docs = num_docs
 
     def search_batch(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
@@ -54,7 +58,10 @@ class BM25Retriever:
         k = min(k, self._num_docs)
         if not queries or k <= 0:
             return [[] for _ in queries]
-        docs, scores = self._model.retrieve(_tokenize(queries), k=k, show_progress=False,
-                                            n_threads=0)
-        return [[(int(i), float(s)) for i, s in zip(row_d, row_s) if s > 0.0]
-                for row_d, row_s in zip(docs, scores)]
+        docs, scores = self._model.retrieve(
+            _tokenize(queries), k=k, show_progress=False, n_threads=0
+        )
+        return [
+            [(int(i), float(s)) for i, s in zip(row_d, row_s) if s > 0.0]
+            for row_d, row_s in zip(docs, scores)
+        ]

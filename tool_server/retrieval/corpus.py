@@ -7,14 +7,15 @@ byte offset of each line, and the file size last), so document ``i`` is the byte
 ``offsets[i]:offsets[i+1]`` of a memory-mapped file and nothing is read into memory
 until it is asked for.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import mmap
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -42,15 +43,19 @@ class Document:
 def document_from_dict(d: object, where: str = "document") -> Document:
     """Validate one corpus record; the error names the missing or mistyped field."""
     if not isinstance(d, dict):
-        raise CorpusError(f"{where}: expected a JSON object with fields {REQUIRED_FIELDS}, "
-                          f"got {type(d).__name__}")
+        raise CorpusError(
+            f"{where}: expected a JSON object with fields {REQUIRED_FIELDS}, got {type(d).__name__}"
+        )
     missing = [f for f in REQUIRED_FIELDS if f not in d]
     if missing:
-        raise CorpusError(f"{where}: missing field(s) {missing}; every line needs "
-                          f"'id', 'title' and 'contents' (use '' for an unknown title)")
+        raise CorpusError(
+            f"{where}: missing field(s) {missing}; every line needs "
+            f"'id', 'title' and 'contents' (use '' for an unknown title)"
+        )
     if not isinstance(d["id"], (str, int)):
-        raise CorpusError(f"{where}: field 'id' must be a string or integer, "
-                          f"got {type(d['id']).__name__}")
+        raise CorpusError(
+            f"{where}: field 'id' must be a string or integer, got {type(d['id']).__name__}"
+        )
     for f in ("title", "contents"):
         if not isinstance(d[f], str):
             raise CorpusError(f"{where}: field {f!r} must be a string, got {type(d[f]).__name__}")
@@ -90,7 +95,7 @@ def corpus_fingerprint(docs: Iterable[Document]) -> str:
     matters: an index refers to documents by position)."""
     h = hashlib.sha256()
     for d in docs:
-        h.update(f"{d.id}\x1f{d.title}\x1f{d.contents}\x1e".encode("utf-8"))
+        h.update(f"{d.id}\x1f{d.title}\x1f{d.contents}\x1e".encode())
     return h.hexdigest()
 
 

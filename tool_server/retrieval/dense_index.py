@@ -6,10 +6,11 @@ L2-normalised sentence embedding (see :mod:`.encoder`). The flat index is writte
 ``faiss.IO_FLAG_MMAP_IFC`` (faiss >= 1.9): plain ``IO_FLAG_MMAP`` only maps inverted
 lists and would copy the whole embedding matrix into memory.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import faiss
 
@@ -25,16 +26,18 @@ def mmap_read_flags() -> int:
     return getattr(faiss, "IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP) | faiss.IO_FLAG_READ_ONLY
 
 
-def build_dense(docs: list[Document], out_dir: str, encoder: str | None = None,
-                batch_size: int = 32) -> int:
+def build_dense(
+    docs: list[Document], out_dir: str, encoder: str | None = None, batch_size: int = 32
+) -> int:
     """Embed ``docs`` and save a flat inner-product index; returns the embedding size."""
     model = load_encoder(encoder)
-    get_dim = getattr(model, "get_embedding_dimension", None) or \
-        model.get_sentence_embedding_dimension
+    get_dim = (
+        getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    )
     dim = int(get_dim())
     index = faiss.IndexFlatIP(dim)
     for start in range(0, len(docs), 1024):
-        chunk = docs[start:start + 1024]
+        chunk = docs[start : start + 1024]
         index.add(encode(model, [document_text(d) for d in chunk], batch_size))
     faiss.write_index(index, os.path.join(out_dir, INDEX_FILE))
     return dim
@@ -55,5 +58,7 @@ class DenseRetriever:
         if not queries or k <= 0:
             return [[] for _ in queries]
         scores, ids = self._index.search(encode(self._model, queries), k)
-        return [[(int(i), float(s)) for i, s in zip(row_i, row_s) if i >= 0]
-                for row_i, row_s in zip(ids, scores)]
+        return [
+            [(int(i), float(s)) for i, s in zip(row_i, row_s) if i >= 0]
+            for row_i, row_s in zip(ids, scores)
+        ]

@@ -5,11 +5,12 @@ The default model is all-MiniLM-L6-v2 as shipped inside the PyPI package
 downloaded; any local sentence-transformers model folder can be given instead.
 Embeddings are L2-normalised, so inner product equals cosine similarity.
 """
+
 from __future__ import annotations
 
 import os
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,7 +29,8 @@ def resolve_encoder_path(name_or_path: str | None) -> str:
     if not os.path.isdir(name_or_path):
         raise FileNotFoundError(
             f"encoder {name_or_path!r} is not a local folder; pass a sentence-transformers "
-            f"model directory or {DEFAULT_ENCODER!r} (models are never downloaded)")
+            f"model directory or {DEFAULT_ENCODER!r} (models are never downloaded)"
+        )
     return os.path.abspath(name_or_path)
 
 
@@ -46,6 +48,11 @@ def load_encoder(name_or_path: str | None = None):
 
 def encode(model, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
     """``[len(texts), dim]`` float32 unit-norm embeddings."""
-    emb = model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
-                       convert_to_numpy=True, show_progress_bar=False)
+    emb = model.encode(
+        list(texts),
+        batch_size=batch_size,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+    )
     return np.ascontiguousarray(emb, dtype=np.float32)

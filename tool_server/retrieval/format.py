@@ -5,10 +5,11 @@ line per document, numbered from 1 in rank order, newlines inside a text folded 
 spaces so the numbering stays unambiguous. :func:`parse_information` reads such blocks
 back (for reports and metrics).
 """
+
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def _one_line(text: str) -> str:
@@ -17,8 +18,10 @@ def _one_line(text: str) -> str:
 
 def format_information(docs: Iterable[tuple[str, str]]) -> str:
     """Format ``(title, text)`` pairs as an ``<information>`` block."""
-    lines = [f"Doc {i} (Title: {_one_line(title)}) {_one_line(text)}"
-             for i, (title, text) in enumerate(docs, 1)]
+    lines = [
+        f"Doc {i} (Title: {_one_line(title)}) {_one_line(text)}"
+        for i, (title, text) in enumerate(docs, 1)
+    ]
     return "<information>" + "\n".join(lines) + "</information>"
 
 
@@ -55,6 +58,6 @@ def parse_information(text: str) -> list[list[tuple[str, str]]]:
             end = _title_end(line, head.end())
             if end < 0:
                 continue
-            docs.append((line[head.end():end], line[end + 1:].strip()))
+            docs.append((line[head.end() : end], line[end + 1 :].strip()))
         blocks.append(docs)
     return blocks

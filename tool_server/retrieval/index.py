@@ -5,11 +5,13 @@ fingerprint), the document store (:mod:`.corpus`), and the kind's own files (``b
 or ``dense.faiss``). :func:`check_index` tells whether an index was built from the corpus
 a config names (same fingerprint) before any work starts.
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from .corpus import CorpusError, Document, corpus_fingerprint, write_doc_store
 from .sources import load_corpus_sources
@@ -31,14 +33,21 @@ class Retriever(Protocol):
         ...
 
 
-def build_command(out: str = "<index folder>", kind: str = "bm25|dense",
-                  corpus: str = "<corpus file> ...") -> str:
+def build_command(
+    out: str = "<index folder>", kind: str = "bm25|dense", corpus: str = "<corpus file> ..."
+) -> str:
     """The command line that builds an index (quoted in error messages)."""
     return f"python -m tool_server.retrieval build --corpus {corpus} --out {out} --kind {kind}"
 
 
-def build_index(corpus: str | Sequence[str], out: str, kind: str, encoder: str | None = None,
-                docs: Sequence[Document] | None = None, sources: dict | None = None) -> dict:
+def build_index(
+    corpus: str | Sequence[str],
+    out: str,
+    kind: str,
+    encoder: str | None = None,
+    docs: Sequence[Document] | None = None,
+    sources: dict | None = None,
+) -> dict:
     """Index ``corpus`` (one file or several, in any layout of :mod:`.sources`, merged
     and deduplicated) into folder ``out``; returns the written metadata. ``docs`` (with
     its ``sources`` summary) skips reading when the caller already merged the files."""
@@ -52,9 +61,13 @@ def build_index(corpus: str | Sequence[str], out: str, kind: str, encoder: str |
         raise CorpusError(f"corpus {paths} has no documents")
     os.makedirs(out, exist_ok=True)
     write_doc_store(out, docs)
-    meta: dict = {"format_version": FORMAT_VERSION, "kind": kind, "num_docs": len(docs),
-                  "corpus_fingerprint": corpus_fingerprint(docs),
-                  "corpus_files": [os.path.abspath(p) for p in paths]}
+    meta: dict = {
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "num_docs": len(docs),
+        "corpus_fingerprint": corpus_fingerprint(docs),
+        "corpus_files": [os.path.abspath(p) for p in paths],
+    }
     if sources:
         meta["corpus_sources"] = sources
     if kind == "bm25":
@@ -78,11 +91,14 @@ def read_meta(index_dir: str) -> dict:
     if not os.path.isfile(path):
         raise RetrievalIndexError(
             f"{index_dir!r} is not a retrieval index (no {META_FILE}); build one with "
-            f"`{build_command(index_dir)}`")
+            f"`{build_command(index_dir)}`"
+        )
     with open(path) as f:
         meta = json.load(f)
     if meta.get("kind") not in KINDS:
-        raise RetrievalIndexError(f"{path}: unknown kind {meta.get('kind')!r}; expected one of {KINDS}")
+        raise RetrievalIndexError(
+            f"{path}: unknown kind {meta.get('kind')!r}; expected one of {KINDS}"
+        )
     return meta
 
 
@@ -97,8 +113,9 @@ def open_retriever(index_dir: str, meta: dict, encoder: str | None = None) -> Re
     return DenseRetriever(index_dir, encoder or meta.get("encoder"))
 
 
-def check_index(index_dir: str, corpus: str | Sequence[str],
-                docs: Sequence[Document] | None = None) -> dict:
+def check_index(
+    index_dir: str, corpus: str | Sequence[str], docs: Sequence[Document] | None = None
+) -> dict:
     """The index's metadata, after checking that it exists and was built from exactly the
     documents of ``corpus`` (same fingerprint); a :class:`RetrievalIndexError` naming both
     and the command that rebuilds it otherwise."""
@@ -115,5 +132,6 @@ def check_index(index_dir: str, corpus: str | Sequence[str],
             f"fingerprint {str(have)[:12]}, {meta.get('num_docs')} documents) than the one "
             f"configured ({paths}, fingerprint {want[:12]}, {len(docs)} documents); rebuild "
             f"it with `{build_command(index_dir, meta['kind'], ' '.join(paths))}` or point "
-            "the config at the index of this corpus")
+            "the config at the index of this corpus"
+        )
     return meta

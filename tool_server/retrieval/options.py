@@ -11,11 +11,11 @@ dense queries (default: the one the index was built with);
 (process-wide; 1 avoids thread barriers on a busy machine, see
 ``benchmarks/search_tools_throughput.py --torch-threads``).
 """
+
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Optional
 
 from tool_server.kit.options import tool_option
 
@@ -28,19 +28,21 @@ class RetrievalNotConfigured(RuntimeError):
 
 @dataclass(frozen=True)
 class RetrievalOptions:
-    index_dir: Optional[str]
-    encoder: Optional[str] = None
+    index_dir: str | None
+    encoder: str | None = None
     batch_ms: float = 5.0
     max_batch: int = 64
-    torch_threads: Optional[int] = None
+    torch_threads: int | None = None
 
     @classmethod
-    def from_extra(cls, extra: Optional[dict]) -> "RetrievalOptions":
+    def from_extra(cls, extra: dict | None) -> RetrievalOptions:
         return cls(
-            index_dir=tool_option(extra, "retrieval_index", str, None,
-                                  env="VERLTOOL_RETRIEVAL_INDEX"),
-            encoder=tool_option(extra, "retrieval_encoder", str, None,
-                                env="VERLTOOL_RETRIEVAL_ENCODER"),
+            index_dir=tool_option(
+                extra, "retrieval_index", str, None, env="VERLTOOL_RETRIEVAL_INDEX"
+            ),
+            encoder=tool_option(
+                extra, "retrieval_encoder", str, None, env="VERLTOOL_RETRIEVAL_ENCODER"
+            ),
             batch_ms=tool_option(extra, "retrieval_batch_ms", float, 5.0, minimum=0),
             max_batch=tool_option(extra, "retrieval_max_batch", int, 64, minimum=1),
             torch_threads=tool_option(extra, "retrieval_torch_threads", int, None, minimum=1),
@@ -52,7 +54,8 @@ class RetrievalOptions:
             raise RetrievalNotConfigured(
                 "no retrieval index is configured; start the tool server with "
                 "--tool-opt retrieval_index=<index folder> (or set VERLTOOL_RETRIEVAL_INDEX); "
-                "build one with `python -m tool_server.retrieval build`")
+                "build one with `python -m tool_server.retrieval build`"
+            )
         if self.torch_threads:
             import torch
 

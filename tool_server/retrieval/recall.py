@@ -13,10 +13,11 @@ retrieved once. Per data set (``data_source``) and ``k``:
 The questions "whose answer the corpus holds" are those with an answer string in the top
 ``answerable_k`` documents: :func:`answerable_ids`.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .answers import contains_normalized, normalize_answer
 from .questions import Question
@@ -25,11 +26,10 @@ DEFAULT_KS = (1, 3, 5, 10)
 
 
 def _doc_id(d) -> str:
-    return getattr(d, "doc_id", None) or getattr(d, "id")
+    return getattr(d, "doc_id", None) or d.id
 
 
-def answer_hit_ranks(question: Question, ranked: Sequence, cache: dict | None = None
-                     ) -> int | None:
+def answer_hit_ranks(question: Question, ranked: Sequence, cache: dict | None = None) -> int | None:
     """The 1-based rank of the first document holding an answer, or None."""
     answers = [normalize_answer(a) for a in question.answers]
     for rank, d in enumerate(ranked, 1):
@@ -44,8 +44,9 @@ def answer_hit_ranks(question: Question, ranked: Sequence, cache: dict | None = 
     return None
 
 
-def recall_at_k(questions: Sequence[Question], ranked: Sequence[Sequence],
-                ks: Sequence[int] = DEFAULT_KS) -> dict:
+def recall_at_k(
+    questions: Sequence[Question], ranked: Sequence[Sequence], ks: Sequence[int] = DEFAULT_KS
+) -> dict:
     """``{data_source: {"n", "answer_recall@k", ["n_gold", "gold_recall@k", "gold_any@k"]}}``
     for ranked documents (objects with ``id``/``doc_id``, ``title``, ``contents``) per
     question, best first (formulas in the module doc)."""
@@ -55,8 +56,16 @@ def recall_at_k(questions: Sequence[Question], ranked: Sequence[Sequence],
     cache: dict = {}
     groups: dict[str, dict] = {}
     for q, docs in zip(questions, ranked):
-        g = groups.setdefault(q.data_source, {"n": 0, "n_gold": 0, "ans": [0] * len(ks),
-                                              "gold": [0.0] * len(ks), "any": [0] * len(ks)})
+        g = groups.setdefault(
+            q.data_source,
+            {
+                "n": 0,
+                "n_gold": 0,
+                "ans": [0] * len(ks),
+                "gold": [0.0] * len(ks),
+                "any": [0] * len(ks),
+            },
+        )
         g["n"] += 1
         hit = answer_hit_ranks(q, docs, cache)
         for j, k in enumerate(ks):
@@ -82,20 +91,23 @@ def recall_at_k(questions: Sequence[Question], ranked: Sequence[Sequence],
     return out
 
 
-def answerable_ids(questions: Sequence[Question], ranked: Sequence[Sequence], k: int
-                   ) -> list[str]:
+def answerable_ids(questions: Sequence[Question], ranked: Sequence[Sequence], k: int) -> list[str]:
     """Ids of the questions with a gold answer string in their top ``k`` documents."""
     cache: dict = {}
-    return [q.id for q, docs in zip(questions, ranked)
-            if answer_hit_ranks(q, docs[:k], cache) is not None]
+    return [
+        q.id
+        for q, docs in zip(questions, ranked)
+        if answer_hit_ranks(q, docs[:k], cache) is not None
+    ]
 
 
-def retrieve_all(service, questions: Sequence[Question], k: int, batch_size: int = 128
-                 ) -> list[list]:
+def retrieve_all(
+    service, questions: Sequence[Question], k: int, batch_size: int = 128
+) -> list[list]:
     """The top-``k`` hits of every question (its text as the query), in batches."""
     out: list[list] = []
     for start in range(0, len(questions), batch_size):
-        chunk = questions[start:start + batch_size]
+        chunk = questions[start : start + batch_size]
         out.extend(service.search_batch([q.question for q in chunk], k))
     return out
 
@@ -105,11 +117,16 @@ def format_recall_table(table: dict, ks: Iterable[int]) -> str:
     ks = sorted(set(ks))
     lines = [f"{'data set':<18}{'measure':<15}{'n':>6}" + "".join(f"{'@' + str(k):>8}" for k in ks)]
     for ds, row in sorted(table.items()):
-        for measure, n_key in (("answer_recall", "n"), ("gold_recall", "n_gold"),
-                               ("gold_any", "n_gold")):
+        for measure, n_key in (
+            ("answer_recall", "n"),
+            ("gold_recall", "n_gold"),
+            ("gold_any", "n_gold"),
+        ):
             if f"{measure}@{ks[0]}" in row:
-                lines.append(f"{ds:<18}{measure:<15}{row[n_key]:>6}"
-                             + "".join(f"{row[f'{measure}@{k}']:>8.3f}" for k in ks))
+                lines.append(
+                    f"{ds:<18}{measure:<15}{row[n_key]:>6}"
+                    + "".join(f"{row[f'{measure}@{k}']:>8.3f}" for k in ks)
+                )
     return "\n".join(lines)
 
 

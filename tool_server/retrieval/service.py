@@ -6,6 +6,7 @@ encoder forward pass / one sparse matrix product) in the service's worker thread
 :func:`get_service` shares one service per index folder within a process, so every
 tool that searches the same index uses the same memory-mapped files and the same batches.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,15 +30,21 @@ class Hit:
 
 
 class RetrievalService:
-    def __init__(self, index_dir: str, encoder: str | None = None, max_wait_ms: float = 5.0,
-                 max_batch: int = 64) -> None:
+    def __init__(
+        self,
+        index_dir: str,
+        encoder: str | None = None,
+        max_wait_ms: float = 5.0,
+        max_batch: int = 64,
+    ) -> None:
         self.index_dir = os.path.abspath(index_dir)
         self.meta = read_meta(self.index_dir)
         self.kind: str = self.meta["kind"]
         self.docs = DocStore(self.index_dir)
         self._retriever = open_retriever(self.index_dir, self.meta, encoder)
         self._batcher: AsyncBatcher[tuple[str, int], list[Hit]] = AsyncBatcher(
-            self._run_batch, max_wait_ms=max_wait_ms, max_batch=max_batch, name="retrieval")
+            self._run_batch, max_wait_ms=max_wait_ms, max_batch=max_batch, name="retrieval"
+        )
 
     @property
     def batch_sizes(self):
@@ -78,8 +85,9 @@ _services: dict[tuple, RetrievalService] = {}
 _services_lock = threading.Lock()
 
 
-def get_service(index_dir: str, encoder: str | None = None, max_wait_ms: float = 5.0,
-                max_batch: int = 64) -> RetrievalService:
+def get_service(
+    index_dir: str, encoder: str | None = None, max_wait_ms: float = 5.0, max_batch: int = 64
+) -> RetrievalService:
     """The process-wide service for ``index_dir`` (opened on first use)."""
     key = (os.path.abspath(index_dir), encoder, float(max_wait_ms), int(max_batch))
     with _services_lock:

@@ -20,12 +20,14 @@ so the same paragraph from several files is indexed once. A document from an ups
 layout gets the id :func:`passage_id` (a hash of title and text), so a question's gold
 paragraph maps to its corpus id without the corpus at hand.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .corpus import CorpusError, Document, document_from_dict, read_corpus
 
@@ -93,11 +95,12 @@ def hotpot_paragraphs(record: dict, where: str) -> list[tuple[str, str, bool]]:
         for j, c in enumerate(record["contexts"]):
             if not isinstance(c, dict) or "title" not in c or "paragraph_text" not in c:
                 raise CorpusError(f"{where}: contexts[{j}] needs 'title' and 'paragraph_text'")
-            out.append((c["title"], paragraph_text(c["paragraph_text"]),
-                        bool(c.get("is_supporting"))))
+            out.append(
+                (c["title"], paragraph_text(c["paragraph_text"]), bool(c.get("is_supporting")))
+            )
         return out
     context = record["context"]
-    if isinstance(context, dict):           # the HF datasets layout: {"title": [], "sentences": []}
+    if isinstance(context, dict):  # the HF datasets layout: {"title": [], "sentences": []}
         context = list(zip(context.get("title", []), context.get("sentences", [])))
     facts = record.get("supporting_facts") or []
     if isinstance(facts, dict):
@@ -132,8 +135,12 @@ def detect_layout(first: Any, path: str) -> str:
         return "hotpotqa"
     if "contents" in keys:
         contents = first["contents"]
-        if "title" not in keys and isinstance(contents, str) and contents.startswith('"') \
-                and '"\n' in contents:
+        if (
+            "title" not in keys
+            and isinstance(contents, str)
+            and contents.startswith('"')
+            and '"\n' in contents
+        ):
             return "wiki18"
         return "documents"
     if {"title", "text"} <= keys:
@@ -143,7 +150,8 @@ def detect_layout(first: Any, path: str) -> str:
     raise CorpusError(
         f"{path}: unknown corpus layout (keys {sorted(keys)[:8]}); expected "
         "{'id','title','contents'}, {'title','text'}, a HotpotQA question with "
-        "'context'/'contexts', or a JSON object {title: sentences}")
+        "'context'/'contexts', or a JSON object {title: sentences}"
+    )
 
 
 def _first_jsonl_layout(path: str) -> str | None:
@@ -163,14 +171,13 @@ def _first_jsonl_layout(path: str) -> str | None:
 def read_source(path: str) -> tuple[str, list[Document]]:
     """(layout, documents) of one corpus file (see the module doc)."""
     if path.endswith(".jsonl") and _first_jsonl_layout(path) == "documents":
-        return "documents", list(read_corpus(path))     # streamed; errors name the line
+        return "documents", list(read_corpus(path))  # streamed; errors name the line
     records = _records(path)
     if not records:
         return "documents", []
     layout = detect_layout(records[0], path)
     if layout == "documents":
-        return layout, [document_from_dict(r, f"{path} record {i}")
-                        for i, r in enumerate(records)]
+        return layout, [document_from_dict(r, f"{path} record {i}") for i, r in enumerate(records)]
     if layout == "titles":
         if len(records) != 1:
             raise CorpusError(f"{path}: a title corpus is one JSON object {{title: sentences}}")
@@ -188,8 +195,10 @@ def read_source(path: str) -> tuple[str, list[Document]]:
             else:
                 docs.append(passage(r["title"], r["text"]))
         except KeyError as e:
-            raise CorpusError(f"{where}: missing field {e.args[0]!r} of the {layout} layout "
-                              f"(set by the file's first record)") from None
+            raise CorpusError(
+                f"{where}: missing field {e.args[0]!r} of the {layout} layout "
+                f"(set by the file's first record)"
+            ) from None
     return layout, docs
 
 
@@ -206,8 +215,10 @@ def merge_documents(docs: Iterable[Document]) -> tuple[list[Document], int]:
             dropped += 1
             continue
         if d.id in seen_id:
-            raise CorpusError(f"duplicate id {d.id!r} for two different documents "
-                              f"({seen_id[d.id][0]!r} and {d.title!r}); ids must be unique")
+            raise CorpusError(
+                f"duplicate id {d.id!r} for two different documents "
+                f"({seen_id[d.id][0]!r} and {d.title!r}); ids must be unique"
+            )
         seen_text.add(key)
         seen_id[d.id] = key
         out.append(d)

@@ -17,21 +17,27 @@ gives up on the call),
 ``bash_output_cap`` (bytes kept in memory per command, 1 MiB) and the limits of
 :func:`tool_server.kit.shell.workspace_limits` (prefix ``bash``).
 """
+
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any
 
-from tool_server.kit.options import tool_option
-from tool_server.kit.shell import (SandboxUnavailable, ShellSession, command_timeout,
-                                      format_result, workspace_argv, workspace_limits)
-from tool_server.kit.tags import fenced_blocks, last_tag_body
 from tool_server.kit.base import Observation
+from tool_server.kit.options import tool_option
+from tool_server.kit.shell import (
+    SandboxUnavailable,
+    ShellSession,
+    command_timeout,
+    format_result,
+    workspace_argv,
+    workspace_limits,
+)
+from tool_server.kit.tags import fenced_blocks, last_tag_body
 from tool_server.kit.workspace import WorkspaceError, WorkspaceTool
 
 
-
-def parse_bash_action(action: str) -> Optional[str]:
+def parse_bash_action(action: str) -> str | None:
     """The command of the last ``<bash>...</bash>`` of ``action``, else of its last fenced
     ``bash``/``sh``/``shell`` block; ``None`` if there is neither."""
     body = last_tag_body(action or "", "bash")
@@ -54,8 +60,9 @@ class BashTool(WorkspaceTool):
     def timeout_s(self) -> float:
         return command_timeout(self.settings.extra, "bash_timeout_s", self.settings.timeout_s)
 
-    async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
-                             ) -> tuple[Observation, bool, bool]:
+    async def conduct_action(
+        self, trajectory_id: str, parsed: Any, extra_field: dict
+    ) -> tuple[Observation, bool, bool]:
         command = parsed
         if not command.strip():
             msg = "Empty bash command: write the command between <bash> and </bash>."
@@ -66,13 +73,17 @@ class BashTool(WorkspaceTool):
             try:
                 ws = await self.workspace_async(trajectory_id, extra_field)
                 timeout = self.timeout_s()
-                shell: Optional[ShellSession] = env.get("shell")
+                shell: ShellSession | None = env.get("shell")
                 if shell is None:
                     argv, cwd = workspace_argv(
-                        ws, workspace_limits(self.settings.extra, "bash", timeout),
-                        self.settings.unsafe_no_sandbox, ["bash", "--noprofile", "--norc"])
-                    cap = tool_option(self.settings.extra, "bash_output_cap", int, 1 << 20,
-                                      minimum=1024)
+                        ws,
+                        workspace_limits(self.settings.extra, "bash", timeout),
+                        self.settings.unsafe_no_sandbox,
+                        ["bash", "--noprofile", "--norc"],
+                    )
+                    cap = tool_option(
+                        self.settings.extra, "bash_output_cap", int, 1 << 20, minimum=1024
+                    )
                     shell = env["shell"] = ShellSession(argv, cwd, cap)
             except (SandboxUnavailable, WorkspaceError, ValueError) as e:
                 return {"obs": str(e), "invalid_reason": str(e)}, False, False

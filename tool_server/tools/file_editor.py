@@ -22,24 +22,30 @@ Files over ``file_editor_max_file_bytes`` (``--tool-opt``, default 4 MiB) are ne
 whole: ``view`` streams them in bounded memory (line count, then the lines in range, up to
 the observation limit) and edits are refused.
 """
+
 from __future__ import annotations
 
 import os
 import posixpath
 import stat
 import uuid
-from typing import Any, Optional
+from typing import Any
 
-from tool_server.kit.options import tool_option
-from tool_server.kit.tool_calls import (ToolCall, ToolCallError, invalid_call,
-                                        parse_tool_call_for, register_names)
 from tool_server.kit.base import Observation
+from tool_server.kit.options import tool_option
+from tool_server.kit.tool_calls import (
+    ToolCall,
+    ToolCallError,
+    invalid_call,
+    parse_tool_call_for,
+    register_names,
+)
 from tool_server.kit.workspace import Workspace, WorkspaceError, WorkspaceTool
 
 FILE_EDITOR_NAMES = register_names({"file_editor", "str_replace_editor"})
 COMMANDS = ("view", "create", "str_replace", "insert")
 SNIPPET_CONTEXT = 4
-DEFAULT_MAX_FILE_BYTES = 4 << 20   # larger files are viewed in parts and never edited
+DEFAULT_MAX_FILE_BYTES = 4 << 20  # larger files are viewed in parts and never edited
 
 
 class EditorError(ValueError):
@@ -67,23 +73,30 @@ def line_count(text: str) -> int:
 def _check_range(view_range: Any, n: int) -> tuple[int, int]:
     """``(start, end)`` of a valid ``view_range`` for a file of ``n`` lines (``end=-1``:
     ``n``); raises :class:`EditorError` naming the bad bound."""
-    if (not isinstance(view_range, list) or len(view_range) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in view_range)):
-        raise EditorError(f'"view_range" must be a list of two integers [start, end], got '
-                          f"{view_range!r:.60}.")
+    if (
+        not isinstance(view_range, list)
+        or len(view_range) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in view_range)
+    ):
+        raise EditorError(
+            f'"view_range" must be a list of two integers [start, end], got {view_range!r:.60}.'
+        )
     start, end = view_range
     if not 1 <= start <= max(n, 1):
-        raise EditorError(f'"view_range" start {start} must be between 1 and {n} (the number '
-                          "of lines).")
+        raise EditorError(
+            f'"view_range" start {start} must be between 1 and {n} (the number of lines).'
+        )
     if end == -1:
         end = n
     if not start <= end <= n:
-        raise EditorError(f'"view_range" end {end} must be between {start} and {n} (the '
-                          "number of lines), or -1 for the end of the file.")
+        raise EditorError(
+            f'"view_range" end {end} must be between {start} and {n} (the '
+            "number of lines), or -1 for the end of the file."
+        )
     return start, end
 
 
-def view_lines(text: str, view_range: Optional[list]) -> tuple[str, int]:
+def view_lines(text: str, view_range: list | None) -> tuple[str, int]:
     """The numbered lines ``[start, end]`` (1-based, inclusive; ``end=-1``: to the end).
 
     Returns ``(numbered text, start)``; raises :class:`EditorError` naming the bad bound.
@@ -92,7 +105,7 @@ def view_lines(text: str, view_range: Optional[list]) -> tuple[str, int]:
     if view_range is None:
         return number_lines(text), 1
     start, end = _check_range(view_range, n)
-    lines = text.split("\n")[start - 1:end]
+    lines = text.split("\n")[start - 1 : end]
     return "\n".join(f"{i:6d}\t{line}" for i, line in enumerate(lines, start)), start
 
 
@@ -107,18 +120,22 @@ def replace_unique(text: str, old: str, new: str, path: str) -> tuple[str, int]:
         raise EditorError('"old_str" must not be empty; to add text use the insert command.')
     count = text.count(old)
     if count == 0:
-        raise EditorError(f"No replacement was performed: old_str did not appear verbatim in "
-                          f"{path}. Check whitespace and indentation (view the file first).")
+        raise EditorError(
+            f"No replacement was performed: old_str did not appear verbatim in "
+            f"{path}. Check whitespace and indentation (view the file first)."
+        )
     if count > 1:
         lines, pos = [], text.find(old)
         while pos != -1:
             lines.append(text.count("\n", 0, pos) + 1)
             pos = text.find(old, pos + 1)
-        raise EditorError(f"No replacement was performed: old_str occurs {count} times in "
-                          f"{path} (lines {lines}). Include more surrounding lines to make it "
-                          "unique.")
+        raise EditorError(
+            f"No replacement was performed: old_str occurs {count} times in "
+            f"{path} (lines {lines}). Include more surrounding lines to make it "
+            "unique."
+        )
     pos = text.find(old)
-    return text[:pos] + new + text[pos + len(old):], text.count("\n", 0, pos) + 1
+    return text[:pos] + new + text[pos + len(old) :], text.count("\n", 0, pos) + 1
 
 
 def insert_after(text: str, line: int, new: str) -> str:
@@ -129,8 +146,10 @@ def insert_after(text: str, line: int, new: str) -> str:
     """
     n = line_count(text)
     if isinstance(line, bool) or not isinstance(line, int) or not 0 <= line <= n:
-        raise EditorError(f'"insert_line" must be an integer between 0 and {n} (the number of '
-                          f"lines), got {line!r:.40}.")
+        raise EditorError(
+            f'"insert_line" must be an integer between 0 and {n} (the number of '
+            f"lines), got {line!r:.40}."
+        )
     block = new if new.endswith("\n") else new + "\n"
     pos = 0
     for _ in range(line):
@@ -164,15 +183,19 @@ def workspace_relpath(ws: Workspace, path: Any) -> str:
     if p.startswith("/"):
         base = ws.sandbox_path.rstrip("/")
         if p == base or p.startswith(base + "/"):
-            p = p[len(base):].lstrip("/") or "."
+            p = p[len(base) :].lstrip("/") or "."
         else:
-            raise EditorError(f"path {path!r} is outside the workspace; use a path relative to the "
-                              f"repository root or under {ws.sandbox_path}/.")
+            raise EditorError(
+                f"path {path!r} is outside the workspace; use a path relative to the "
+                f"repository root or under {ws.sandbox_path}/."
+            )
     root = os.path.realpath(ws.root)
     real = os.path.realpath(os.path.join(root, p))
     if real != root and not real.startswith(root + os.sep):
-        raise EditorError(f"path {path!r} escapes the workspace (through '..' or a symlink); "
-                          "only files inside the repository can be edited.")
+        raise EditorError(
+            f"path {path!r} escapes the workspace (through '..' or a symlink); "
+            "only files inside the repository can be edited."
+        )
     return os.path.relpath(real, root)
 
 
@@ -184,16 +207,18 @@ class _Dir:
         try:
             for part in [c for c in rel_dir.split("/") if c not in ("", ".")]:
                 try:
-                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                  dir_fd=self.fd)
+                    nfd = os.open(
+                        part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd
+                    )
                 except FileNotFoundError:
                     if not create:
                         raise
                     os.mkdir(part, 0o755, dir_fd=self.fd)
                     if ws.uid is not None:
                         os.chown(part, ws.uid, ws.uid, dir_fd=self.fd, follow_symlinks=False)
-                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                  dir_fd=self.fd)
+                    nfd = os.open(
+                        part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd
+                    )
                 os.close(self.fd)
                 self.fd = nfd
         except BaseException:
@@ -237,8 +262,10 @@ def read_text(ws: Workspace, rel: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) 
     fd, st = _open_regular(ws, rel)
     with os.fdopen(fd, "rb") as f:
         if st.st_size > max_bytes:
-            raise EditorError(f"{rel} has {st.st_size} bytes, over file_editor's limit of "
-                              f"{max_bytes} for editing; view parts of it with view_range.")
+            raise EditorError(
+                f"{rel} has {st.st_size} bytes, over file_editor's limit of "
+                f"{max_bytes} for editing; view parts of it with view_range."
+            )
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise EditorError(f"{rel} is over file_editor's limit of {max_bytes} bytes.")
@@ -249,7 +276,7 @@ def read_text(ws: Workspace, rel: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) 
         raise EditorError(f"{rel} is not valid UTF-8 ({e.reason} at byte {e.start}).") from None
 
 
-def _stream_view(f, rel: str, view_range: Optional[list], max_chars: int) -> tuple[str, bool]:
+def _stream_view(f, rel: str, view_range: list | None, max_chars: int) -> tuple[str, bool]:
     """``view_lines`` for a file too large to read whole, in bounded memory.
 
     Reads ``f`` in 1 MiB chunks: once to count lines (to check ``view_range`` exactly as
@@ -298,7 +325,7 @@ def _stream_view(f, rel: str, view_range: Optional[list], max_chars: int) -> tup
             nl = chunk.find(b"\n", pos)
             stop = len(chunk) if nl < 0 else nl
             if start <= line_no <= end and len(cur) <= max_chars:
-                cur += chunk[pos:min(stop, pos + max_chars + 1 - len(cur))]
+                cur += chunk[pos : min(stop, pos + max_chars + 1 - len(cur))]
             if nl < 0:
                 break
             if start <= line_no <= end and emit():
@@ -314,8 +341,9 @@ def _stream_view(f, rel: str, view_range: Optional[list], max_chars: int) -> tup
     return "\n".join(out), truncated
 
 
-def view_file(ws: Workspace, rel: str, view_range: Optional[list], max_bytes: int,
-              max_chars: int) -> str:
+def view_file(
+    ws: Workspace, rel: str, view_range: list | None, max_bytes: int, max_chars: int
+) -> str:
     """The ``cat -n`` view of ``rel`` (``view_range`` as in :func:`view_lines`): read whole
     when at most ``max_bytes``, else streamed (:func:`_stream_view`) so a huge file costs
     bounded memory."""
@@ -329,8 +357,7 @@ def view_file(ws: Workspace, rel: str, view_range: Optional[list], max_bytes: in
                 return view_lines(text, view_range)[0]
         body, truncated = _stream_view(f, rel, view_range, max_chars)
     if truncated:
-        body += ("\n[... output truncated; the file is large: use view_range to see other "
-                 "lines ...]")
+        body += "\n[... output truncated; the file is large: use view_range to see other lines ...]"
     return body
 
 
@@ -348,8 +375,10 @@ def write_text(ws: Workspace, rel: str, text: str, must_not_exist: bool = False)
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             if must_not_exist:
-                raise EditorError(f"{rel} already exists; use str_replace or insert to change "
-                                  "it (or view it first).")
+                raise EditorError(
+                    f"{rel} already exists; use str_replace or insert to change "
+                    "it (or view it first)."
+                )
             if not stat.S_ISREG(st.st_mode):
                 raise EditorError(f"{rel} is not a regular file.")
             mode = stat.S_IMODE(st.st_mode)
@@ -364,8 +393,7 @@ def write_text(ws: Workspace, rel: str, text: str, must_not_exist: bool = False)
             if not must_not_exist:
                 raise
         tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                     dir_fd=dfd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -393,8 +421,11 @@ def list_dir(ws: Workspace, rel: str, depth: int = 2, limit: int = 500) -> list[
                 dirs[:] = []
             else:
                 out.extend(posixpath.normpath(posixpath.join(rel, top, x)) + "/" for x in dirs)
-            out.extend(posixpath.normpath(posixpath.join(rel, top, x))
-                       for x in sorted(files) if not x.startswith("."))
+            out.extend(
+                posixpath.normpath(posixpath.join(rel, top, x))
+                for x in sorted(files)
+                if not x.startswith(".")
+            )
             if len(out) > limit:
                 break
     return sorted(out)[:limit]
@@ -404,19 +435,27 @@ class FileEditorTool(WorkspaceTool):
     """View / create / str_replace / insert on files of the trajectory's workspace."""
 
     name = "file_editor"
-    usage = ('<tool_call>{"name": "file_editor", "arguments": {"command": "view" | "create" | '
-             '"str_replace" | "insert", "path": "relative/path", ...}}</tool_call>')
+    usage = (
+        '<tool_call>{"name": "file_editor", "arguments": {"command": "view" | "create" | '
+        '"str_replace" | "insert", "path": "relative/path", ...}}</tool_call>'
+    )
 
     def __init__(self, settings=None) -> None:
         super().__init__(settings)
-        self.max_file_bytes = tool_option(self.settings.extra, "file_editor_max_file_bytes",
-                                          int, DEFAULT_MAX_FILE_BYTES, minimum=1024)
+        self.max_file_bytes = tool_option(
+            self.settings.extra,
+            "file_editor_max_file_bytes",
+            int,
+            DEFAULT_MAX_FILE_BYTES,
+            minimum=1024,
+        )
 
     def parse_action(self, action: str) -> tuple[Any, bool]:
         return parse_tool_call_for(action, FILE_EDITOR_NAMES)
 
-    def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
-                       ) -> tuple[Observation, bool, bool]:
+    def conduct_action(
+        self, trajectory_id: str, parsed: Any, extra_field: dict
+    ) -> tuple[Observation, bool, bool]:
         if isinstance(parsed, ToolCallError):
             return invalid_call(parsed.message)
         assert isinstance(parsed, ToolCall)
@@ -426,8 +465,10 @@ class FileEditorTool(WorkspaceTool):
         except (EditorError, WorkspaceError) as e:
             return invalid_call(str(e))
         except FileNotFoundError:
-            msg = (f"{parsed.arguments.get('path')!r} does not exist (paths are relative to the "
-                   "repository root; use view on '.' to list files).")
+            msg = (
+                f"{parsed.arguments.get('path')!r} does not exist (paths are relative to the "
+                "repository root; use view on '.' to list files)."
+            )
             return invalid_call(msg)
         except (NotADirectoryError, IsADirectoryError, PermissionError, OSError) as e:
             msg = f"file_editor could not access {parsed.arguments.get('path')!r}: {e.strerror}."
@@ -438,16 +479,26 @@ class FileEditorTool(WorkspaceTool):
         limit = self.settings.max_obs_chars
         if len(text) <= limit:
             return text
-        return (text[:limit] + f"\n[... output truncated at {limit} characters; use view_range "
-                "to see the rest ...]")
+        return (
+            text[:limit] + f"\n[... output truncated at {limit} characters; use view_range "
+            "to see the rest ...]"
+        )
 
     def _run(self, ws: Workspace, args: dict) -> str:
         command = args.get("command")
         if command not in COMMANDS:
-            raise EditorError(f'"command" must be one of {", ".join(COMMANDS)}; got '
-                              f"{command!r:.40}.")
-        allowed = {"command", "path", "view_range", "file_text", "old_str", "new_str",
-                   "insert_line"}
+            raise EditorError(
+                f'"command" must be one of {", ".join(COMMANDS)}; got {command!r:.40}.'
+            )
+        allowed = {
+            "command",
+            "path",
+            "view_range",
+            "file_text",
+            "old_str",
+            "new_str",
+            "insert_line",
+        }
         unknown = set(args) - allowed
         if unknown:
             raise EditorError(f"file_editor: unknown argument(s) {sorted(unknown)} for {command}.")
@@ -458,10 +509,13 @@ class FileEditorTool(WorkspaceTool):
                 if args.get("view_range") is not None:
                     raise EditorError('"view_range" applies to files only, not directories.')
                 entries = list_dir(ws, rel)
-                return (f"Files and directories up to 2 levels deep in {shown} (hidden ones "
-                        "excluded):\n" + "\n".join(entries))
-            body = view_file(ws, rel, args.get("view_range"), self.max_file_bytes,
-                             self.settings.max_obs_chars)
+                return (
+                    f"Files and directories up to 2 levels deep in {shown} (hidden ones "
+                    "excluded):\n" + "\n".join(entries)
+                )
+            body = view_file(
+                ws, rel, args.get("view_range"), self.max_file_bytes, self.settings.max_obs_chars
+            )
             return f"Here is the result of running `cat -n` on {shown}:\n{body}"
         if rel == ".":
             raise EditorError(f"{command} needs a file path, not the workspace root.")
@@ -478,14 +532,17 @@ class FileEditorTool(WorkspaceTool):
         if command == "str_replace":
             old_str = args.get("old_str")
             if not isinstance(old_str, str):
-                raise EditorError('str_replace needs "old_str" (a string that occurs exactly '
-                                  "once).")
+                raise EditorError(
+                    'str_replace needs "old_str" (a string that occurs exactly once).'
+                )
             new_text, first = replace_unique(text, old_str, new_str, shown)
             write_text(ws, rel, new_text)
             return f"The file {shown} has been edited. " + snippet(
-                new_text, first, line_count(new_str) or 1, shown)
+                new_text, first, line_count(new_str) or 1, shown
+            )
         line = args.get("insert_line")
         new_text = insert_after(text, line, new_str)
         write_text(ws, rel, new_text)
         return f"The file {shown} has been edited. " + snippet(
-            new_text, line + 1, line_count(new_str) or 1, shown)
+            new_text, line + 1, line_count(new_str) or 1, shown
+        )

@@ -6,6 +6,7 @@ an action that no tool parses is invalid (``done=False, valid=False``), never a 
 end. Under ``--compat verltool`` a server whose only tool is ``finish`` ends every
 trajectory on any action, as VerlTool's does.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,12 +16,15 @@ from tool_server.kit.base import BaseTool, Observation
 
 class FinishTool(BaseTool):
     name = "finish"
-    usage = ("Ends the trajectory when the request sets finish: true (it claims no "
-             "action; an action no tool parses is invalid).")
+    usage = (
+        "Ends the trajectory when the request sets finish: true (it claims no "
+        "action; an action no tool parses is invalid)."
+    )
 
     def parse_action(self, action: str) -> tuple[Any, bool]:
         return None, False
 
-    async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
-                             ) -> tuple[Observation, bool, bool]:
+    async def conduct_action(
+        self, trajectory_id: str, parsed: Any, extra_field: dict
+    ) -> tuple[Observation, bool, bool]:
         return "", True, True

@@ -17,6 +17,7 @@ content as JSON when there is no text), the first image as ``image`` (data URL),
 an observation with ``valid = false``. The connection is kept for the server's life and
 reopened once if it dropped. MCP tools are stateless here: nothing is kept per trajectory.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,12 +25,12 @@ import json
 import logging
 import shlex
 import sys
-from typing import Any, Optional
+from typing import Any
 
-from tool_server.kit.options import tool_option
-from tool_server.kit.tool_calls import ToolCallError, parse_tool_call_for, register_names
-from tool_server.kit.shell import command_timeout
 from tool_server.kit.base import BaseTool, Observation
+from tool_server.kit.options import tool_option
+from tool_server.kit.shell import command_timeout
+from tool_server.kit.tool_calls import ToolCallError, parse_tool_call_for, register_names
 
 log = logging.getLogger("tool_server.mcp")
 
@@ -37,11 +38,14 @@ log = logging.getLogger("tool_server.mcp")
 def mcp_target(extra: dict) -> Any:
     """The ``mcp.Client`` target from the options: a URL or ``StdioServerParameters``."""
     from mcp import StdioServerParameters
+
     url = tool_option(extra, "mcp_url", str, None, env="VERLTOOL_MCP_URL")
     command = tool_option(extra, "mcp_command", str, None, env="VERLTOOL_MCP_COMMAND")
     if bool(url) == bool(command):
-        raise ValueError("the mcp tool needs exactly one of --tool-opt mcp_url=http://.../mcp "
-                         "or --tool-opt mcp_command='python server.py'")
+        raise ValueError(
+            "the mcp tool needs exactly one of --tool-opt mcp_url=http://.../mcp "
+            "or --tool-opt mcp_command='python server.py'"
+        )
     if url:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"tool option mcp_url must be an http(s) URL, got {url!r}")
@@ -88,12 +92,13 @@ class _Connection:
         self.target = target
         self.client = None
         self.tools: list = []
-        self.error: Optional[BaseException] = None
-        self._task: Optional[asyncio.Task] = None
+        self.error: BaseException | None = None
+        self._task: asyncio.Task | None = None
         self._stop = asyncio.Event()
 
     async def open(self, timeout_s: float) -> None:
         from mcp import Client
+
         ready = asyncio.Event()
 
         async def run() -> None:
@@ -103,7 +108,7 @@ class _Connection:
                     self.client = client
                     ready.set()
                     await self._stop.wait()
-            except BaseException as e:  # noqa: BLE001 - reported to the caller
+            except BaseException as e:
                 self.error = e
             finally:
                 self.client = None
@@ -114,7 +119,9 @@ class _Connection:
             await asyncio.wait_for(ready.wait(), timeout_s)
         except asyncio.TimeoutError:
             await self.close()
-            raise ConnectionError(f"could not connect to the MCP server within {timeout_s:g} s")
+            raise ConnectionError(
+                f"could not connect to the MCP server within {timeout_s:g} s"
+            ) from None
         if self.client is None:
             raise ConnectionError(f"could not connect to the MCP server: {self.error!r}")
 
@@ -137,7 +144,7 @@ class _Connection:
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, 10)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
+            except (asyncio.TimeoutError, Exception):
                 self._task.cancel()
 
 
@@ -145,13 +152,15 @@ class MCPTool(BaseTool):
     """The tools of one MCP server, called through ``<tool_call>``."""
 
     name = "mcp"
-    usage = ('<tool_call>{"name": "<MCP tool>", "arguments": {...}}</tool_call> for the tools of '
-             "the configured MCP server (listed at start-up)")
+    usage = (
+        '<tool_call>{"name": "<MCP tool>", "arguments": {...}}</tool_call> for the tools of '
+        "the configured MCP server (listed at start-up)"
+    )
 
     def __init__(self, settings=None) -> None:
         super().__init__(settings)
         self.tool_names: frozenset = frozenset()
-        self._conn: Optional[_Connection] = None
+        self._conn: _Connection | None = None
         self._reconnect = asyncio.Lock()
 
     async def astart(self) -> None:
@@ -164,13 +173,19 @@ class MCPTool(BaseTool):
             wanted = {n.strip() for n in only.split(",") if n.strip()}
             missing = wanted - names
             if missing:
-                raise ValueError(f"tool option mcp_tools names {sorted(missing)}, which the MCP "
-                                 f"server does not offer (it offers {sorted(names)})")
+                raise ValueError(
+                    f"tool option mcp_tools names {sorted(missing)}, which the MCP "
+                    f"server does not offer (it offers {sorted(names)})"
+                )
             names = wanted
         self.tool_names = register_names(names)
-        descr = "; ".join(f"{t.name}: {(t.description or '').strip().splitlines()[0][:80]}"
-                          if t.description else t.name
-                          for t in self._conn.tools if t.name in names)
+        descr = "; ".join(
+            f"{t.name}: {(t.description or '').strip().splitlines()[0][:80]}"
+            if t.description
+            else t.name
+            for t in self._conn.tools
+            if t.name in names
+        )
         self.usage = f"{MCPTool.usage}. Tools: {descr}"
         log.info("mcp: %d tools: %s", len(names), sorted(names))
 
@@ -179,16 +194,19 @@ class MCPTool(BaseTool):
             return None, False
         return parse_tool_call_for(action, self.tool_names)
 
-    async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
-                             ) -> tuple[Observation, bool, bool]:
+    async def conduct_action(
+        self, trajectory_id: str, parsed: Any, extra_field: dict
+    ) -> tuple[Observation, bool, bool]:
         if isinstance(parsed, ToolCallError):
             return {"obs": parsed.message, "invalid_reason": parsed.message}, False, False
         from mcp.shared.exceptions import MCPError
+
         timeout = command_timeout(self.settings.extra, "mcp_timeout_s", self.settings.timeout_s)
         try:
             conn = await self._connection()
-            result = await conn.client.call_tool(parsed.name, parsed.arguments,
-                                                 read_timeout_seconds=timeout)
+            result = await conn.client.call_tool(
+                parsed.name, parsed.arguments, read_timeout_seconds=timeout
+            )
         except MCPError as e:
             msg = f"MCP call {parsed.name} failed: {e}"
             if "timed out" in str(e):
@@ -210,8 +228,9 @@ class MCPTool(BaseTool):
             if self._conn is None or not self._conn.alive:
                 if self._conn is not None:
                     await self._conn.close()
-                new = _Connection(self._conn.target if self._conn else
-                                  mcp_target(self.settings.extra))
+                new = _Connection(
+                    self._conn.target if self._conn else mcp_target(self.settings.extra)
+                )
                 self._conn = new
                 await new.open(max(30.0, self.settings.timeout_s))
             return self._conn

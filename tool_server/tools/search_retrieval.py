@@ -8,36 +8,41 @@ An empty query or a failing index gives an observation saying what is wrong.
 Under ``--compat verltool`` (or ``--tool-opt search_retrieval_compat=verltool``) parsing
 and observation follow VerlTool's search tool (``tool_server/kit/search_compat.py``).
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
-from tool_server.retrieval.options import RetrievalOptions
 from tool_server.kit import search_compat as vt
+from tool_server.kit.base import Observation, ToolSettings
 from tool_server.kit.options import tool_option
 from tool_server.kit.search import QuerySearchTool
-from tool_server.kit.base import Observation, ToolSettings
+from tool_server.retrieval.options import RetrievalOptions
 
 log = logging.getLogger(__name__)
 
 
 class SearchRetrievalTool(QuerySearchTool):
     name = "search_retrieval"
-    usage = ("Search the knowledge corpus: <search>your query</search>. Returns the top "
-             "documents inside <information>...</information>.")
+    usage = (
+        "Search the knowledge corpus: <search>your query</search>. Returns the top "
+        "documents inside <information>...</information>."
+    )
     tag = "search"
     error_reason = "retrieval_error"
     error_label = "Retrieval error"
     warm_up_failure = "cannot open the retrieval index"
-    verltool_usage = ("You can search for information by putting your query between "
-                      "<search> and </search> tags.")
+    verltool_usage = (
+        "You can search for information by putting your query between <search> and </search> tags."
+    )
 
-    def __init__(self, settings: Optional[ToolSettings] = None) -> None:
+    def __init__(self, settings: ToolSettings | None = None) -> None:
         super().__init__(settings)
         extra = self.settings.extra
-        self.topk: int = tool_option(extra, "topk", int, 3, env="VERLTOOL_RETRIEVAL_TOPK",
-                                     minimum=1)
+        self.topk: int = tool_option(
+            extra, "topk", int, 3, env="VERLTOOL_RETRIEVAL_TOPK", minimum=1
+        )
         self.retrieval = RetrievalOptions.from_extra(extra)
 
     async def warm_up(self) -> None:
@@ -53,8 +58,9 @@ class SearchRetrievalTool(QuerySearchTool):
             return (parsed, True) if parsed is not None else (None, False)
         return super().parse_action(action)
 
-    async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
-                             ) -> tuple[Observation, bool, bool]:
+    async def conduct_action(
+        self, trajectory_id: str, parsed: Any, extra_field: dict
+    ) -> tuple[Observation, bool, bool]:
         if not isinstance(parsed, vt.CompatAction):
             return await super().conduct_action(trajectory_id, parsed, extra_field)
         if parsed.kind == "answer":

@@ -8,21 +8,23 @@ function of ``(sleep_search_seed, trajectory_id, call index)``, so the synchrono
 asynchronous runs of an ablation see the same latencies. Options come through
 ``--tool-opt`` (``ToolSettings.extra``). Not a retrieval tool: no real documents.
 """
+
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import math
 import random
-from typing import Any, Optional
+from typing import Any
 
+from tool_server.kit.base import BaseTool, Observation, ToolSettings
 from tool_server.kit.options import tool_option
 from tool_server.kit.search import parse_query_action
-from tool_server.kit.base import BaseTool, Observation, ToolSettings
 
 
-def lognormal_latency(mean_s: float, sigma: float, seed: int, trajectory_id: str,
-                      call_index: int) -> float:
+def lognormal_latency(
+    mean_s: float, sigma: float, seed: int, trajectory_id: str, call_index: int
+) -> float:
     """``mean_s * exp(sigma * z - sigma^2 / 2)`` with ``z`` seeded by the call's identity."""
     h = hashlib.sha256(f"{seed}:{trajectory_id}:{call_index}".encode()).digest()
     z = random.Random(int.from_bytes(h[:8], "little")).gauss(0.0, 1.0)
@@ -33,7 +35,7 @@ class SleepSearchTool(BaseTool):
     name = "sleep_search"
     usage = "<search>query</search> (experiments only: sleeps, then returns a fake passage)"
 
-    def __init__(self, settings: Optional[ToolSettings] = None) -> None:
+    def __init__(self, settings: ToolSettings | None = None) -> None:
         super().__init__(settings)
         extra = self.settings.extra
         self.mean_s: float = tool_option(extra, "sleep_search_mean_s", float, 1.0, minimum=0.0)
@@ -43,13 +45,17 @@ class SleepSearchTool(BaseTool):
     def parse_action(self, action: str) -> tuple[Any, bool]:
         return parse_query_action(action, "search")
 
-    async def conduct_action(self, trajectory_id: str, parsed: Any, extra_field: dict
-                             ) -> tuple[Observation, bool, bool]:
+    async def conduct_action(
+        self, trajectory_id: str, parsed: Any, extra_field: dict
+    ) -> tuple[Observation, bool, bool]:
         env = self.load_env(trajectory_id)
         k = env.get("calls", 0)
         env["calls"] = k + 1
         self.save_env(trajectory_id, env)
         lat = lognormal_latency(self.mean_s, self.sigma, self.seed, trajectory_id, k)
         await asyncio.sleep(lat)
-        return ({"obs": f"Doc 1: results for '{parsed[:64]}'.", "metrics": {"latency_s": lat}},
-                False, True)
+        return (
+            {"obs": f"Doc 1: results for '{parsed[:64]}'.", "metrics": {"latency_s": lat}},
+            False,
+            True,
+        )

@@ -14,18 +14,24 @@ retrieval service over ``retrieval_index``) or ``serper`` (HTTP JSON API);
 holding the key), ``web_search_concurrency`` (8), ``web_search_retries`` (3),
 ``web_search_backoff_s`` (0.5).
 """
+
 from __future__ import annotations
 
 import os
-from typing import Optional
 
-from tool_server.retrieval.options import RetrievalOptions
+from tool_server.kit.base import ToolSettings
 from tool_server.kit.options import tool_option
 from tool_server.kit.search import QuerySearchTool
 from tool_server.kit.tags import tag_regex
-from tool_server.kit.base import ToolSettings
-from tool_server.websearch import (CachedBackend, LocalBackend, SearchBackend, SearchCache,
-                                   SearchError, SerperBackend)
+from tool_server.retrieval.options import RetrievalOptions
+from tool_server.websearch import (
+    CachedBackend,
+    LocalBackend,
+    SearchBackend,
+    SearchCache,
+    SearchError,
+    SerperBackend,
+)
 from tool_server.websearch.serper import DEFAULT_KEY_ENV, DEFAULT_URL
 
 BACKENDS = ("local", "serper")
@@ -34,11 +40,11 @@ BACKENDS = ("local", "serper")
 def make_backend(settings: ToolSettings) -> SearchBackend:
     """The backend the options select, wrapped in the disk cache unless disabled."""
     extra = settings.extra
-    kind = tool_option(extra, "web_search_backend", str, "local",
-                       env="VERLTOOL_WEB_SEARCH_BACKEND")
+    kind = tool_option(extra, "web_search_backend", str, "local", env="VERLTOOL_WEB_SEARCH_BACKEND")
     if kind not in BACKENDS:
-        raise ValueError(f"tool option 'web_search_backend' must be one of {BACKENDS}, "
-                         f"got {kind!r}")
+        raise ValueError(
+            f"tool option 'web_search_backend' must be one of {BACKENDS}, got {kind!r}"
+        )
     backend: SearchBackend
     if kind == "local":
         backend = LocalBackend(RetrievalOptions.from_extra(extra))
@@ -49,10 +55,15 @@ def make_backend(settings: ToolSettings) -> SearchBackend:
             concurrency=tool_option(extra, "web_search_concurrency", int, 8, minimum=1),
             retries=tool_option(extra, "web_search_retries", int, 3, minimum=0),
             backoff_s=tool_option(extra, "web_search_backoff_s", float, 0.5, minimum=0),
-            timeout_s=settings.timeout_s)
-    cache_path = tool_option(extra, "web_search_cache", str,
-                             os.path.join(settings.workdir, "web_search_cache.sqlite"),
-                             env="VERLTOOL_WEB_SEARCH_CACHE")
+            timeout_s=settings.timeout_s,
+        )
+    cache_path = tool_option(
+        extra,
+        "web_search_cache",
+        str,
+        os.path.join(settings.workdir, "web_search_cache.sqlite"),
+        env="VERLTOOL_WEB_SEARCH_CACHE",
+    )
     if cache_path.lower() == "none":
         return backend
     ttl = tool_option(extra, "web_search_cache_ttl_s", float, 7 * 86400.0)
@@ -61,12 +72,14 @@ def make_backend(settings: ToolSettings) -> SearchBackend:
 
 class WebSearchTool(QuerySearchTool):
     name = "web_search"
-    usage = ("Search the web: <search>your query</search>. Returns the top results inside "
-             "<information>...</information>.")
+    usage = (
+        "Search the web: <search>your query</search>. Returns the top results inside "
+        "<information>...</information>."
+    )
     search_errors = (SearchError,)
     warm_up_failure = "backend not ready"
 
-    def __init__(self, settings: Optional[ToolSettings] = None) -> None:
+    def __init__(self, settings: ToolSettings | None = None) -> None:
         super().__init__(settings)
         extra = self.settings.extra
         self.tag: str = tool_option(extra, "web_search_tag", str, "search")

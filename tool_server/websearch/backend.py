@@ -1,4 +1,5 @@
 """The web search backend interface."""
+
 from __future__ import annotations
 
 import abc
@@ -29,7 +30,7 @@ class SearchBackend(abc.ABC):
     @abc.abstractmethod
     def cache_id(self) -> str: ...
 
-    async def warm_up(self) -> None:
+    async def warm_up(self) -> None:  # noqa: B027 (an optional hook: the default does nothing)
         """Prepare for the first search (load an index...); the default does nothing."""
 
     @abc.abstractmethod

@@ -5,6 +5,7 @@ collapsing whitespace. Entries older than ``ttl_s`` are never returned and are d
 by :meth:`SearchCache.purge_expired` (run when the cache opens and every
 ``purge_every`` writes). Only successful searches are stored.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,12 +39,15 @@ class SearchCache:
         self._lock = threading.Lock()
         parent = os.path.dirname(os.path.abspath(path))
         os.makedirs(parent, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, timeout=30.0,
-                                   isolation_level=None)
+        self._db = sqlite3.connect(
+            path, check_same_thread=False, timeout=30.0, isolation_level=None
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, "
-                         "backend TEXT NOT NULL, query TEXT NOT NULL, k INTEGER NOT NULL, "
-                         "value TEXT NOT NULL, created REAL NOT NULL)")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, "
+            "backend TEXT NOT NULL, query TEXT NOT NULL, k INTEGER NOT NULL, "
+            "value TEXT NOT NULL, created REAL NOT NULL)"
+        )
         self.hits = 0
         self.misses = 0
         self.purge_expired()
@@ -51,8 +55,9 @@ class SearchCache:
     def get(self, backend_id: str, query: str, k: int) -> list[Result] | None:
         key = cache_key(backend_id, query, k)
         with self._lock:
-            row = self._db.execute("SELECT value, created FROM results WHERE key = ?",
-                                   (key,)).fetchone()
+            row = self._db.execute(
+                "SELECT value, created FROM results WHERE key = ?", (key,)
+            ).fetchone()
         if row is None or time.time() - row[1] > self.ttl_s:
             self.misses += 1
             return None
@@ -62,9 +67,17 @@ class SearchCache:
     def put(self, backend_id: str, query: str, k: int, results: list[Result]) -> None:
         value = json.dumps([r.to_json() for r in results], ensure_ascii=False)
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?)",
-                             (cache_key(backend_id, query, k), backend_id,
-                              normalise_query(query), int(k), value, time.time()))
+            self._db.execute(
+                "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    cache_key(backend_id, query, k),
+                    backend_id,
+                    normalise_query(query),
+                    int(k),
+                    value,
+                    time.time(),
+                ),
+            )
             self._writes += 1
             purge = self._writes % self._purge_every == 0
         if purge:
@@ -73,8 +86,9 @@ class SearchCache:
     def purge_expired(self) -> int:
         """Delete entries older than the TTL; returns how many were deleted."""
         with self._lock:
-            cur = self._db.execute("DELETE FROM results WHERE created < ?",
-                                   (time.time() - self.ttl_s,))
+            cur = self._db.execute(
+                "DELETE FROM results WHERE created < ?", (time.time() - self.ttl_s,)
+            )
             return cur.rowcount
 
     def __len__(self) -> int:

@@ -8,12 +8,12 @@ query. Knobs: ``fail_with`` (status codes to answer first, one per request),
 ``api_key`` (the key required in ``X-API-KEY``; others get 403). Every request is
 recorded in ``requests`` (body and key), and ``max_in_flight`` is the peak concurrency.
 """
+
 from __future__ import annotations
 
 import asyncio
 import socket
 import threading
-from typing import Optional
 
 from aiohttp import web
 
@@ -23,7 +23,7 @@ class FakeSearchAPI:
         self.api_key = api_key
         self.requests: list[dict] = []
         self.fail_with: list[int] = []
-        self.retry_after: Optional[str] = None
+        self.retry_after: str | None = None
         self.delay_s = delay_s
         self.in_flight = 0
         self.max_in_flight = 0
@@ -47,9 +47,15 @@ class FakeSearchAPI:
 
     @staticmethod
     def results_for(query: str, n: int = 10) -> list[dict]:
-        return [{"title": f"{query} result {i}", "link": f"https://example.org/{i}",
-                 "snippet": f"About {query}: fact number {i}.", "position": i}
-                for i in range(1, n + 1)]
+        return [
+            {
+                "title": f"{query} result {i}",
+                "link": f"https://example.org/{i}",
+                "snippet": f"About {query}: fact number {i}.",
+                "position": i,
+            }
+            for i in range(1, n + 1)
+        ]
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -67,8 +73,7 @@ class FakeSearchAPI:
                 headers = {"Retry-After": self.retry_after} if self.retry_after else {}
                 return web.Response(status=status, text="try later", headers=headers)
             q = str(body.get("q", ""))
-            return web.json_response({"searchParameters": {"q": q},
-                                      "organic": self.results_for(q)})
+            return web.json_response({"searchParameters": {"q": q}, "organic": self.results_for(q)})
         finally:
             self.in_flight -= 1
 
@@ -79,7 +84,8 @@ class FakeSearchAPI:
         self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
         self._loop.run_until_complete(
-            web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=1024).start())
+            web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=1024).start()
+        )
         self._ready.set()
         self._loop.run_forever()
 

@@ -1,4 +1,5 @@
 """The offline web search backend: the local retrieval service over a corpus index."""
+
 from __future__ import annotations
 
 import os
@@ -24,5 +25,4 @@ class LocalBackend(SearchBackend):
             hits = await self.options.service().search(query, k)
         except Exception as e:
             raise SearchError(f"local search failed: {e}") from e
-        return [Result(title=h.title, link=f"local://{h.doc_id}", snippet=h.contents)
-                for h in hits]
+        return [Result(title=h.title, link=f"local://{h.doc_id}", snippet=h.contents) for h in hits]

@@ -1,9 +1,11 @@
 """Retries with exponential backoff."""
+
 from __future__ import annotations
 
 
-def backoff_delay(attempt: int, base_s: float, cap_s: float = 30.0,
-                  retry_after_s: float | None = None) -> float:
+def backoff_delay(
+    attempt: int, base_s: float, cap_s: float = 30.0, retry_after_s: float | None = None
+) -> float:
     """Seconds to wait before retry number ``attempt`` (0 for the first retry).
 
     ``delay = min(cap_s, max(base_s * 2**attempt, retry_after_s or 0))``: doubling from
@@ -11,7 +13,7 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float = 30.0,
     """
     if attempt < 0:
         raise ValueError(f"attempt must be >= 0, got {attempt}")
-    delay = base_s * (2.0 ** attempt)
+    delay = base_s * (2.0**attempt)
     if retry_after_s is not None:
         delay = max(delay, retry_after_s)
     return min(cap_s, delay)

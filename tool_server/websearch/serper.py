@@ -6,6 +6,7 @@ error). Response: ``{"organic": [{"title", "link", "snippet"}, ...]}``. At most
 ``concurrency`` requests are in flight; 429/5xx answers and connection errors are
 retried ``retries`` times with exponential backoff (:func:`.retry.backoff_delay`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,9 +25,16 @@ DEFAULT_KEY_ENV = "SERPER_API_KEY"
 
 
 class SerperBackend(SearchBackend):
-    def __init__(self, url: str = DEFAULT_URL, api_key_env: str = DEFAULT_KEY_ENV,
-                 concurrency: int = 8, retries: int = 3, backoff_s: float = 0.5,
-                 backoff_cap_s: float = 8.0, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        api_key_env: str = DEFAULT_KEY_ENV,
+        concurrency: int = 8,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        backoff_cap_s: float = 8.0,
+        timeout_s: float = 10.0,
+    ) -> None:
         if concurrency < 1:
             raise ValueError(f"web_search_concurrency must be >= 1, got {concurrency}")
         if retries < 0:
@@ -59,8 +67,10 @@ class SerperBackend(SearchBackend):
     def _api_key(self) -> str:
         key = os.environ.get(self.api_key_env, "")
         if not key:
-            raise SearchError(f"web search is not configured: the environment variable "
-                              f"{self.api_key_env} (the search API key) is not set")
+            raise SearchError(
+                f"web search is not configured: the environment variable "
+                f"{self.api_key_env} (the search API key) is not set"
+            )
         return key
 
     async def search(self, query: str, k: int) -> list[Result]:
@@ -79,20 +89,26 @@ class SerperBackend(SearchBackend):
                                 return _parse_results(await r.json(content_type=None), k)
                             last_problem = f"HTTP {r.status}"
                             if not is_retryable_status(r.status):
-                                raise SearchError(f"search API answered {last_problem}"
-                                                  + (" (check the API key)"
-                                                     if r.status in (401, 403) else ""))
+                                raise SearchError(
+                                    f"search API answered {last_problem}"
+                                    + (" (check the API key)" if r.status in (401, 403) else "")
+                                )
                             retry_after = parse_retry_after(r.headers.get("Retry-After"))
                     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                         last_problem = f"{type(e).__name__}"
                     if attempt < self.retries:
-                        delay = backoff_delay(attempt, self.backoff_s, self.backoff_cap_s,
-                                              retry_after)
-                        log.info("search API %s, retry %d/%d in %.2fs", last_problem,
-                                 attempt + 1, self.retries, delay)
+                        delay = backoff_delay(
+                            attempt, self.backoff_s, self.backoff_cap_s, retry_after
+                        )
+                        log.info(
+                            "search API %s, retry %d/%d in %.2fs",
+                            last_problem,
+                            attempt + 1,
+                            self.retries,
+                            delay,
+                        )
                         await asyncio.sleep(delay)
-        raise SearchError(f"search API failed after {self.retries + 1} attempt(s): "
-                          f"{last_problem}")
+        raise SearchError(f"search API failed after {self.retries + 1} attempt(s): {last_problem}")
 
 
 def _parse_results(body: object, k: int) -> list[Result]:
@@ -103,6 +119,11 @@ def _parse_results(body: object, k: int) -> list[Result]:
     for item in body.get("organic", [])[:k]:
         if not isinstance(item, dict):
             continue
-        out.append(Result(title=str(item.get("title", "")), link=str(item.get("link", "")),
-                          snippet=str(item.get("snippet", ""))))
+        out.append(
+            Result(
+                title=str(item.get("title", "")),
+                link=str(item.get("link", "")),
+                snippet=str(item.get("snippet", "")),
+            )
+        )
     return out

@@ -29,9 +29,11 @@ Functions are pure and jittable: groups are given as an integer index per sample
 advantage is spread over the response tokens with :func:`broadcast_to_tokens`.
 Select by name with :func:`get_advantage_fn` (config field ``algo.adv_estimator``).
 """
+
 from __future__ import annotations
 
-from typing import Callable, Hashable, NamedTuple, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +53,7 @@ class GroupStats(NamedTuple):
     ``d``: r_i - p_g, the reward centred on the group pivot p_g = max(r in group);
     ``count``: n_g; ``total``: sum of d over the group; ``mean``: total / n_g.
     """
+
     d: jax.Array
     count: jax.Array
     total: jax.Array
@@ -83,7 +86,7 @@ def grpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int)
     """
     st = group_stats(rewards, group_index, num_groups)
     dev = st.d - st.mean
-    sq = jax.ops.segment_sum(dev ** 2, group_index, num_segments=num_groups)[group_index]
+    sq = jax.ops.segment_sum(dev**2, group_index, num_segments=num_groups)[group_index]
     std = jnp.sqrt(sq / jnp.maximum(st.count - 1.0, 1.0))
     return jnp.where(st.count > 1, dev / (std + GRPO_EPS), 0.0)
 
@@ -125,16 +128,21 @@ def group_indices(group_ids: Sequence[Hashable]) -> tuple[np.ndarray, int]:
     return idx, len(table)
 
 
-def compute_advantages(name: str, rewards: Sequence[float] | np.ndarray,
-                       group_ids: Sequence[Hashable]) -> np.ndarray:
+def compute_advantages(
+    name: str, rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable]
+) -> np.ndarray:
     """Host-side convenience: advantages [N] (float32 numpy) of ``rewards`` grouped by id."""
     rewards = np.asarray(rewards, dtype=np.float32)
     if rewards.ndim != 1 or len(rewards) != len(group_ids):
-        raise ValueError(f"rewards must be 1-D with one entry per group id; got shape "
-                         f"{rewards.shape} and {len(group_ids)} group ids")
+        raise ValueError(
+            f"rewards must be 1-D with one entry per group id; got shape "
+            f"{rewards.shape} and {len(group_ids)} group ids"
+        )
     if not np.all(np.isfinite(rewards)):
-        raise ValueError("rewards contain NaN/inf; fix the reward function (or drop those "
-                         "trajectories) before computing advantages")
+        raise ValueError(
+            "rewards contain NaN/inf; fix the reward function (or drop those "
+            "trajectories) before computing advantages"
+        )
     idx, g = group_indices(group_ids)
     return np.array(get_advantage_fn(name)(jnp.asarray(rewards), jnp.asarray(idx), g))
 

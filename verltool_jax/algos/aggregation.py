@@ -23,21 +23,23 @@ micro-batch's aggregate must use the counts of the *whole mini-batch*
 (:class:`Normaliser`), so that the micro-batch losses (and their gradients) sum to
 exactly the mini-batch loss, rather than averaging micro-batch means.
 """
+
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from verltool_jax.algos.registry import Registry
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-             "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 class Normaliser(NamedTuple):
     """Denominators of the aggregation: valid tokens and non-empty sequences (float32)."""
+
     num_tokens: jax.Array
     num_seqs: jax.Array
 
@@ -84,9 +86,13 @@ def check_agg_mode(mode: str) -> str:
     return mode
 
 
-def aggregate(loss_mat: jax.Array, mask: jax.Array, mode: str,
-              norm: Optional[Normaliser] = None,
-              norm_constant: Optional[float] = None) -> jax.Array:
+def aggregate(
+    loss_mat: jax.Array,
+    mask: jax.Array,
+    mode: str,
+    norm: Normaliser | None = None,
+    norm_constant: float | None = None,
+) -> jax.Array:
     """Aggregate ``loss_mat`` [B,T] over ``mask`` [B,T] by ``mode`` (see module docstring).
 
     ``norm``: counts of the enclosing mini-batch (default: of ``mask`` itself).
@@ -102,6 +108,6 @@ def aggregate(loss_mat: jax.Array, mask: jax.Array, mode: str,
     return fn(loss, m, norm, c)
 
 
-def token_mean(x: jax.Array, mask: jax.Array, norm: Optional[Normaliser] = None) -> jax.Array:
+def token_mean(x: jax.Array, mask: jax.Array, norm: Normaliser | None = None) -> jax.Array:
     """Masked token mean sum(m*x)/N_tok (used for metrics; additive over micro-batches)."""
     return aggregate(x, mask, "token-mean", norm)

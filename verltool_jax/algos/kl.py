@@ -11,9 +11,10 @@ With d = logp - ref_logp per token (samples drawn from the policy):
 Used as a loss term ``kl_coef * aggregate(kl(logp, ref_logp))`` when ``algo.kl_coef > 0``.
 Select by name with :func:`get_kl_fn` (config ``algo.kl_estimator``).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

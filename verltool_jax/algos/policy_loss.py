@@ -30,31 +30,38 @@ bound is active), ``pg_clipfrac_lower`` (dual clip active), ``ppo_kl`` (mean of
 old - logp), ``ratio_mean``, ``ratio_max``, ``ratio_min``.
 Select by name with :func:`get_policy_loss` (config ``algo.policy_loss``).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 
-from verltool_jax.algos.aggregation import (Normaliser, aggregate, check_agg_mode,
-                                            normaliser_for, token_mean)
+from verltool_jax.algos.aggregation import (
+    Normaliser,
+    aggregate,
+    check_agg_mode,
+    normaliser_for,
+    token_mean,
+)
 from verltool_jax.algos.registry import Registry
 
-LOG_RATIO_CLAMP = 20.0        # |log ratio| bound of the PPO loss and the IS weight (verl)
-GSPO_LOG_RATIO_MAX = 10.0     # upper bound of GSPO's sequence log-ratio (verl)
+LOG_RATIO_CLAMP = 20.0  # |log ratio| bound of the PPO loss and the IS weight (verl)
+GSPO_LOG_RATIO_MAX = 10.0  # upper bound of GSPO's sequence log-ratio (verl)
 GSPO_AGG_MODE = "seq-mean-token-mean"
 
 
 @dataclass(frozen=True)
 class PolicyLossConfig:
     """Knobs of the policy losses (``algo.*`` config fields of the same names)."""
+
     clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2          # DAPO clip-higher: e.g. 0.28
-    dual_clip_c: Optional[float] = 3.0    # None or 0 disables the dual clip
+    clip_ratio_high: float = 0.2  # DAPO clip-higher: e.g. 0.28
+    dual_clip_c: float | None = 3.0  # None or 0 disables the dual clip
     loss_agg_mode: str = "token-mean"
-    loss_norm_constant: Optional[float] = None   # C of seq-mean-token-sum-norm (default T)
+    loss_norm_constant: float | None = None  # C of seq-mean-token-sum-norm (default T)
 
     def __post_init__(self):
         if not (0.0 <= self.clip_ratio_low < 1.0):
@@ -62,11 +69,13 @@ class PolicyLossConfig:
         if self.clip_ratio_high < 0.0:
             raise ValueError(f"algo.clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
         if self.dual_clip_c and self.dual_clip_c <= 1.0:
-            raise ValueError(f"algo.dual_clip_c must be > 1 (or None to disable), "
-                             f"got {self.dual_clip_c}")
+            raise ValueError(
+                f"algo.dual_clip_c must be > 1 (or None to disable), got {self.dual_clip_c}"
+            )
         if self.loss_norm_constant is not None and self.loss_norm_constant <= 0:
-            raise ValueError(f"algo.loss_norm_constant must be > 0 or None, "
-                             f"got {self.loss_norm_constant}")
+            raise ValueError(
+                f"algo.loss_norm_constant must be > 0 or None, got {self.loss_norm_constant}"
+            )
         check_agg_mode(self.loss_agg_mode)
 
 
@@ -109,8 +118,18 @@ def _clipped_objective(ratio, adv, cfg: PolicyLossConfig):
     return loss, clipped, lower
 
 
-def _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights,
-            agg_mode: Optional[str] = None) -> LossOut:
+def _finish(
+    loss_tok,
+    ratio,
+    log_ratio,
+    clipped,
+    lower,
+    mask,
+    cfg,
+    norm,
+    is_weights,
+    agg_mode: str | None = None,
+) -> LossOut:
     m = mask.astype(jnp.float32)
     if norm is None:
         norm = normaliser_for(m)
@@ -133,10 +152,15 @@ def _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weig
 
 
 @POLICY_LOSSES.register("ppo", "grpo", "vanilla", "dapo")
-def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
-                  mask: jax.Array, cfg: PolicyLossConfig = PolicyLossConfig(),
-                  norm: Optional[Normaliser] = None,
-                  is_weights: Optional[jax.Array] = None) -> LossOut:
+def ppo_clip_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    cfg: PolicyLossConfig = PolicyLossConfig(),
+    norm: Normaliser | None = None,
+    is_weights: jax.Array | None = None,
+) -> LossOut:
     """PPO clipped-ratio loss with low/high clip and dual clip (module docstring).
 
     Shapes: ``logp, old_logp, mask, is_weights`` [B,T]; ``advantages`` [B] or [B,T].
@@ -151,10 +175,15 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
-              mask: jax.Array, cfg: PolicyLossConfig = PolicyLossConfig(dual_clip_c=None),
-              norm: Optional[Normaliser] = None,
-              is_weights: Optional[jax.Array] = None) -> LossOut:
+def gspo_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    cfg: PolicyLossConfig = PolicyLossConfig(dual_clip_c=None),
+    norm: Normaliser | None = None,
+    is_weights: jax.Array | None = None,
+) -> LossOut:
     """GSPO: sequence-level (length-normalised) ratio, clipped per sequence (module docstring).
 
     Follows verl ``core_algos.compute_policy_loss_gspo``: the sequence log-ratio is
@@ -174,8 +203,18 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
     log_s = clamp(log_s, high=GSPO_LOG_RATIO_MAX)
     ratio = jnp.exp(log_s)
     loss_tok, clipped, lower = _clipped_objective(ratio, adv, replace(cfg, dual_clip_c=None))
-    return _finish(loss_tok, ratio, token_log_ratio, clipped, lower, mask, cfg, norm,
-                   is_weights, agg_mode=GSPO_AGG_MODE)
+    return _finish(
+        loss_tok,
+        ratio,
+        token_log_ratio,
+        clipped,
+        lower,
+        mask,
+        cfg,
+        norm,
+        is_weights,
+        agg_mode=GSPO_AGG_MODE,
+    )
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:

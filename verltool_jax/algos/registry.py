@@ -4,9 +4,11 @@ One mechanism shared by the advantage, policy-loss, KL and aggregation tables:
 ``reg = Registry("advantage estimator"); @reg.register("grpo") def ...; reg.get("grpo")``.
 An unknown name raises ``ValueError`` naming the kind, the bad name and the choices.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
@@ -21,12 +23,14 @@ class Registry(Generic[F]):
 
     def register(self, *names: str) -> Callable[[F], F]:
         """Decorator registering ``fn`` under every name in ``names``."""
+
         def deco(fn: F) -> F:
             for name in names:
                 if name in self._table:
                     raise ValueError(f"{self.kind} {name!r} is registered twice")
                 self._table[name] = fn
             return fn
+
         return deco
 
     def get(self, name: str) -> F:
@@ -35,8 +39,9 @@ class Registry(Generic[F]):
             return self._table[name]
         except (KeyError, TypeError):
             where = f" (config field {self.config_field})" if self.config_field else ""
-            raise ValueError(f"unknown {self.kind} {name!r}{where}; choose one of "
-                             f"{sorted(self._table)}") from None
+            raise ValueError(
+                f"unknown {self.kind} {name!r}{where}; choose one of {sorted(self._table)}"
+            ) from None
 
     def names(self) -> Iterable[str]:
         return sorted(self._table)

@@ -4,10 +4,11 @@ Everything is checked before any work starts: the file loads, every override nam
 existing field and parses as its type, the result passes :func:`validate_config`, and
 any other flag is one the entry point declared.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
 
 import ml_collections
 
@@ -26,7 +27,7 @@ class CommandLine:
     flags: dict[str, str] = field(default_factory=dict)
 
 
-def _split_flag(argv: Sequence[str], i: int) -> tuple[str, Optional[str], int]:
+def _split_flag(argv: Sequence[str], i: int) -> tuple[str, str | None, int]:
     """(name, value or None, next index) of the flag at ``argv[i]`` (``--a=b`` or ``--a b``)."""
     arg = argv[i]
     name, eq, value = arg[2:].partition("=")
@@ -37,9 +38,9 @@ def _split_flag(argv: Sequence[str], i: int) -> tuple[str, Optional[str], int]:
     return name, None, i + 1
 
 
-def parse_command_line(argv: Sequence[str],
-                       flags: Optional[Mapping[str, Optional[str]]] = None,
-                       validate: bool = True) -> CommandLine:
+def parse_command_line(
+    argv: Sequence[str], flags: Mapping[str, str | None] | None = None, validate: bool = True
+) -> CommandLine:
     """Parse ``argv`` (without the program name).
 
     ``flags`` maps the entry point's own flag names to defaults (``None``: required).
@@ -48,7 +49,7 @@ def parse_command_line(argv: Sequence[str],
     overrides, or a config that fails validation.
     """
     declared = dict(flags or {})
-    spec: Optional[str] = None
+    spec: str | None = None
     overrides: list[tuple[str, str]] = []
     given: dict[str, str] = {}
     i = 0
@@ -63,7 +64,7 @@ def parse_command_line(argv: Sequence[str],
         elif name.startswith("config."):
             if value is None:
                 raise ConfigError(f"--{name} needs a value: --{name}=VALUE")
-            overrides.append((name[len("config."):], value))
+            overrides.append((name[len("config.") :], value))
         elif name in declared:
             given[name] = "true" if value is None else value
         else:

@@ -4,21 +4,20 @@ The file is plain Python defining ``get_config(arg: str = "")`` (big_vision styl
 file is a family of configs selected by ``arg``). It is imported by path under a
 private module name, so loading never touches absl flags or other global state.
 """
+
 from __future__ import annotations
 
 import importlib.util
 import inspect
 import sys
 from pathlib import Path
-from typing import Optional
 
 import ml_collections
-
 
 from verltool_jax.run_config import ConfigError
 
 
-def split_spec(spec: str) -> tuple[Path, Optional[str]]:
+def split_spec(spec: str) -> tuple[Path, str | None]:
     """``"configs/x.py:sync"`` -> (Path("configs/x.py"), "sync"); no colon -> arg None."""
     if not isinstance(spec, str) or not spec:
         raise ConfigError("--config needs a file, e.g. --config configs/tiny_math.py[:arg]")
@@ -57,20 +56,25 @@ def load_config(spec: str, lock: bool = True) -> ml_collections.ConfigDict:
     """
     path, arg = split_spec(spec)
     if not path.is_file():
-        raise ConfigError(f"--config: file {str(path)!r} does not exist "
-                          "(give a path such as configs/tiny_math.py)")
+        raise ConfigError(
+            f"--config: file {str(path)!r} does not exist "
+            "(give a path such as configs/tiny_math.py)"
+        )
     module = _import_file(path)
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):
         raise ConfigError(f"--config: {path} defines no get_config(arg) function")
     takes_arg = len(inspect.signature(get_config).parameters) > 0
     if arg is not None and not takes_arg:
-        raise ConfigError(f"--config: {path}:get_config() takes no argument, "
-                          f"but ':{arg}' was given")
+        raise ConfigError(
+            f"--config: {path}:get_config() takes no argument, but ':{arg}' was given"
+        )
     config = get_config(arg if arg is not None else "") if takes_arg else get_config()
     if not isinstance(config, ml_collections.ConfigDict):
-        raise ConfigError(f"--config: {path}:get_config returned {type(config).__name__}, "
-                          "expected an ml_collections.ConfigDict")
+        raise ConfigError(
+            f"--config: {path}:get_config returned {type(config).__name__}, "
+            "expected an ml_collections.ConfigDict"
+        )
     if lock:
         config.lock()
     return config

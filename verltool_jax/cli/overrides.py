@@ -6,11 +6,13 @@ The type of a value is the type of the field it replaces (or of its placeholder)
 ``a,b``; items take the type of the default's items). An unknown key or a value that
 does not parse is a :class:`ConfigError` naming the key.
 """
+
 from __future__ import annotations
 
 import ast
 import difflib
-from typing import Any, Iterable, Mapping, Union
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import ml_collections
 
@@ -47,8 +49,9 @@ def _parse_scalar(key: str, raw: str, typ: type) -> Any:
             raise ConfigError(f"--config.{key}={raw!r}: expected a float") from None
     if typ is str:
         return raw
-    raise ConfigError(f"--config.{key}: fields of type {typ.__name__} cannot be set "
-                      "from the command line")
+    raise ConfigError(
+        f"--config.{key}: fields of type {typ.__name__} cannot be set from the command line"
+    )
 
 
 def _coerce_item(key: str, x: Any, item_type: type) -> Any:
@@ -67,8 +70,10 @@ def _parse_sequence(key: str, raw: str, typ: type, default: Any) -> Any:
         try:
             items = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            raise ConfigError(f"--config.{key}={raw!r}: not a valid {typ.__name__} literal; "
-                              "write e.g. (1, 2) or a,b") from None
+            raise ConfigError(
+                f"--config.{key}={raw!r}: not a valid {typ.__name__} literal; "
+                "write e.g. (1, 2) or a,b"
+            ) from None
         if not isinstance(items, (tuple, list)):
             items = (items,)
     elif text == "":
@@ -79,7 +84,7 @@ def _parse_sequence(key: str, raw: str, typ: type, default: Any) -> Any:
     if len(item_types) == 1:
         (item_type,) = item_types
         items = [_coerce_item(f"{key}[{i}]", x, item_type) for i, x in enumerate(items)]
-    else:   # no (or mixed) default items: literals where they parse, else strings
+    else:  # no (or mixed) default items: literals where they parse, else strings
         items = [_literal(x) if isinstance(x, str) else x for x in items]
     return typ(items)
 
@@ -88,7 +93,7 @@ def parse_value(key: str, raw: str, typ: type, default: Any = None) -> Any:
     """Parse the command-line text ``raw`` of field ``key`` as type ``typ``."""
     if typ in (tuple, list):
         return _parse_sequence(key, raw, typ, default)
-    if typ is type(None):   # a field defaulting to None without a placeholder type
+    if typ is type(None):  # a field defaulting to None without a placeholder type
         return None if raw.strip().lower() in ("none", "null") else _literal(raw)
     return _parse_scalar(key, raw, typ)
 
@@ -97,8 +102,9 @@ def _child(config: ml_collections.ConfigDict, part: str, key: str) -> Any:
     if part not in config:
         close = difflib.get_close_matches(part, list(config.keys()), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"--config.{key}: unknown key {part!r}{hint} "
-                          f"(known here: {sorted(config.keys())})")
+        raise ConfigError(
+            f"--config.{key}: unknown key {part!r}{hint} (known here: {sorted(config.keys())})"
+        )
     return config[part]
 
 
@@ -111,13 +117,16 @@ def apply_override(config: ml_collections.ConfigDict, key: str, raw: str) -> Non
     for depth, part in enumerate(parts[:-1]):
         node = _child(node, part, key)
         if not isinstance(node, ml_collections.ConfigDict):
-            raise ConfigError(f"--config.{key}: {'.'.join(parts[:depth + 1])!r} is a value, "
-                              "not a section")
+            raise ConfigError(
+                f"--config.{key}: {'.'.join(parts[: depth + 1])!r} is a value, not a section"
+            )
     leaf = parts[-1]
     current = _child(node, leaf, key)
     if isinstance(current, ml_collections.ConfigDict):
-        raise ConfigError(f"--config.{key} is a section; set one of its fields, e.g. "
-                          f"--config.{key}.{sorted(current.keys())[0]}=...")
+        raise ConfigError(
+            f"--config.{key} is a section; set one of its fields, e.g. "
+            f"--config.{key}.{sorted(current.keys())[0]}=..."
+        )
     typ = node.get_type(leaf)
     value = parse_value(key, raw, typ, current)
     try:
@@ -135,9 +144,9 @@ class _null:
         return False
 
 
-def apply_overrides(config: ml_collections.ConfigDict,
-                    overrides: Union[Mapping[str, str], Iterable[tuple[str, str]]]
-                    ) -> ml_collections.ConfigDict:
+def apply_overrides(
+    config: ml_collections.ConfigDict, overrides: Mapping[str, str] | Iterable[tuple[str, str]]
+) -> ml_collections.ConfigDict:
     """Apply ``{dotted_key: text}`` overrides in order (in place; returns ``config``)."""
     items = overrides.items() if isinstance(overrides, Mapping) else overrides
     for key, raw in items:

@@ -1,6 +1,7 @@
 """Semantic checks of a loaded config, run before any work starts: the config must
 build a typed :class:`~verltool_jax.run_config.RunConfig` (every allowed value and range
 lives there); every problem is reported at once as one :class:`ConfigError`."""
+
 from __future__ import annotations
 
 import ml_collections

@@ -8,9 +8,11 @@ parts (``{"type": "image"}`` / ``{"type": "text", "text": ..}``), the chat templ
 expanded to the image's run of placeholders (``expand_image_tokens``): the ids the sampler
 and the trainer both use.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from verltool_jax.data.rows import DataRowError
 from verltool_jax.data.templating import encode_text, render_prompt
@@ -37,26 +39,37 @@ def image_parts(messages: Sequence[dict]) -> list[dict]:
 
 
 def count_image_markers(messages: Sequence[dict]) -> int:
-    return sum(m["content"].count(IMAGE_MARKER) for m in messages
-               if isinstance(m.get("content"), str))
+    return sum(
+        m["content"].count(IMAGE_MARKER) for m in messages if isinstance(m.get("content"), str)
+    )
 
 
-def multimodal_prompt(tokenizer, messages: Sequence[dict], images: Sequence[Any],
-                      image_processor, where: str = "prompt") -> tuple[list[int], list]:
+def multimodal_prompt(
+    tokenizer,
+    messages: Sequence[dict],
+    images: Sequence[Any],
+    image_processor,
+    where: str = "prompt",
+) -> tuple[list[int], list]:
     """``(prompt ids, ImageInput list)`` for chat ``messages`` with ``<image>`` markers and
     their ``images`` (see the module doc). Raises ``DataRowError`` naming ``where`` when the
     markers and the images disagree, an image cannot be used, or the policy is text-only."""
     from verltool_jax.models.image_inputs import ImageInputError
     from verltool_jax.models.vision_language import expand_image_tokens
+
     n_markers = count_image_markers(messages)
     if image_processor is None:
-        raise DataRowError(f"{where}: the row has {len(images)} image(s) but the policy is a "
-                           "text-only model; use a vision-language model (Qwen2.5-VL) or drop "
-                           "the row's 'images'")
+        raise DataRowError(
+            f"{where}: the row has {len(images)} image(s) but the policy is a "
+            "text-only model; use a vision-language model (Qwen2.5-VL) or drop "
+            "the row's 'images'"
+        )
     if n_markers != len(images):
-        raise DataRowError(f"{where}: field 'images' has {len(images)} image(s) but the prompt "
-                           f"has {n_markers} '{IMAGE_MARKER}' marker(s); put one marker where "
-                           "each image goes")
+        raise DataRowError(
+            f"{where}: field 'images' has {len(images)} image(s) but the prompt "
+            f"has {n_markers} '{IMAGE_MARKER}' marker(s); put one marker where "
+            "each image goes"
+        )
     inputs = []
     for k, ref in enumerate(images):
         try:
@@ -67,7 +80,9 @@ def multimodal_prompt(tokenizer, messages: Sequence[dict], images: Sequence[Any]
     cfg = image_processor.config
     n_pad = sum(1 for t in ids if t == cfg.image_token_id)
     if n_pad != len(inputs):
-        raise DataRowError(f"{where}: the chat template wrote {n_pad} image token(s) (id "
-                           f"{cfg.image_token_id}) for {len(inputs)} image(s); the tokenizer's "
-                           "chat template must write <|image_pad|> for image parts")
+        raise DataRowError(
+            f"{where}: the chat template wrote {n_pad} image token(s) (id "
+            f"{cfg.image_token_id}) for {len(inputs)} image(s); the tokenizer's "
+            "chat template must write <|image_pad|> for image parts"
+        )
     return expand_image_tokens(ids, [im.grid_thw for im in inputs], cfg), inputs

@@ -10,13 +10,15 @@ rows and the shuffle settings, and restoring it onto different data is an error.
 ``PromptPipeline`` yields :class:`PromptExample` (chat-templated prompt ids plus the row);
 ``SFTPipeline`` yields :class:`verltool_jax.data.sft.SFTExample`.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import grain
 
@@ -34,7 +36,7 @@ class PromptExample:
     index: int
     prompt_ids: list[int]
     row: dict = field(repr=False)
-    images: list = field(default_factory=list, repr=False)   # ImageInput, placeholder order
+    images: list = field(default_factory=list, repr=False)  # ImageInput, placeholder order
 
     @property
     def data_source(self) -> str:
@@ -50,8 +52,12 @@ class PromptExample:
 
     def to_prompt(self, group_id: str) -> dict:
         """The rollout's prompt form: ``{"prompt_ids", "data" (the row), "group_id"}``."""
-        return {"prompt_ids": list(self.prompt_ids), "data": self.row, "group_id": group_id,
-                "images": list(self.images)}
+        return {
+            "prompt_ids": list(self.prompt_ids),
+            "data": self.row,
+            "group_id": group_id,
+            "images": list(self.images),
+        }
 
 
 def rows_fingerprint(rows: Sequence[dict], sample: int = 1000) -> str:
@@ -67,8 +73,15 @@ def rows_fingerprint(rows: Sequence[dict], sample: int = 1000) -> str:
 class RowPipeline:
     """Deterministic, resumable iteration over ``transform(index, row)`` (see module doc)."""
 
-    def __init__(self, rows: Sequence[dict], transform: Callable[[int, dict], Any], *,
-                 seed: int = 0, shuffle: bool = True, num_epochs: Optional[int] = None):
+    def __init__(
+        self,
+        rows: Sequence[dict],
+        transform: Callable[[int, dict], Any],
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_epochs: int | None = None,
+    ):
         if len(rows) == 0:
             raise ValueError("the data set is empty (no rows)")
         if num_epochs is not None and num_epochs < 1:
@@ -83,8 +96,9 @@ class RowPipeline:
         ds = ds.map(lambda i: transform(int(i), self.rows[int(i)]))
         ds = ds.filter(lambda x: x is not None)
         # No prefetch threads: the state then counts exactly the examples handed out.
-        self._iter = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0,
-                                                               prefetch_buffer_size=0)))
+        self._iter = iter(
+            ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+        )
         self.consumed = 0
 
     def __iter__(self):
@@ -106,8 +120,13 @@ class RowPipeline:
         return out
 
     def _meta(self) -> dict:
-        return {"fingerprint": self._fingerprint, "seed": self.seed, "shuffle": self.shuffle,
-                "num_epochs": self.num_epochs, "num_rows": len(self.rows)}
+        return {
+            "fingerprint": self._fingerprint,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_epochs": self.num_epochs,
+            "num_rows": len(self.rows),
+        }
 
     def get_state(self) -> dict:
         """JSON-serialisable position of the iterator (save it with the checkpoint)."""
@@ -116,33 +135,41 @@ class RowPipeline:
     def set_state(self, state: dict) -> None:
         """Resume from ``get_state()``; ValueError if it was taken on other data/settings."""
         if not isinstance(state, dict) or "grain" not in state:
-            raise ValueError("data iterator state must be a dict from get_state(), got "
-                             f"{type(state).__name__}")
+            raise ValueError(
+                f"data iterator state must be a dict from get_state(), got {type(state).__name__}"
+            )
         mine = self._meta()
         diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
         if diff:
-            raise ValueError("cannot resume the data iterator: the saved state was taken on "
-                             f"different data or settings (saved, now): {diff}")
+            raise ValueError(
+                "cannot resume the data iterator: the saved state was taken on "
+                f"different data or settings (saved, now): {diff}"
+            )
         self._iter.set_state(state["grain"])
         self.consumed = int(state.get("consumed", 0))
 
 
-def _prompt_transform(tokenizer, max_prompt_tokens: Optional[int], overlong: str,
-                      image_processor=None):
-    def transform(index: int, row: dict) -> Optional[PromptExample]:
+def _prompt_transform(
+    tokenizer, max_prompt_tokens: int | None, overlong: str, image_processor=None
+):
+    def transform(index: int, row: dict) -> PromptExample | None:
         images = []
         if row.get("images"):
-            ids, images = multimodal_prompt(tokenizer, row["prompt"], list(row["images"]),
-                                            image_processor, f"row {index}")
+            ids, images = multimodal_prompt(
+                tokenizer, row["prompt"], list(row["images"]), image_processor, f"row {index}"
+            )
         else:
             ids = prompt_token_ids(tokenizer, row["prompt"])
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             if overlong == "drop":
                 return None
-            raise ValueError(f"row {index}: the prompt has {len(ids)} tokens, more than "
-                             f"max_prompt_tokens={max_prompt_tokens}; raise "
-                             "rollout.max_prompt_tokens or shorten the prompt")
+            raise ValueError(
+                f"row {index}: the prompt has {len(ids)} tokens, more than "
+                f"max_prompt_tokens={max_prompt_tokens}; raise "
+                "rollout.max_prompt_tokens or shorten the prompt"
+            )
         return PromptExample(index=index, prompt_ids=ids, row=row, images=images)
+
     return transform
 
 
@@ -151,17 +178,24 @@ class PromptPipeline(RowPipeline):
     Rows with ``images`` (``data/images.py``) need ``image_processor`` (a vision-language
     policy's ``ImageProcessor``)."""
 
-    def __init__(self, rows: Sequence[dict], tokenizer, *, seed: int = 0, shuffle: bool = True,
-                 num_epochs: Optional[int] = None, max_prompt_tokens: Optional[int] = None,
-                 overlong: str = "drop", image_processor=None):
+    def __init__(
+        self,
+        rows: Sequence[dict],
+        tokenizer,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_epochs: int | None = None,
+        max_prompt_tokens: int | None = None,
+        overlong: str = "drop",
+        image_processor=None,
+    ):
         if overlong not in ("drop", "error"):
             raise ValueError(f"overlong must be 'drop' or 'error', got {overlong!r}")
-        self._transform = _prompt_transform(tokenizer, max_prompt_tokens, overlong,
-                                            image_processor)
-        super().__init__(rows, self._transform, seed=seed, shuffle=shuffle,
-                         num_epochs=num_epochs)
+        self._transform = _prompt_transform(tokenizer, max_prompt_tokens, overlong, image_processor)
+        super().__init__(rows, self._transform, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
 
-    def example_at(self, index: int) -> Optional[PromptExample]:
+    def example_at(self, index: int) -> PromptExample | None:
         """The example of row ``index`` (e.g. to replay prompts in flight at a checkpoint);
         None if that row's prompt is over ``max_prompt_tokens`` (with overlong="drop")."""
         if not 0 <= index < len(self.rows):
@@ -169,8 +203,9 @@ class PromptPipeline(RowPipeline):
         return self._transform(int(index), self.rows[int(index)])
 
     @classmethod
-    def from_files(cls, paths: Sequence[str | os.PathLike], tokenizer, fmt: str = "auto",
-                   **kwargs) -> "PromptPipeline":
+    def from_files(
+        cls, paths: Sequence[str | os.PathLike], tokenizer, fmt: str = "auto", **kwargs
+    ) -> PromptPipeline:
         """Read (and validate) parquet/JSONL files, then build the pipeline."""
         return cls(read_files(paths, fmt), tokenizer, **kwargs)
 
@@ -178,15 +213,26 @@ class PromptPipeline(RowPipeline):
 class SFTPipeline(RowPipeline):
     """Tokenized demonstrations (rows with ``response_segments``), see ``data/sft.py``."""
 
-    def __init__(self, rows: Sequence[dict], tokenizer, *, seed: int = 0, shuffle: bool = True,
-                 num_epochs: Optional[int] = None, append_eos: bool = True,
-                 observation_ids: Optional[ObservationIds] = None):
+    def __init__(
+        self,
+        rows: Sequence[dict],
+        tokenizer,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_epochs: int | None = None,
+        append_eos: bool = True,
+        observation_ids: ObservationIds | None = None,
+    ):
         def transform(index: int, row: dict) -> SFTExample:
-            return tokenize_sft_row(tokenizer, row, index=index, append_eos=append_eos,
-                                    observation_ids=observation_ids)
+            return tokenize_sft_row(
+                tokenizer, row, index=index, append_eos=append_eos, observation_ids=observation_ids
+            )
+
         super().__init__(rows, transform, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
 
     @classmethod
-    def from_files(cls, paths: Sequence[str | os.PathLike], tokenizer, fmt: str = "auto",
-                   **kwargs) -> "SFTPipeline":
+    def from_files(
+        cls, paths: Sequence[str | os.PathLike], tokenizer, fmt: str = "auto", **kwargs
+    ) -> SFTPipeline:
         return cls(read_files(paths, fmt, validate=validate_sft_row), tokenizer, **kwargs)

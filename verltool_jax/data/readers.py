@@ -4,12 +4,13 @@
 lists), each checked by :func:`verltool_jax.data.rows.validate_row`; a JSONL line that is
 not JSON is an error naming the file and line.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from verltool_jax.data.rows import DataRowError, validate_row
 
@@ -27,8 +28,10 @@ def detect_format(path: str | os.PathLike, fmt: str = "auto") -> str:
         return "parquet"
     if suffix in (".jsonl", ".json"):
         return "jsonl"
-    raise ValueError(f"cannot tell the format of {str(path)!r} from its suffix; name it "
-                     ".parquet or .jsonl or set data.format")
+    raise ValueError(
+        f"cannot tell the format of {str(path)!r} from its suffix; name it "
+        ".parquet or .jsonl or set data.format"
+    )
 
 
 def _strip_nulls(value):
@@ -48,8 +51,9 @@ def read_raw(path: str | os.PathLike, fmt: str = "auto") -> list:
     kind = detect_format(path, fmt)
     if kind == "parquet":
         import pyarrow.parquet as pq
+
         rows = pq.read_table(path).to_pylist()
-        for row in rows:   # only nested structs get the null fields of other rows
+        for row in rows:  # only nested structs get the null fields of other rows
             for key in ("reward_model", "extra_info"):
                 if isinstance(row.get(key), dict):
                     row[key] = _strip_nulls(row[key])
@@ -62,19 +66,22 @@ def read_raw(path: str | os.PathLike, fmt: str = "auto") -> list:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise DataRowError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line "
-                                   "must be one JSON object") from None
+                raise DataRowError(
+                    f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object"
+                ) from None
     return rows
 
 
-def read_rows(path: str | os.PathLike, fmt: str = "auto",
-              validate: Callable = validate_row) -> list[dict]:
+def read_rows(
+    path: str | os.PathLike, fmt: str = "auto", validate: Callable = validate_row
+) -> list[dict]:
     """Read and validate every row of ``path`` (``validate(row, index, where)``)."""
     return [validate(row, i, str(path)) for i, row in enumerate(read_raw(path, fmt))]
 
 
-def read_files(paths: Sequence[str | os.PathLike], fmt: str = "auto",
-               validate: Callable = validate_row) -> list[dict]:
+def read_files(
+    paths: Sequence[str | os.PathLike], fmt: str = "auto", validate: Callable = validate_row
+) -> list[dict]:
     """The rows of several files, in order."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -94,6 +101,7 @@ def write_rows(rows: Iterable[dict], path: str | os.PathLike, fmt: str = "auto")
     if detect_format(path, fmt) == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
+
         pq.write_table(pa.Table.from_pylist(rows), path)
     else:
         with open(path, "w", encoding="utf-8") as f:

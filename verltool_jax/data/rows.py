@@ -12,9 +12,11 @@ SFT rows add ``response_segments``: ``[{"text": str, "loss": bool}, ...]`` (the
 demonstrated response; ``loss=False`` for tool observations). Bad rows raise
 :class:`DataRowError` naming the file, the row and the field.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -30,40 +32,73 @@ def _fail(where: str, index: int, field: str, why: str) -> None:
 def validate_row(row: Any, index: int, where: str = "data") -> dict:
     """Check one row (see the module doc) and return it as a plain dict."""
     if not isinstance(row, Mapping):
-        raise DataRowError(f"{where} row {index}: expected a dict (an object per row), "
-                           f"got {type(row).__name__}")
+        raise DataRowError(
+            f"{where} row {index}: expected a dict (an object per row), got {type(row).__name__}"
+        )
     row = dict(row)
     prompt = row.get("prompt")
     if prompt is None:
-        _fail(where, index, "prompt", "is missing; give a list of chat messages "
-              "[{'role': 'user', 'content': '...'}]")
+        _fail(
+            where,
+            index,
+            "prompt",
+            "is missing; give a list of chat messages [{'role': 'user', 'content': '...'}]",
+        )
     if isinstance(prompt, str):
-        _fail(where, index, "prompt", "is a string; it must be a list of chat messages "
-              "[{'role': 'user', 'content': '...'}]")
+        _fail(
+            where,
+            index,
+            "prompt",
+            "is a string; it must be a list of chat messages [{'role': 'user', 'content': '...'}]",
+        )
     if not isinstance(prompt, (list, tuple)) or len(prompt) == 0:
         _fail(where, index, "prompt", "must be a non-empty list of chat messages")
     for j, msg in enumerate(prompt):
         if not isinstance(msg, Mapping):
-            _fail(where, index, f"prompt[{j}]", f"must be a dict with 'role' and 'content', "
-                  f"got {type(msg).__name__}")
+            _fail(
+                where,
+                index,
+                f"prompt[{j}]",
+                f"must be a dict with 'role' and 'content', got {type(msg).__name__}",
+            )
         if msg.get("role") not in ROLES:
-            _fail(where, index, f"prompt[{j}].role", f"must be one of {list(ROLES)}, "
-                  f"got {msg.get('role')!r}")
+            _fail(
+                where,
+                index,
+                f"prompt[{j}].role",
+                f"must be one of {list(ROLES)}, got {msg.get('role')!r}",
+            )
         if not isinstance(msg.get("content"), str):
-            _fail(where, index, f"prompt[{j}].content", "must be a string, got "
-                  f"{type(msg.get('content')).__name__}")
+            _fail(
+                where,
+                index,
+                f"prompt[{j}].content",
+                f"must be a string, got {type(msg.get('content')).__name__}",
+            )
     row["prompt"] = [{"role": m["role"], "content": m["content"]} for m in prompt]
     ds = row.get("data_source")
     if not isinstance(ds, str) or not ds:
-        _fail(where, index, "data_source", f"must be a non-empty string naming the task "
-              f"(it selects the reward), got {ds!r}")
+        _fail(
+            where,
+            index,
+            "data_source",
+            f"must be a non-empty string naming the task (it selects the reward), got {ds!r}",
+        )
     rm = row.get("reward_model")
     if not isinstance(rm, Mapping):
-        _fail(where, index, "reward_model", "is missing or not a dict; give "
-              "{'ground_truth': ..., 'style': 'rule'}")
+        _fail(
+            where,
+            index,
+            "reward_model",
+            "is missing or not a dict; give {'ground_truth': ..., 'style': 'rule'}",
+        )
     if rm.get("ground_truth") is None:
-        _fail(where, index, "reward_model.ground_truth", "is missing; every row needs the "
-              "answer its reward is checked against")
+        _fail(
+            where,
+            index,
+            "reward_model.ground_truth",
+            "is missing; every row needs the answer its reward is checked against",
+        )
     row["reward_model"] = dict(rm)
     ability = row.get("ability")
     if ability is not None and not isinstance(ability, str):
@@ -83,24 +118,43 @@ def validate_sft_row(row: Any, index: int, where: str = "data") -> dict:
     row = validate_row(row, index, where)
     segs = row.get("response_segments")
     if not isinstance(segs, (list, tuple)) or len(segs) == 0:
-        _fail(where, index, "response_segments", "must be a non-empty list of "
-              "{'text': str, 'loss': bool} for SFT rows")
+        _fail(
+            where,
+            index,
+            "response_segments",
+            "must be a non-empty list of {'text': str, 'loss': bool} for SFT rows",
+        )
     out = []
     for j, seg in enumerate(segs):
         if not isinstance(seg, Mapping) or not isinstance(seg.get("text"), str):
             _fail(where, index, f"response_segments[{j}].text", "must be a string")
         if not isinstance(seg.get("loss"), bool):
-            _fail(where, index, f"response_segments[{j}].loss", "must be true/false "
-                  "(false for tool observations)")
+            _fail(
+                where,
+                index,
+                f"response_segments[{j}].loss",
+                "must be true/false (false for tool observations)",
+            )
         observation = seg.get("observation", False)
         if observation not in (True, False, None):
-            _fail(where, index, f"response_segments[{j}].observation", "must be true/false "
-                  "(true: a raw tool answer, formatted as the rollout formats observations)")
+            _fail(
+                where,
+                index,
+                f"response_segments[{j}].observation",
+                "must be true/false "
+                "(true: a raw tool answer, formatted as the rollout formats observations)",
+            )
         if observation and seg["loss"]:
-            _fail(where, index, f"response_segments[{j}].loss", "must be false for an "
-                  "observation segment (tool output is never trained on)")
-        out.append({"text": seg["text"], "loss": seg["loss"]}
-                   | ({"observation": True} if observation else {}))
+            _fail(
+                where,
+                index,
+                f"response_segments[{j}].loss",
+                "must be false for an observation segment (tool output is never trained on)",
+            )
+        out.append(
+            {"text": seg["text"], "loss": seg["loss"]}
+            | ({"observation": True} if observation else {})
+        )
     row["response_segments"] = out
     return row
 

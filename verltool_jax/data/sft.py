@@ -12,10 +12,11 @@ rollout's own observation formatter (``rollout.obs_template`` around it, truncat
 ``rollout.max_obs_tokens`` on ``rollout.obs_truncate_side``), so a demonstration shows an
 observation exactly as a rollout would append it.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 from verltool_jax.data.templating import encode_text, prompt_token_ids
 
@@ -33,9 +34,12 @@ class SFTExample:
 ObservationIds = Callable[[str], tuple[list[int], bool]]
 
 
-def tokenize_segments(tokenizer, segments: Sequence[dict], append_eos: bool = True,
-                      observation_ids: Optional[ObservationIds] = None
-                      ) -> tuple[list[int], list[int]]:
+def tokenize_segments(
+    tokenizer,
+    segments: Sequence[dict],
+    append_eos: bool = True,
+    observation_ids: ObservationIds | None = None,
+) -> tuple[list[int], list[int]]:
     """(response_ids, loss_mask) of ``segments``; EOS appended with mask 1 if asked;
     ``observation`` segments through ``observation_ids`` (see the module doc)."""
     ids: list[int] = []
@@ -43,16 +47,18 @@ def tokenize_segments(tokenizer, segments: Sequence[dict], append_eos: bool = Tr
     for seg in segments:
         if seg.get("observation"):
             if observation_ids is None:
-                raise ValueError("a demonstration has an observation segment but no "
-                                 "observation formatter was given (the run's rollout "
-                                 "settings format it)")
+                raise ValueError(
+                    "a demonstration has an observation segment but no "
+                    "observation formatter was given (the run's rollout "
+                    "settings format it)"
+                )
             seg_ids = observation_ids(seg["text"])[0]
         else:
             seg_ids = encode_text(tokenizer, seg["text"])
         ids.extend(seg_ids)
         mask.extend([1 if seg["loss"] else 0] * len(seg_ids))
     if append_eos:
-        eos: Optional[int] = tokenizer.eos_token_id
+        eos: int | None = tokenizer.eos_token_id
         if eos is None:
             raise ValueError("append_eos=True but the tokenizer has no eos_token_id")
         ids.append(int(eos))
@@ -60,10 +66,21 @@ def tokenize_segments(tokenizer, segments: Sequence[dict], append_eos: bool = Tr
     return ids, mask
 
 
-def tokenize_sft_row(tokenizer, row: dict, index: int = 0, append_eos: bool = True,
-                     observation_ids: Optional[ObservationIds] = None) -> SFTExample:
+def tokenize_sft_row(
+    tokenizer,
+    row: dict,
+    index: int = 0,
+    append_eos: bool = True,
+    observation_ids: ObservationIds | None = None,
+) -> SFTExample:
     """Tokenize one validated SFT row (see ``rows.validate_sft_row``)."""
-    response_ids, loss_mask = tokenize_segments(tokenizer, row["response_segments"], append_eos,
-                                                observation_ids)
-    return SFTExample(index=index, prompt_ids=prompt_token_ids(tokenizer, row["prompt"]),
-                      response_ids=response_ids, loss_mask=loss_mask, row=row)
+    response_ids, loss_mask = tokenize_segments(
+        tokenizer, row["response_segments"], append_eos, observation_ids
+    )
+    return SFTExample(
+        index=index,
+        prompt_ids=prompt_token_ids(tokenizer, row["prompt"]),
+        response_ids=response_ids,
+        loss_mask=loss_mask,
+        row=row,
+    )

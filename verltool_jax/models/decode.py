@@ -7,9 +7,8 @@ have different prompt lengths: a prompt is given left- or right-padded with its
 cache remembers which slots hold real tokens (``KVCache.kv_mask``). All rows write the
 same slot per step (``KVCache.index``), so a padded slot simply stays masked.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +22,7 @@ class KVCache:
     """``k, v``: per-layer tuples of ``[B, S, num_kv_heads, head_dim]``; ``kv_mask [B, S]`` bool
     (slot holds a real token); ``positions [B]`` int32 (RoPE position of each row's next
     token); ``index`` int32 scalar (next slot to write, shared by all rows)."""
+
     k: tuple
     v: tuple
     kv_mask: jnp.ndarray
@@ -34,20 +34,25 @@ class KVCache:
         return self.kv_mask.shape[1]
 
 
-def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Optional[str] = None) -> KVCache:
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
     """An empty cache for ``batch`` rows of up to ``max_len`` tokens (prompt + generation)."""
     if batch < 1 or max_len < 1:
         raise ValueError(f"init_cache needs batch >= 1 and max_len >= 1, got {batch}, {max_len}")
     dt = jnp.dtype(dtype or config.dtype)
     shape = (batch, max_len, config.num_kv_heads, config.head_dim)
     zeros = tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers))
-    return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
-                   kv_mask=jnp.zeros((batch, max_len), bool),
-                   positions=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+    return KVCache(
+        k=zeros,
+        v=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
+        kv_mask=jnp.zeros((batch, max_len), bool),
+        positions=jnp.zeros((batch,), jnp.int32),
+        index=jnp.zeros((), jnp.int32),
+    )
 
 
-def _extend(model, cache: KVCache, input_ids, attention_mask, positions=None,
-            inputs_embeds=None, delta=None):
+def _extend(
+    model, cache: KVCache, input_ids, attention_mask, positions=None, inputs_embeds=None, delta=None
+):
     """Append ``input_ids [B,T]`` (mask ``[B,T]``) at slots ``index .. index+T-1``.
 
     Positions: ``cache.positions[b] + cumsum(mask[b]) - 1`` (padding repeats a position but
@@ -66,13 +71,24 @@ def _extend(model, cache: KVCache, input_ids, attention_mask, positions=None,
     slots = jnp.arange(cache.max_len)
     q_slots = cache.index + jnp.arange(T)
     attn = kv_mask[:, None, :] & (slots[None, None, :] <= q_slots[None, :, None])
-    hidden, kvs = model.backbone(input_ids, positions, attn, list(zip(cache.k, cache.v)),
-                                 cache.index, inputs_embeds=inputs_embeds)
+    hidden, kvs = model.backbone(
+        input_ids,
+        positions,
+        attn,
+        list(zip(cache.k, cache.v)),
+        cache.index,
+        inputs_embeds=inputs_embeds,
+    )
     advance = mask.sum(axis=1).astype(jnp.int32)
     if delta is not None:
         advance = advance + jnp.asarray(delta, jnp.int32)
-    new = KVCache(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs), kv_mask=kv_mask,
-                  positions=cache.positions + advance, index=cache.index + T)
+    new = KVCache(
+        k=tuple(k for k, _ in kvs),
+        v=tuple(v for _, v in kvs),
+        kv_mask=kv_mask,
+        positions=cache.positions + advance,
+        index=cache.index + T,
+    )
     return new, hidden
 
 
@@ -83,8 +99,9 @@ PREFILL_SCORE_BUDGET = 1 << 26
 MAX_PREFILL_CHUNK = 512
 
 
-def prefill_chunk(batch: int, heads: int, cache_len: int,
-                  budget: int = PREFILL_SCORE_BUDGET) -> int:
+def prefill_chunk(
+    batch: int, heads: int, cache_len: int, budget: int = PREFILL_SCORE_BUDGET
+) -> int:
     """The prompt chunk of :func:`prefill`: the largest power of two ``c`` <= 512 with
     ``batch * heads * c * cache_len <= budget`` (at least 16)."""
     c = MAX_PREFILL_CHUNK
@@ -93,8 +110,7 @@ def prefill_chunk(batch: int, heads: int, cache_len: int,
     return c
 
 
-def prefill(model, cache: KVCache, input_ids, attention_mask=None,
-            chunk: Optional[int] = None):
+def prefill(model, cache: KVCache, input_ids, attention_mask=None, chunk: int | None = None):
     """Run the prompts ``input_ids [B,T]`` (left- or right-padded per ``attention_mask``),
     ``chunk`` tokens at a time (default :func:`prefill_chunk`): a ``lax.scan`` over the
     whole chunks (one compiled copy of the model), then the rest; each chunk extends the
@@ -114,14 +130,16 @@ def prefill(model, cache: KVCache, input_ids, attention_mask=None,
     n = T // chunk if T > chunk else 0
     parts = []
     if n:
+
         def body(c, xs):
             ids, m = xs
             return _extend(model, c, ids, m)
-        split = (lambda x: x[:, :n * chunk].reshape(B, n, chunk).swapaxes(0, 1))
+
+        split = lambda x: x[:, : n * chunk].reshape(B, n, chunk).swapaxes(0, 1)
         cache, hs = jax.lax.scan(body, cache, (split(input_ids), split(attention_mask)))
         parts.append(hs.swapaxes(0, 1).reshape(B, n * chunk, -1))
     if n * chunk < T:
-        cache, h = _extend(model, cache, input_ids[:, n * chunk:], attention_mask[:, n * chunk:])
+        cache, h = _extend(model, cache, input_ids[:, n * chunk :], attention_mask[:, n * chunk :])
         parts.append(h)
     hidden = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
     last = T - 1 - jnp.argmax(attention_mask.astype(bool)[:, ::-1], axis=1)
@@ -129,8 +147,7 @@ def prefill(model, cache: KVCache, input_ids, attention_mask=None,
     return cache, model.project(h_last)
 
 
-def prefill_images(model, cache: KVCache, input_ids, attention_mask, positions, deltas,
-                   images):
+def prefill_images(model, cache: KVCache, input_ids, attention_mask, positions, deltas, images):
     """``prefill`` for a vision-language model with images: the tower runs over ``images``
     (an ``ImageBatch`` holding the images of every row in row-major placeholder order), the
     features replace the placeholders, and the prompt runs with its M-RoPE ``positions
@@ -139,9 +156,15 @@ def prefill_images(model, cache: KVCache, input_ids, attention_mask, positions, 
     next position to ``text index + delta``, which is where later tokens sit on all three
     axes. Returns ``(cache, last_logits [B,V])``."""
     from .vision_language import scatter_image_features
+
     input_ids = jnp.asarray(input_ids)
-    embeds = scatter_image_features(model.embed(input_ids), input_ids, attention_mask,
-                                    model.image_features(images), model.config.image_token_id)
+    embeds = scatter_image_features(
+        model.embed(input_ids),
+        input_ids,
+        attention_mask,
+        model.image_features(images),
+        model.config.image_token_id,
+    )
     cache, hidden = _extend(model, cache, input_ids, attention_mask, positions, embeds, deltas)
     T = input_ids.shape[1]
     last = T - 1 - jnp.argmax(attention_mask.astype(bool)[:, ::-1], axis=1)

@@ -14,11 +14,13 @@ rotates adjacent pairs where HF rotates the two halves); ``unpermute_qk`` undoes
 Qwen2 / Qwen3 files are stored unpermuted (llama.cpp uses half-rotation RoPE for them).
 The HF-named tensors then go through the same builder as ``load_hf``.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -29,25 +31,45 @@ from .transformer import Transformer
 # GGUF general.architecture -> our model_type.
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 # ggml storage types we dequantise (each covered by the tests).
-SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                          "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TENSOR_TYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)
 
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-                 "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}
-_LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-                "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                "ffn_down": "mlp.down_proj"}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 class GGUFError(ValueError):
     """A GGUF file we cannot import; the message names the file and what is unsupported."""
 
 
-def hf_tensor_name(gguf_name: str) -> Optional[str]:
+def hf_tensor_name(gguf_name: str) -> str | None:
     """The HF name of a llama.cpp tensor name (``blk.3.attn_q.weight`` ->
     ``model.layers.3.self_attn.q_proj.weight``); None if it has none."""
     if gguf_name in _GLOBAL_NAMES:
@@ -75,12 +97,13 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _reader(path: str | os.PathLike):
     import gguf
+
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"no GGUF file at {p}")
     try:
         return gguf.GGUFReader(str(p))
-    except Exception as e:   # the gguf package raises bare ValueError/struct errors
+    except Exception as e:  # the gguf package raises bare ValueError/struct errors
         raise GGUFError(f"{p}: not a readable GGUF file ({e})") from e
 
 
@@ -89,11 +112,15 @@ def _meta(reader) -> dict[str, Any]:
     out = {}
     for key, field in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key.split(".")[-1] in (
-                "tokens", "token_type", "merges", "scores"):
+            "tokens",
+            "token_type",
+            "merges",
+            "scores",
+        ):
             continue
         try:
             out[key] = field.contents()
-        except Exception:   # a field type this gguf version cannot decode: not one we read
+        except Exception:  # a field type this gguf version cannot decode: not one we read
             continue
     return out
 
@@ -101,8 +128,10 @@ def _meta(reader) -> dict[str, Any]:
 def _architecture(meta: dict, path) -> str:
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        raise GGUFError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
-                        f"{sorted(GGUF_ARCHITECTURES)}")
+        raise GGUFError(
+            f"{path}: GGUF architecture {arch!r} is not supported; supported: "
+            f"{sorted(GGUF_ARCHITECTURES)}"
+        )
     return arch
 
 
@@ -119,8 +148,10 @@ def gguf_hf_config(meta: dict, tensor_names: set[str], path) -> dict:
         return default
 
     if "rope_freqs.weight" in tensor_names:
-        raise GGUFError(f"{path}: per-frequency RoPE factors (rope_freqs.weight, Llama 3.1 "
-                        "scaling) are not supported in GGUF import; use the HF checkpoint")
+        raise GGUFError(
+            f"{path}: per-frequency RoPE factors (rope_freqs.weight, Llama 3.1 "
+            "scaling) are not supported in GGUF import; use the HF checkpoint"
+        )
     heads = int(get("attention.head_count"))
     hidden = int(get("embedding_length"))
     scaling_type = get("rope.scaling.type", "none", required=False)
@@ -128,25 +159,33 @@ def gguf_hf_config(meta: dict, tensor_names: set[str], path) -> dict:
     if scaling_type == "linear":
         rope = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
     elif scaling_type not in ("none", None):
-        raise GGUFError(f"{path}: GGUF rope.scaling.type {scaling_type!r} is not supported "
-                        "(none or linear)")
+        raise GGUFError(
+            f"{path}: GGUF rope.scaling.type {scaling_type!r} is not supported (none or linear)"
+        )
     vocab = get("vocab_size", 0, required=False) or None
-    d = {"model_type": GGUF_ARCHITECTURES[arch], "hidden_size": hidden,
-         "num_hidden_layers": int(get("block_count")), "num_attention_heads": heads,
-         "num_key_value_heads": int(get("attention.head_count_kv", heads, required=False)),
-         "head_dim": int(get("attention.key_length", hidden // heads, required=False)),
-         "intermediate_size": int(get("feed_forward_length")),
-         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-         "rope_theta": float(get("rope.freq_base", 10000.0, required=False)),
-         "rope_scaling": rope if rope["rope_type"] != "default" else None,
-         "max_position_embeddings": int(get("context_length", 32768, required=False)),
-         "tie_word_embeddings": "output.weight" not in tensor_names,
-         "attention_bias": arch == "llama" and "blk.0.attn_q.bias" in tensor_names,
-         "hidden_act": "silu"}
+    d = {
+        "model_type": GGUF_ARCHITECTURES[arch],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads, required=False)),
+        "head_dim": int(get("attention.key_length", hidden // heads, required=False)),
+        "intermediate_size": int(get("feed_forward_length")),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(get("rope.freq_base", 10000.0, required=False)),
+        "rope_scaling": rope if rope["rope_type"] != "default" else None,
+        "max_position_embeddings": int(get("context_length", 32768, required=False)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "attention_bias": arch == "llama" and "blk.0.attn_q.bias" in tensor_names,
+        "hidden_act": "silu",
+    }
     if vocab is not None:
         d["vocab_size"] = int(vocab)
-    for ours, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                      ("pad_token_id", "padding_token_id")):
+    for ours, key in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "padding_token_id"),
+    ):
         v = meta.get(f"tokenizer.ggml.{key}")
         d[ours] = int(v) if v is not None else None
     return d
@@ -154,11 +193,14 @@ def gguf_hf_config(meta: dict, tensor_names: set[str], path) -> dict:
 
 def _dequantize(t, path) -> np.ndarray:
     from gguf import quants
+
     kind = t.tensor_type.name
     if kind not in SUPPORTED_TENSOR_TYPES:
-        raise GGUFError(f"{path}: tensor {t.name!r} has GGUF tensor type {kind}, which is not "
-                        f"supported; supported: {list(SUPPORTED_TENSOR_TYPES)}")
-    shape = tuple(int(n) for n in reversed(t.shape))   # GGUF lists dims innermost first
+        raise GGUFError(
+            f"{path}: tensor {t.name!r} has GGUF tensor type {kind}, which is not "
+            f"supported; supported: {list(SUPPORTED_TENSOR_TYPES)}"
+        )
+    shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims innermost first
     if kind in ("F32", "F16"):
         arr = np.asarray(t.data, dtype=np.float32)
     else:
@@ -188,13 +230,19 @@ def read_gguf_config(path: str | os.PathLike) -> dict:
     return gguf_hf_config(_meta(reader), {t.name for t in reader.tensors}, path)
 
 
-def load_gguf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
-              param_dtype: Optional[str] = None, rules=None,
-              **config_overrides) -> Transformer:
+def load_gguf(
+    path: str | os.PathLike,
+    mesh=None,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    rules=None,
+    **config_overrides,
+) -> Transformer:
     """Load a Llama / Qwen2 / Qwen3 GGUF file as a ``Transformer`` (weights dequantised to
     float32, then cast to ``param_dtype``). Arguments as ``hf_io.load_hf``."""
-    return _load(_reader(path), path, dtype_overrides(dtype, param_dtype, **config_overrides),
-                 mesh, rules)
+    return _load(
+        _reader(path), path, dtype_overrides(dtype, param_dtype, **config_overrides), mesh, rules
+    )
 
 
 def _load(reader, path, overrides: dict, mesh=None, rules=None) -> Transformer:
@@ -205,8 +253,9 @@ def _load(reader, path, overrides: dict, mesh=None, rules=None) -> Transformer:
             raise GGUFError(f"{path}: GGUF file has no token_embd.weight")
         hf["vocab_size"] = int(emb.shape[1])
     cfg = ModelConfig.from_hf_dict(hf, **overrides)
-    return build_from_tensors(cfg, iter_hf_tensors(reader, hf, path), str(path),
-                              mesh=mesh, rules=rules)
+    return build_from_tensors(
+        cfg, iter_hf_tensors(reader, hf, path), str(path), mesh=mesh, rules=rules
+    )
 
 
 def has_tokenizer(path: str | os.PathLike, reader=None) -> bool:
@@ -221,9 +270,12 @@ def gguf_tokenizer(path: str | os.PathLike, reader=None):
     p = Path(path)
     reader = reader or _reader(p)
     if not has_tokenizer(p, reader):
-        raise GGUFError(f"{p}: GGUF file has no tokenizer metadata (tokenizer.ggml.model); "
-                        "give the tokenizer separately (model.tokenizer_path)")
+        raise GGUFError(
+            f"{p}: GGUF file has no tokenizer metadata (tokenizer.ggml.model); "
+            "give the tokenizer separately (model.tokenizer_path)"
+        )
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     if not getattr(tok, "chat_template", None):
         template = _meta(reader).get("tokenizer.chat_template")
@@ -232,8 +284,9 @@ def gguf_tokenizer(path: str | os.PathLike, reader=None):
     return tok
 
 
-def export_gguf_to_hf(path: str | os.PathLike, out_dir: str | os.PathLike,
-                      dtype: str = "float32") -> Path:
+def export_gguf_to_hf(
+    path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "float32"
+) -> Path:
     """Write a GGUF file as an HF checkpoint directory (config.json, safetensors in
     ``dtype``, generation_config.json, and the tokenizer when the file has one) that
     transformers, vLLM and ``load_hf`` read."""

@@ -5,12 +5,14 @@ tensor by tensor from memory maps and places each straight into its target shard
 with a mesh every device receives only its own slice (``jax.make_array_from_callback``),
 so the host never holds the whole model, let alone twice.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,12 +61,14 @@ def _value(leaf):
 def _to_host(x) -> np.ndarray:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
+
         x = multihost_utils.process_allgather(x, tiled=True)
     return np.asarray(x)
 
 
-def hf_named_tensors(model_or_state, config: ModelConfig,
-                     contiguous: bool = True) -> Iterator[tuple[str, np.ndarray]]:
+def hf_named_tensors(
+    model_or_state, config: ModelConfig, contiguous: bool = True
+) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hf_name, numpy array)`` in HF layout for every parameter, one at a time.
 
     ``model_or_state``: a ``Transformer`` or its ``nnx.State`` of params (``nnx.split(model,
@@ -74,6 +78,7 @@ def hf_named_tensors(model_or_state, config: ModelConfig,
     transposed kernels as views (the consumer copies once, e.g. into shared memory).
     """
     from .lora import sampler_params
+
     if isinstance(model_or_state, nnx.Module) or isinstance(model_or_state, nnx.State):
         # LoRA adapters are folded into their kernels (the served weights); adapter
         # factors without a LoRA config are an error, never silently dropped.
@@ -81,8 +86,10 @@ def hf_named_tensors(model_or_state, config: ModelConfig,
     flat = _flat_params(model_or_state)
     for m in param_table(config):
         if m.path not in flat:
-            raise KeyError(f"parameter {m.path} ({m.hf_name}) missing from the state; is the "
-                           f"config ({config.model_type}) the model's?")
+            raise KeyError(
+                f"parameter {m.path} ({m.hf_name}) missing from the state; is the "
+                f"config ({config.model_type}) the model's?"
+            )
         arr = _to_host(_value(flat[m.path]))
         out = m.to_hf(arr)
         yield m.hf_name, np.ascontiguousarray(out) if contiguous else out
@@ -95,21 +102,32 @@ def _np_dtype(name: str) -> np.dtype:
 def _place(arr: np.ndarray, m: ParamMapping, shape, dtype, mesh, rules) -> jax.Array:
     expected = m.hf_shape or (tuple(shape[::-1]) if m.transpose else tuple(shape))
     if tuple(arr.shape) != tuple(expected):
-        raise ValueError(f"checkpoint tensor {m.hf_name} has shape {tuple(arr.shape)}, "
-                         f"expected {tuple(expected)} from config.json; the checkpoint and its "
-                         f"config disagree")
+        raise ValueError(
+            f"checkpoint tensor {m.hf_name} has shape {tuple(arr.shape)}, "
+            f"expected {tuple(expected)} from config.json; the checkpoint and its "
+            f"config disagree"
+        )
     src = m.to_ours(arr)
     if mesh is None:
         return jnp.asarray(np.asarray(src, dtype=dtype))
-    from ..sharding import param_spec
     from jax.sharding import NamedSharding
+
+    from ..sharding import param_spec
+
     sharding = NamedSharding(mesh, param_spec(m.path, shape, mesh, rules))
     return jax.make_array_from_callback(
-        tuple(shape), sharding, lambda idx: np.ascontiguousarray(src[idx], dtype=dtype))
+        tuple(shape), sharding, lambda idx: np.ascontiguousarray(src[idx], dtype=dtype)
+    )
 
 
-def load_hf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
-            param_dtype: Optional[str] = None, rules=None, **config_overrides) -> Transformer:
+def load_hf(
+    path: str | os.PathLike,
+    mesh=None,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    rules=None,
+    **config_overrides,
+) -> Transformer:
     """Load an HF checkpoint directory (``config.json`` + safetensors) as a ``Transformer``
     (a ``VisionLanguageModel`` for Qwen2.5-VL / Qwen2-VL checkpoints).
 
@@ -124,7 +142,7 @@ def load_hf(path: str | os.PathLike, mesh=None, dtype: Optional[str] = None,
     return build_from_tensors(cfg, tensors, str(path), mesh=mesh, rules=rules)
 
 
-def dtype_overrides(dtype: Optional[str], param_dtype: Optional[str] = None, **over) -> dict:
+def dtype_overrides(dtype: str | None, param_dtype: str | None = None, **over) -> dict:
     """``ModelConfig`` overrides for a load: ``dtype`` sets compute and (unless
     ``param_dtype`` is given) parameter dtype."""
     over = dict(over)
@@ -136,12 +154,14 @@ def dtype_overrides(dtype: Optional[str], param_dtype: Optional[str] = None, **o
     return over
 
 
-def build_from_tensors(cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]],
-                       source: str, mesh=None, rules=None) -> Transformer:
+def build_from_tensors(
+    cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]], source: str, mesh=None, rules=None
+) -> Transformer:
     """A ``Transformer`` of ``cfg`` whose parameters come from ``(hf_name, array)`` pairs in
     HF layout (read one at a time; each placed in its sharding as it arrives). Every
     parameter must arrive exactly once; ``source`` names the checkpoint in errors."""
     from ..sharding import PARAM_RULES
+
     rules = PARAM_RULES if rules is None else rules
     cls = model_class(cfg)
     abstract = nnx.eval_shape(lambda: cls(cfg, nnx.Rngs(0)))
@@ -163,20 +183,27 @@ def build_from_tensors(cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray
             continue
         loaded[m.path] = _place(arr, m, shapes[m.path].shape, pdt, mesh, rules)
     if unexpected:
-        raise ValueError(f"{source}: tensors with no place in a {cfg.model_type} model: "
-                         f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+        raise ValueError(
+            f"{source}: tensors with no place in a {cfg.model_type} model: "
+            f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        )
     missing = [m.hf_name for m in table.values() if m.path not in loaded]
     if missing:
-        raise ValueError(f"{source}: checkpoint lacks tensors {missing[:8]}"
-                         f"{' ...' if len(missing) > 8 else ''}")
+        raise ValueError(
+            f"{source}: checkpoint lacks tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+        )
     state = nnx.from_flat_state(
-        {k: v.replace(loaded[k]) if isinstance(v, nnx.Variable) else loaded[k]
-         for k, v in _flat_params(abs_state).items()})
+        {
+            k: v.replace(loaded[k]) if isinstance(v, nnx.Variable) else loaded[k]
+            for k, v in _flat_params(abs_state).items()
+        }
+    )
     return nnx.merge(graphdef, state)
 
 
-def save_hf(model: Transformer, path: str | os.PathLike, tokenizer=None,
-            max_shard_bytes: int = 5 * 2**30) -> Path:
+def save_hf(
+    model: Transformer, path: str | os.PathLike, tokenizer=None, max_shard_bytes: int = 5 * 2**30
+) -> Path:
     """Write ``model`` as an HF checkpoint (config.json, safetensors, generation_config.json,
     and the tokenizer if given) that transformers and vLLM load. Tensors stream one at a
     time; files larger than ``max_shard_bytes`` are split with a ``model.safetensors.index.json``.
@@ -215,8 +242,9 @@ def save_hf(model: Transformer, path: str | os.PathLike, tokenizer=None,
     hf = cfg.to_hf_dict()
     with open(out / "config.json", "w") as f:
         json.dump(hf, f, indent=2)
-    gen = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-           if hf.get(k) is not None}
+    gen = {
+        k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf.get(k) is not None
+    }
     with open(out / "generation_config.json", "w") as f:
         json.dump(gen, f, indent=2)
     if tokenizer is not None:

@@ -1,7 +1,6 @@
 """Building blocks of the decoder: RMSNorm, grouped-query attention, SwiGLU MLP."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
@@ -20,13 +19,24 @@ def dtype_of(name: str):
     return jnp.dtype(name)
 
 
-def _linear(cfg: ModelConfig, din: int, dout: int, bias: bool, rngs: nnx.Rngs,
-            lora_at: Optional[tuple[int, str]] = None) -> nnx.Linear:
+def _linear(
+    cfg: ModelConfig,
+    din: int,
+    dout: int,
+    bias: bool,
+    rngs: nnx.Rngs,
+    lora_at: tuple[int, str] | None = None,
+) -> nnx.Linear:
     """A linear layer; ``lora_at = (layer, module name)`` adds a LoRA adapter when the
     config asks for one there (``models.lora``)."""
-    kw = dict(use_bias=bias, dtype=dtype_of(cfg.dtype), param_dtype=dtype_of(cfg.param_dtype),
-              kernel_init=nnx.initializers.normal(0.02),
-              bias_init=nnx.initializers.zeros_init(), rngs=rngs)
+    kw = dict(
+        use_bias=bias,
+        dtype=dtype_of(cfg.dtype),
+        param_dtype=dtype_of(cfg.param_dtype),
+        kernel_init=nnx.initializers.normal(0.02),
+        bias_init=nnx.initializers.zeros_init(),
+        rngs=rngs,
+    )
     if lora_at is not None and wants_lora(cfg, *lora_at):
         return LoRALinear(din, dout, rank=cfg.lora_rank, scale=cfg.lora_scale, **kw)
     return nnx.Linear(din, dout, **kw)
@@ -66,16 +76,21 @@ def _attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray) -
     qg = q.reshape(B, T, K, N // K, D)
     acc = jnp.promote_types(q.dtype, jnp.float32)
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=acc)
-    scores = scores * (D ** -0.5)   # rounded once to the scores' dtype, as transformers does
+    scores = scores * (D**-0.5)  # rounded once to the scores' dtype, as transformers does
     scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(B, T, N, D).astype(q.dtype)
 
 
-def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                            mask: jnp.ndarray, query_chunk: int = 0,
-                            causal_block: int = 0) -> jnp.ndarray:
+def attention_weights_apply(
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    mask: jnp.ndarray,
+    query_chunk: int = 0,
+    causal_block: int = 0,
+) -> jnp.ndarray:
     """Grouped-query scaled dot-product attention.
 
     ``q [B,T,N,D]``, ``k, v [B,S,K,D]`` with ``N = K * G``; ``mask [B,T,S]`` True where query
@@ -103,17 +118,18 @@ def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     chunked = 0 < query_chunk < T
     if causal_block > 0:
         if k.shape[1] != T:
-            raise ValueError(f"causal_block needs the call's own keys (S == T), got "
-                             f"S={k.shape[1]}, T={T}")
+            raise ValueError(
+                f"causal_block needs the call's own keys (S == T), got S={k.shape[1]}, T={T}"
+            )
         c = min(causal_block, query_chunk) if chunked else causal_block
         if c >= T:
             return _attend(q, k, v, mask)
 
-        def block(qb, mb, k, v, e: int):   # e (static): one past the block's last query
+        def block(qb, mb, k, v, e: int):  # e (static): one past the block's last query
             return _attend(qb, k[:, :e], v[:, :e], mb[:, :, :e])
+
         f = jax.checkpoint(block, static_argnums=(4,)) if chunked else block
-        outs = [f(q[:, a:a + c], mask[:, a:a + c], k, v, min(a + c, T))
-                for a in range(0, T, c)]
+        outs = [f(q[:, a : a + c], mask[:, a : a + c], k, v, min(a + c, T)) for a in range(0, T, c)]
         return jnp.concatenate(outs, axis=1)
     if not chunked:
         return _attend(q, k, v, mask)
@@ -128,9 +144,9 @@ def attention_weights_apply(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: Optional[int] = None):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: int | None = None):
         H, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        at = (lambda name: None if layer is None else (layer, name))
+        at = lambda name: None if layer is None else (layer, name)
         self.q_proj = _linear(cfg, H, N * D, cfg.qkv_bias, rngs, at("q_proj"))
         self.k_proj = _linear(cfg, H, K * D, cfg.qkv_bias, rngs, at("k_proj"))
         self.v_proj = _linear(cfg, H, K * D, cfg.qkv_bias, rngs, at("v_proj"))
@@ -171,9 +187,14 @@ class Attention(nnx.Module):
             start = (0, write_index, 0, 0)
             k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), start)
             v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), start)
-        out = attention_weights_apply(q, k.astype(q.dtype), v.astype(q.dtype), mask,
-                                      self.query_chunk,
-                                      self.causal_block if kv_cache is None else 0)
+        out = attention_weights_apply(
+            q,
+            k.astype(q.dtype),
+            v.astype(q.dtype),
+            mask,
+            self.query_chunk,
+            self.causal_block if kv_cache is None else 0,
+        )
         return on_rows(self.o_proj, out.reshape(B, T, N * D)), (k, v)
 
 
@@ -184,12 +205,18 @@ class MLP(nnx.Module):
     Qwen2.5-VL vision blocks pass their own widths and ``bias=True``.
     """
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, hidden: Optional[int] = None,
-                 intermediate: Optional[int] = None, bias: bool = False,
-                 layer: Optional[int] = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        rngs: nnx.Rngs,
+        hidden: int | None = None,
+        intermediate: int | None = None,
+        bias: bool = False,
+        layer: int | None = None,
+    ):
         h = cfg.hidden_size if hidden is None else hidden
         inter = cfg.intermediate_size if intermediate is None else intermediate
-        at = (lambda name: None if layer is None else (layer, name))
+        at = lambda name: None if layer is None else (layer, name)
         self.gate_proj = _linear(cfg, h, inter, bias, rngs, at("gate_proj"))
         self.up_proj = _linear(cfg, h, inter, bias, rngs, at("up_proj"))
         self.down_proj = _linear(cfg, inter, h, bias, rngs, at("down_proj"))
@@ -204,11 +231,10 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm block: ``h = x + attn(norm(x)); out = h + mlp(norm(h))``."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: Optional[int] = None):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: int | None = None):
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
         self.attn = Attention(cfg, rngs, layer)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype,
-                                      cfg.param_dtype)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
         self.mlp = MLP(cfg, rngs, layer=layer)
 
     def __call__(self, x, positions, mask, kv_cache=None, write_index=0):

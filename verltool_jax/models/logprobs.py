@@ -5,16 +5,16 @@ for their gradient). ``chunked_logprobs`` computes them ``chunk_size`` positions
 time inside ``lax.map`` and rematerialises each chunk in the backward pass, so the peak
 is ``B * chunk_size * V`` instead of ``B * T * V``.
 """
+
 from __future__ import annotations
 
 from functools import partial
-from typing import Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-Temperature = Union[float, jnp.ndarray]
+Temperature = float | jnp.ndarray
 
 
 def _check_temperature(temperature) -> None:
@@ -82,9 +82,14 @@ def _chunk_stats_bwd(with_entropy, res, cotangents):
 _chunk_stats.defvjp(_chunk_stats_fwd, _chunk_stats_bwd)
 
 
-def chunked_logprobs(hidden: jnp.ndarray, weight: jnp.ndarray, targets: jnp.ndarray,
-                     temperature: Temperature = 1.0, chunk_size: int = 256,
-                     return_entropy: bool = False):
+def chunked_logprobs(
+    hidden: jnp.ndarray,
+    weight: jnp.ndarray,
+    targets: jnp.ndarray,
+    temperature: Temperature = 1.0,
+    chunk_size: int = 256,
+    return_entropy: bool = False,
+):
     """``log softmax(hidden @ weight / T)[targets]`` per position, ``chunk_size`` positions at a time.
 
     ``hidden [B,T,H]``, ``weight [H,V]``, ``targets [B,T]`` int -> ``[B,T]`` float32 (and the
@@ -106,18 +111,30 @@ def chunked_logprobs(hidden: jnp.ndarray, weight: jnp.ndarray, targets: jnp.ndar
     t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, c).transpose(1, 0, 2)
     t = t.reshape(n, B * c)
     temp = jnp.asarray(temperature, jnp.float32)
-    logp, ent = jax.lax.map(lambda xs: _chunk_stats(xs[0], weight, xs[1], temp, return_entropy),
-                            (h, t))
-    def per_row(x):   # [n, B*c] -> [B, T]
+    logp, ent = jax.lax.map(
+        lambda xs: _chunk_stats(xs[0], weight, xs[1], temp, return_entropy), (h, t)
+    )
+
+    def per_row(x):  # [n, B*c] -> [B, T]
         return x.reshape(n, B, c).transpose(1, 0, 2).reshape(B, n * c)[:, :T]
+
     if not return_entropy:
         return per_row(logp)
     return per_row(logp), per_row(ent)
 
 
-def token_logprobs(model, input_ids: jnp.ndarray, attention_mask: jnp.ndarray,
-                   targets: jnp.ndarray, temperature: Temperature = 1.0, chunk_size: int = 256,
-                   return_entropy: bool = False, positions=None, images=None, row_images=None):
+def token_logprobs(
+    model,
+    input_ids: jnp.ndarray,
+    attention_mask: jnp.ndarray,
+    targets: jnp.ndarray,
+    temperature: Temperature = 1.0,
+    chunk_size: int = 256,
+    return_entropy: bool = False,
+    positions=None,
+    images=None,
+    row_images=None,
+):
     """``log softmax(model(input_ids)/T)[targets]`` -> ``[B,T]`` float32, chunked over the sequence.
 
     ``targets[b, t]`` is the token whose probability position t predicts (usually
@@ -128,8 +145,9 @@ def token_logprobs(model, input_ids: jnp.ndarray, attention_mask: jnp.ndarray,
     """
     kw = {"row_images": row_images} if row_images is not None else {}
     hidden = model.hidden_states(input_ids, attention_mask, positions, images=images, **kw)
-    return chunked_logprobs(hidden, model.lm_head_weight(), targets, temperature, chunk_size,
-                            return_entropy)
+    return chunked_logprobs(
+        hidden, model.lm_head_weight(), targets, temperature, chunk_size, return_entropy
+    )
 
 
 def naive_logprobs(logits: jnp.ndarray, targets: jnp.ndarray, temperature: Temperature = 1.0):

@@ -21,9 +21,11 @@ trainable on two CPU cores.
 Where we differ from PEFT on purpose: no dropout on the adapter input (RL updates are
 small and on-policy), and ``A`` is drawn uniform with the fan-in bound directly.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,13 +40,15 @@ class LoRALinear(nnx.Linear):
     ``y = x W (+ b) + scale * (x A) B`` (module docstring). The base kernel keeps its
     path (``.../kernel``), so HF name maps and checkpoints of the base model still apply."""
 
-    def __init__(self, din: int, dout: int, *, rank: int, scale: float, rngs: nnx.Rngs,
-                 **linear_kw: Any):
+    def __init__(
+        self, din: int, dout: int, *, rank: int, scale: float, rngs: nnx.Rngs, **linear_kw: Any
+    ):
         super().__init__(din, dout, rngs=rngs, **linear_kw)
         bound = 1.0 / float(din) ** 0.5
         pdt = self.kernel[...].dtype
-        self.lora_a = nnx.LoRAParam(jax.random.uniform(rngs.params(), (din, rank), pdt,
-                                                       -bound, bound))
+        self.lora_a = nnx.LoRAParam(
+            jax.random.uniform(rngs.params(), (din, rank), pdt, -bound, bound)
+        )
         self.lora_b = nnx.LoRAParam(jnp.zeros((rank, dout), pdt))
         self.lora_scale = float(scale)
 
@@ -64,8 +68,9 @@ def lora_layer_ids(config) -> frozenset[int]:
 
 def wants_lora(config, layer: int, module: str) -> bool:
     """Whether ``layers/<layer>/.../<module>`` gets an adapter under ``config``."""
-    return (config.lora_rank > 0 and module in config.lora_targets
-            and layer in lora_layer_ids(config))
+    return (
+        config.lora_rank > 0 and module in config.lora_targets and layer in lora_layer_ids(config)
+    )
 
 
 def trainable_filter(config):
@@ -110,19 +115,27 @@ def _value(v):
 def sampler_params(model_or_state, config=None) -> nnx.State:
     """What the samplers and exports get: the param state with adapters folded in (a
     module's own config says how; a bare state needs the trainer's ``config``)."""
-    if isinstance(model_or_state, nnx.Module):      # a module knows its own adapters
+    if isinstance(model_or_state, nnx.Module):  # a module knows its own adapters
         config = model_or_state.config
         model_or_state = nnx.state(model_or_state, nnx.Param)
     if config is None or getattr(config, "lora_rank", 0) == 0:
         if has_lora(model_or_state):
-            raise ValueError("the param state has LoRA factors but the config has lora_rank=0; "
-                             "pass the trainer's ModelConfig to fold them")
+            raise ValueError(
+                "the param state has LoRA factors but the config has lora_rank=0; "
+                "pass the trainer's ModelConfig to fold them"
+            )
         return model_or_state
     return fold_lora(model_or_state, config.lora_scale)
 
 
-def with_lora(model, rank: int, alpha: float, targets: Iterable[str] = LORA_TARGETS,
-              last_layers: int = 0, seed: int = 0):
+def with_lora(
+    model,
+    rank: int,
+    alpha: float,
+    targets: Iterable[str] = LORA_TARGETS,
+    last_layers: int = 0,
+    seed: int = 0,
+):
     """``model`` (a loaded ``Transformer``) rebuilt with adapters on ``targets`` of the last
     ``last_layers`` layers (0: all), the base weights copied in, ``B = 0`` (so its outputs
     are unchanged). ``rank`` 0 returns ``model``."""
@@ -133,10 +146,16 @@ def with_lora(model, rank: int, alpha: float, targets: Iterable[str] = LORA_TARG
     if bad or not targets:
         raise ValueError(f"model.lora_targets {targets!r}: each must be one of {LORA_TARGETS}")
     if model.config.is_vision_language:
-        raise ValueError("model.lora_rank > 0 is supported for text models only "
-                         f"(got model_type {model.config.model_type!r})")
-    cfg = model.config.replace(lora_rank=int(rank), lora_alpha=float(alpha),
-                               lora_targets=targets, lora_last_layers=int(last_layers))
+        raise ValueError(
+            "model.lora_rank > 0 is supported for text models only "
+            f"(got model_type {model.config.model_type!r})"
+        )
+    cfg = model.config.replace(
+        lora_rank=int(rank),
+        lora_alpha=float(alpha),
+        lora_targets=targets,
+        lora_last_layers=int(last_layers),
+    )
     new = type(model)(cfg, nnx.Rngs(seed))
     base = nnx.state(model, nnx.Param)
     nnx.update(new, base)

@@ -8,10 +8,10 @@ too), and the ``model.language_model.*`` / ``model.visual.*`` spelling some
 transformers 4.x versions wrote is read as well (``canonical_hf_name``). The same table
 drives ``load_hf``, ``save_hf`` and the weight sync to samplers (``hf_named_tensors``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 from .config import ModelConfig
 
@@ -24,10 +24,11 @@ class ParamMapping:
     embedding is a Conv3d weight ``[W, C, Tp, P, P]`` whose kernel equals its stride, i.e.
     our ``[C*Tp*P*P, W]`` linear kernel transposed and reshaped.
     """
+
     hf_name: str
     path: tuple
     transpose: bool
-    hf_shape: Optional[tuple] = None
+    hf_shape: tuple | None = None
 
     def to_ours(self, arr):
         """HF tensor -> our layout."""
@@ -43,14 +44,14 @@ class ParamMapping:
 
 @dataclass(frozen=True)
 class _Entry:
-    hf: str            # HF name; "{i}" is the layer index
-    ours: tuple        # our path; the string "{i}" is replaced by the int layer index
+    hf: str  # HF name; "{i}" is the layer index
+    ours: tuple  # our path; the string "{i}" is replaced by the int layer index
     transpose: bool
-    when: Optional[str] = None   # ModelConfig boolean field that must be true (None: always)
-    unless: Optional[str] = None  # ModelConfig boolean field that must be false
+    when: str | None = None  # ModelConfig boolean field that must be true (None: always)
+    unless: str | None = None  # ModelConfig boolean field that must be false
 
 
-def _linear(hf: str, ours: tuple, bias_flag: Union[str, bool, None] = None) -> tuple[_Entry, ...]:
+def _linear(hf: str, ours: tuple, bias_flag: str | bool | None = None) -> tuple[_Entry, ...]:
     """A linear layer's weight, and its bias: always (``True``), never (``None``) or when the
     named ``ModelConfig`` flag is true."""
     out = (_Entry(f"{hf}.weight", ours + ("kernel",), True),)
@@ -68,20 +69,25 @@ _GLOBAL = (
 )
 _LAYER_COMMON = (
     _Entry(f"{_L}.input_layernorm.weight", ("layers", "{i}", "input_norm", "weight"), False),
-    _Entry(f"{_L}.post_attention_layernorm.weight",
-           ("layers", "{i}", "post_attn_norm", "weight"), False),
+    _Entry(
+        f"{_L}.post_attention_layernorm.weight",
+        ("layers", "{i}", "post_attn_norm", "weight"),
+        False,
+    ),
     *_linear(f"{_L}.mlp.gate_proj", ("layers", "{i}", "mlp", "gate_proj")),
     *_linear(f"{_L}.mlp.up_proj", ("layers", "{i}", "mlp", "up_proj")),
     *_linear(f"{_L}.mlp.down_proj", ("layers", "{i}", "mlp", "down_proj")),
 )
 
 
-def _attn(o_bias: Optional[str]) -> tuple[_Entry, ...]:
+def _attn(o_bias: str | None) -> tuple[_Entry, ...]:
     a = ("layers", "{i}", "attn")
-    return (*_linear(f"{_L}.self_attn.q_proj", a + ("q_proj",), "qkv_bias"),
-            *_linear(f"{_L}.self_attn.k_proj", a + ("k_proj",), "qkv_bias"),
-            *_linear(f"{_L}.self_attn.v_proj", a + ("v_proj",), "qkv_bias"),
-            *_linear(f"{_L}.self_attn.o_proj", a + ("o_proj",), o_bias))
+    return (
+        *_linear(f"{_L}.self_attn.q_proj", a + ("q_proj",), "qkv_bias"),
+        *_linear(f"{_L}.self_attn.k_proj", a + ("k_proj",), "qkv_bias"),
+        *_linear(f"{_L}.self_attn.v_proj", a + ("v_proj",), "qkv_bias"),
+        *_linear(f"{_L}.self_attn.o_proj", a + ("o_proj",), o_bias),
+    )
 
 
 _QK_NORM = (
@@ -91,9 +97,9 @@ _QK_NORM = (
 
 # The one table per family: (global entries, per-layer entries).
 FAMILY_TABLES: dict[str, tuple[tuple[_Entry, ...], tuple[_Entry, ...]]] = {
-    "qwen2": (_GLOBAL, _LAYER_COMMON + _attn(None)),                      # q/k/v bias
-    "qwen3": (_GLOBAL, _LAYER_COMMON + _attn("o_bias") + _QK_NORM),      # q/k norm
-    "llama": (_GLOBAL, _LAYER_COMMON + _attn("o_bias")),                 # attention_bias: all 4
+    "qwen2": (_GLOBAL, _LAYER_COMMON + _attn(None)),  # q/k/v bias
+    "qwen3": (_GLOBAL, _LAYER_COMMON + _attn("o_bias") + _QK_NORM),  # q/k norm
+    "llama": (_GLOBAL, _LAYER_COMMON + _attn("o_bias")),  # attention_bias: all 4
 }
 
 
@@ -103,19 +109,29 @@ _VB = ("visual", "blocks", "{i}")
 
 def _vision_block(kind: str) -> tuple[_Entry, ...]:
     """Per-block tensors of the vision tower of ``kind``."""
-    attn = (*_linear(f"{_V}.attn.qkv", _VB + ("attn", "qkv"), True),
-            *_linear(f"{_V}.attn.proj", _VB + ("attn", "proj"), True))
+    attn = (
+        *_linear(f"{_V}.attn.qkv", _VB + ("attn", "qkv"), True),
+        *_linear(f"{_V}.attn.proj", _VB + ("attn", "proj"), True),
+    )
     if kind == "qwen2_5_vl":
-        norms = (_Entry(f"{_V}.norm1.weight", _VB + ("norm1", "weight"), False),
-                 _Entry(f"{_V}.norm2.weight", _VB + ("norm2", "weight"), False))
-        mlp = tuple(e for n in ("gate_proj", "up_proj", "down_proj")
-                    for e in _linear(f"{_V}.mlp.{n}", _VB + ("mlp", n), True))
+        norms = (
+            _Entry(f"{_V}.norm1.weight", _VB + ("norm1", "weight"), False),
+            _Entry(f"{_V}.norm2.weight", _VB + ("norm2", "weight"), False),
+        )
+        mlp = tuple(
+            e
+            for n in ("gate_proj", "up_proj", "down_proj")
+            for e in _linear(f"{_V}.mlp.{n}", _VB + ("mlp", n), True)
+        )
     else:
-        norms = tuple(_Entry(f"{_V}.{n}.{hf}", _VB + (n, ours), False)
-                      for n in ("norm1", "norm2") for hf, ours in (("weight", "scale"),
-                                                                    ("bias", "bias")))
-        mlp = tuple(e for n in ("fc1", "fc2")
-                    for e in _linear(f"{_V}.mlp.{n}", _VB + ("mlp", n), True))
+        norms = tuple(
+            _Entry(f"{_V}.{n}.{hf}", _VB + (n, ours), False)
+            for n in ("norm1", "norm2")
+            for hf, ours in (("weight", "scale"), ("bias", "bias"))
+        )
+        mlp = tuple(
+            e for n in ("fc1", "fc2") for e in _linear(f"{_V}.mlp.{n}", _VB + ("mlp", n), True)
+        )
     return norms + attn + mlp
 
 
@@ -125,15 +141,21 @@ def _vision_global(kind: str) -> tuple[_Entry, ...]:
     if kind == "qwen2_5_vl":
         ln = (_Entry("visual.merger.ln_q.weight", m + ("ln_q", "weight"), False),)
     else:
-        ln = (_Entry("visual.merger.ln_q.weight", m + ("ln_q", "scale"), False),
-              _Entry("visual.merger.ln_q.bias", m + ("ln_q", "bias"), False))
-    return (_Entry("visual.patch_embed.proj.weight", ("visual", "patch_embed", "kernel"), True),
-            *ln, *_linear("visual.merger.mlp.0", m + ("mlp_in",), True),
-            *_linear("visual.merger.mlp.2", m + ("mlp_out",), True))
+        ln = (
+            _Entry("visual.merger.ln_q.weight", m + ("ln_q", "scale"), False),
+            _Entry("visual.merger.ln_q.bias", m + ("ln_q", "bias"), False),
+        )
+    return (
+        _Entry("visual.patch_embed.proj.weight", ("visual", "patch_embed", "kernel"), True),
+        *ln,
+        *_linear("visual.merger.mlp.0", m + ("mlp_in",), True),
+        *_linear("visual.merger.mlp.2", m + ("mlp_out",), True),
+    )
 
 
 VISION_TABLES: dict[str, tuple[tuple[_Entry, ...], tuple[_Entry, ...]]] = {
-    kind: (_vision_global(kind), _vision_block(kind)) for kind in ("qwen2_5_vl", "qwen2_vl")}
+    kind: (_vision_global(kind), _vision_block(kind)) for kind in ("qwen2_5_vl", "qwen2_vl")
+}
 for _kind in VISION_TABLES:
     FAMILY_TABLES[_kind] = FAMILY_TABLES["qwen2"]  # the decoder of both VL models is Qwen2
 
@@ -146,7 +168,7 @@ def canonical_hf_name(name: str) -> str:
     ``model.visual.x`` -> ``visual.x``); other names are returned unchanged."""
     for old, new in _LEGACY_VL_PREFIXES:
         if name.startswith(old):
-            return new + name[len(old):]
+            return new + name[len(old) :]
     return name
 
 
@@ -161,8 +183,9 @@ def _active(e: _Entry, cfg: ModelConfig) -> bool:
 def param_table(config: ModelConfig) -> list[ParamMapping]:
     """Every parameter of a model with ``config``, in HF checkpoint order."""
     if config.model_type not in FAMILY_TABLES:
-        raise ValueError(f"no name map for model_type {config.model_type!r}; "
-                         f"known: {sorted(FAMILY_TABLES)}")
+        raise ValueError(
+            f"no name map for model_type {config.model_type!r}; known: {sorted(FAMILY_TABLES)}"
+        )
     glob, layer = FAMILY_TABLES[config.model_type]
     out = [ParamMapping(e.hf, e.ours, e.transpose) for e in glob[:1] if _active(e, config)]
     for i in range(config.num_layers):
@@ -175,12 +198,22 @@ def param_table(config: ModelConfig) -> list[ParamMapping]:
         v = config.vision
         vglob, vblock = VISION_TABLES[v.kind]
         conv = (v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
-        out += [ParamMapping(e.hf, e.ours, e.transpose,
-                             conv if e.hf == "visual.patch_embed.proj.weight" else None)
-                for e in vglob[:1]]
+        out += [
+            ParamMapping(
+                e.hf,
+                e.ours,
+                e.transpose,
+                conv if e.hf == "visual.patch_embed.proj.weight" else None,
+            )
+            for e in vglob[:1]
+        ]
         for i in range(v.depth):
-            out += [ParamMapping(e.hf.format(i=i), tuple(i if p == "{i}" else p for p in e.ours),
-                                 e.transpose) for e in vblock]
+            out += [
+                ParamMapping(
+                    e.hf.format(i=i), tuple(i if p == "{i}" else p for p in e.ours), e.transpose
+                )
+                for e in vblock
+            ]
         out += [ParamMapping(e.hf, e.ours, e.transpose) for e in vglob[1:]]
     return out
 

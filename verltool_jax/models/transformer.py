@@ -9,9 +9,10 @@ paths (used by ``name_maps``): ``embed/embedding [V,H]``,
 ``layers/<i>/mlp/{gate,up,down}_proj/kernel``, ``final_norm/weight``, ``lm_head/kernel [H,V]``
 (absent when embeddings are tied).
 """
+
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,8 +57,10 @@ def causal_padding_mask(attention_mask: jnp.ndarray) -> jnp.ndarray:
 
 def text_only_error(config: ModelConfig) -> str:
     """The message for images given to a model without a vision tower."""
-    return (f"model_type {config.model_type!r} is text-only and cannot take images; use a "
-            f"vision-language checkpoint (model_type qwen2_5_vl or qwen2_vl)")
+    return (
+        f"model_type {config.model_type!r} is text-only and cannot take images; use a "
+        f"vision-language checkpoint (model_type qwen2_5_vl or qwen2_vl)"
+    )
 
 
 def _layer_call(layer, x, positions, mask):
@@ -72,8 +75,11 @@ def layer_runs(layers: Sequence[nnx.Module]) -> list[tuple[nnx.GraphDef, list[nn
     sig_of_last = None
     for layer in layers:
         graphdef, state = nnx.split(layer)
-        sig = (graphdef, jax.tree.structure(state),
-               tuple((a.shape, a.dtype) for a in jax.tree.leaves(state)))
+        sig = (
+            graphdef,
+            jax.tree.structure(state),
+            tuple((a.shape, a.dtype) for a in jax.tree.leaves(state)),
+        )
         if runs and sig == sig_of_last:
             runs[-1][1].append(state)
         else:
@@ -82,8 +88,7 @@ def layer_runs(layers: Sequence[nnx.Module]) -> list[tuple[nnx.GraphDef, list[nn
     return runs
 
 
-def scan_run(graphdef: nnx.GraphDef, states: Sequence[nnx.State], x, positions, mask,
-             policy: str):
+def scan_run(graphdef: nnx.GraphDef, states: Sequence[nnx.State], x, positions, mask, policy: str):
     """``x`` through the layers ``merge(graphdef, s) for s in states``, in order, as one
     ``lax.scan`` over their stacked parameters (XLA compiles the layer once, not once per
     layer). With a remat ``policy`` other than ``none`` the scanned body is checkpointed, so
@@ -95,8 +100,9 @@ def scan_run(graphdef: nnx.GraphDef, states: Sequence[nnx.State], x, positions, 
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *states)
 
     def body(h, state):
-        return constrain_activations(_layer_call(nnx.merge(graphdef, state), h, positions,
-                                                 mask)), None
+        return constrain_activations(
+            _layer_call(nnx.merge(graphdef, state), h, positions, mask)
+        ), None
 
     if policy != "none":
         body = jax.checkpoint(body, policy=REMAT_JAX_POLICIES[policy], prevent_cse=False)
@@ -107,17 +113,29 @@ class Transformer(nnx.Module):
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         cfg = config
         self.config = cfg
-        self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype_of(cfg.dtype),
-                               param_dtype=dtype_of(cfg.param_dtype),
-                               embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.embed = nnx.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=dtype_of(cfg.dtype),
+            param_dtype=dtype_of(cfg.param_dtype),
+            embedding_init=nnx.initializers.normal(0.02),
+            rngs=rngs,
+        )
         self.layers = nnx.List([DecoderLayer(cfg, rngs, i) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
 
     # -------------------------------------------------------------------- backbone
-    def backbone(self, input_ids, positions, mask, kv_caches: Optional[Sequence] = None,
-                 write_index=0, inputs_embeds=None):
+    def backbone(
+        self,
+        input_ids,
+        positions,
+        mask,
+        kv_caches: Sequence | None = None,
+        write_index=0,
+        inputs_embeds=None,
+    ):
         """Embed, run every layer, final norm: ``-> (hidden [B,T,H], new_kv_caches)``.
 
         ``mask [B,T,S]`` (see ``Attention``; causal when there are no caches);
@@ -157,8 +175,15 @@ class Transformer(nnx.Module):
             x = remat_call(_layer_call, layer, x, positions, mask, policy=policy)
         return constrain_activations(x)
 
-    def hidden_states(self, input_ids, attention_mask=None, positions=None,
-                      inputs_embeds=None, images=None, row_images=None) -> jnp.ndarray:
+    def hidden_states(
+        self,
+        input_ids,
+        attention_mask=None,
+        positions=None,
+        inputs_embeds=None,
+        images=None,
+        row_images=None,
+    ) -> jnp.ndarray:
         """Final-norm hidden states ``[B,T,H]`` (in ``config.dtype``). ``images`` /
         ``row_images`` are for the vision-language subclass; a text-only model raises if
         given any."""
@@ -170,12 +195,15 @@ class Transformer(nnx.Module):
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, jnp.int32)
         if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask shape {attention_mask.shape} must equal "
-                             f"input_ids shape {input_ids.shape}")
+            raise ValueError(
+                f"attention_mask shape {attention_mask.shape} must equal "
+                f"input_ids shape {input_ids.shape}"
+            )
         if positions is None:
             positions = default_positions(attention_mask)
-        h, _ = self.backbone(input_ids, positions, causal_padding_mask(attention_mask),
-                             inputs_embeds=inputs_embeds)
+        h, _ = self.backbone(
+            input_ids, positions, causal_padding_mask(attention_mask), inputs_embeds=inputs_embeds
+        )
         return h
 
     # ------------------------------------------------------------------ output head
@@ -189,10 +217,13 @@ class Transformer(nnx.Module):
         """``logits = hidden @ W_out`` in float32 (float64 for a float64 model)
         (``[..., H] -> [..., V]``)."""
         w = self.lm_head_weight().astype(hidden.dtype)
-        return jnp.einsum("...h,hv->...v", hidden, w,
-                          preferred_element_type=jnp.promote_types(hidden.dtype, jnp.float32))
+        return jnp.einsum(
+            "...h,hv->...v",
+            hidden,
+            w,
+            preferred_element_type=jnp.promote_types(hidden.dtype, jnp.float32),
+        )
 
     def __call__(self, input_ids, attention_mask=None, positions=None, images=None) -> jnp.ndarray:
         """``logits [B,T,V]`` float32; ``attention_mask`` 1 = token, 0 = padding (left or right)."""
-        return self.project(self.hidden_states(input_ids, attention_mask, positions,
-                                               images=images))
+        return self.project(self.hidden_states(input_ids, attention_mask, positions, images=images))

@@ -24,9 +24,8 @@ frame for full attention), attends within each row, and scatters the result back
 cost is ``G * L^2`` -- linear in the number of windows, and per image (not per batch)
 quadratic for the full-attention blocks.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +48,7 @@ class ImageBatch:
     the patches of its own row. Patches beyond the real ones (padding to a fixed ``N``)
     are in no group and never read back.
     """
+
     pixel_values: jnp.ndarray
     patch_positions: jnp.ndarray
     full_groups: jnp.ndarray
@@ -62,13 +62,16 @@ def check_grid(image_grid_thw, vision: VisionConfig) -> np.ndarray:
     m = vision.spatial_merge_size
     bad = [tuple(r) for r in g.tolist() if r[0] < 1 or r[1] % m or r[2] % m or min(r) < 1]
     if bad:
-        raise ValueError(f"image_grid_thw rows {bad[:4]} must be (t >= 1, h, w) with h and w "
-                         f"positive multiples of spatial_merge_size={m}")
+        raise ValueError(
+            f"image_grid_thw rows {bad[:4]} must be (t >= 1, h, w) with h and w "
+            f"positive multiples of spatial_merge_size={m}"
+        )
     return g
 
 
-def vision_layout(image_grid_thw, vision: VisionConfig, num_patches: Optional[int] = None
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def vision_layout(
+    image_grid_thw, vision: VisionConfig, num_patches: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per patch, in processor order: ``(positions [N,2], full_segment [N], window_segment [N])``.
 
     For a patch at row ``r``, column ``c`` of frame ``f`` of image ``i``:
@@ -86,8 +89,9 @@ def vision_layout(image_grid_thw, vision: VisionConfig, num_patches: Optional[in
     n_full = n_win = 0
     for t, h, w in grid.tolist():
         # processor order (h/m, w/m, m, m) within a frame
-        bh, bw, i, j = np.meshgrid(np.arange(h // m), np.arange(w // m), np.arange(m),
-                                   np.arange(m), indexing="ij")
+        bh, bw, i, j = np.meshgrid(
+            np.arange(h // m), np.arange(w // m), np.arange(m), np.arange(m), indexing="ij"
+        )
         rows, cols = (bh * m + i).reshape(-1), (bw * m + j).reshape(-1)
         for _ in range(t):
             pos.append(np.stack([rows, cols], axis=-1))
@@ -106,8 +110,10 @@ def vision_layout(image_grid_thw, vision: VisionConfig, num_patches: Optional[in
     n = positions.shape[0]
     if num_patches is not None:
         if num_patches < n or num_patches % (m * m):
-            raise ValueError(f"num_patches={num_patches} must be >= the {n} real patches and "
-                             f"a multiple of spatial_merge_size**2={m * m}")
+            raise ValueError(
+                f"num_patches={num_patches} must be >= the {n} real patches and "
+                f"a multiple of spatial_merge_size**2={m * m}"
+            )
         pad = num_patches - n
         positions = np.pad(positions, ((0, pad), (0, 0)))
         full_seg = np.pad(full_seg, (0, pad), constant_values=-1)
@@ -138,12 +144,13 @@ def _pow2(n: int) -> int:
 
 def _pad_groups(groups: np.ndarray, rows: int, cols: int) -> np.ndarray:
     out = np.full((rows, cols), -1, np.int32)
-    out[:groups.shape[0], :groups.shape[1]] = groups
+    out[: groups.shape[0], : groups.shape[1]] = groups
     return out
 
 
-def image_batch(pixel_values, image_grid_thw, vision: VisionConfig,
-                bucket: bool = False) -> ImageBatch:
+def image_batch(
+    pixel_values, image_grid_thw, vision: VisionConfig, bucket: bool = False
+) -> ImageBatch:
     """Check ``pixel_values [N, patch_dim]`` against the grids and build the ``ImageBatch``.
 
     ``bucket=True`` pads every shape to a power of two (the patch count to ``m^2`` times
@@ -154,10 +161,12 @@ def image_batch(pixel_values, image_grid_thw, vision: VisionConfig,
     grid = check_grid(image_grid_thw, vision)
     n = int(np.prod(grid, axis=1).sum())
     if pv.ndim != 2 or pv.shape != (n, vision.patch_dim):
-        raise ValueError(f"pixel_values has shape {pv.shape}; image_grid_thw {grid.tolist()} "
-                         f"needs ({n}, {vision.patch_dim}) = (sum t*h*w, in_channels * "
-                         f"temporal_patch_size * patch_size**2) as the Qwen2-VL processor writes")
-    m2 = vision.spatial_merge_size ** 2
+        raise ValueError(
+            f"pixel_values has shape {pv.shape}; image_grid_thw {grid.tolist()} "
+            f"needs ({n}, {vision.patch_dim}) = (sum t*h*w, in_channels * "
+            f"temporal_patch_size * patch_size**2) as the Qwen2-VL processor writes"
+        )
+    m2 = vision.spatial_merge_size**2
     num_patches = m2 * _pow2(n // m2) if bucket else None
     positions, full, win = vision_layout(grid, vision, num_patches)
     full_g, win_g = attention_groups(full), attention_groups(win)
@@ -167,9 +176,12 @@ def image_batch(pixel_values, image_grid_thw, vision: VisionConfig,
         side = vision.window_size // vision.patch_size if vision.kind == "qwen2_5_vl" else 0
         win_cols = side * side if side else _pow2(win_g.shape[1])
         win_g = _pad_groups(win_g, _pow2(win_g.shape[0]), max(win_cols, win_g.shape[1]))
-    return ImageBatch(pixel_values=jnp.asarray(pv, jnp.float32),
-                      patch_positions=jnp.asarray(positions),
-                      full_groups=jnp.asarray(full_g), window_groups=jnp.asarray(win_g))
+    return ImageBatch(
+        pixel_values=jnp.asarray(pv, jnp.float32),
+        patch_positions=jnp.asarray(positions),
+        full_groups=jnp.asarray(full_g),
+        window_groups=jnp.asarray(win_g),
+    )
 
 
 def quick_gelu(x):
@@ -177,8 +189,11 @@ def quick_gelu(x):
     return x * jax.nn.sigmoid(1.702 * x)
 
 
-_ACTIVATIONS = {"quick_gelu": quick_gelu, "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-                "silu": jax.nn.silu}
+_ACTIVATIONS = {
+    "quick_gelu": quick_gelu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "silu": jax.nn.silu,
+}
 
 
 def _norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs):
@@ -186,8 +201,13 @@ def _norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs):
     v = cfg.vision
     if v.kind == "qwen2_5_vl":
         return RMSNorm(dim, v.norm_eps, cfg.dtype, cfg.param_dtype)
-    return nnx.LayerNorm(dim, epsilon=v.norm_eps, dtype=dtype_of(cfg.dtype),
-                         param_dtype=dtype_of(cfg.param_dtype), rngs=rngs)
+    return nnx.LayerNorm(
+        dim,
+        epsilon=v.norm_eps,
+        dtype=dtype_of(cfg.dtype),
+        param_dtype=dtype_of(cfg.param_dtype),
+        rngs=rngs,
+    )
 
 
 class GeluMLP(nnx.Module):
@@ -231,8 +251,9 @@ class VisionAttention(nnx.Module):
         valid = groups >= 0
         idx = jnp.where(valid, groups, 0)
         mask = valid[:, None, :] & valid[:, :, None]
-        out = attention_weights_apply(q[idx], k[idx], qkv[:, 2][idx], mask,
-                                      self.query_chunk)   # [G,L,heads,D]
+        out = attention_weights_apply(
+            q[idx], k[idx], qkv[:, 2][idx], mask, self.query_chunk
+        )  # [G,L,heads,D]
         # padding slots write to a spare row N, dropped
         y = jnp.zeros((N + 1, self.heads, D), out.dtype).at[jnp.where(valid, groups, N)].set(out)
         return self.proj(y[:N].reshape(N, W))
@@ -260,7 +281,7 @@ class PatchMerger(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         v = cfg.vision
-        wide = v.hidden_size * v.spatial_merge_size ** 2
+        wide = v.hidden_size * v.spatial_merge_size**2
         self.ln_q = _norm(cfg, v.hidden_size, rngs)
         self.mlp_in = _linear(cfg, wide, wide, True, rngs)
         self.mlp_out = _linear(cfg, wide, v.out_hidden_size, True, rngs)
@@ -289,11 +310,11 @@ class VisionTower(nnx.Module):
 
     def __call__(self, images: ImageBatch) -> jnp.ndarray:
         from .transformer import remat_call
+
         x = self.patch_embed(images.pixel_values.astype(dtype_of(self.dtype)))
         pos = images.patch_positions
         for i, block in enumerate(self.blocks):
-            groups = (images.full_groups if self.vision.full_attention(i)
-                      else images.window_groups)
+            groups = images.full_groups if self.vision.full_attention(i) else images.window_groups
             if self.remat_policy == "none":
                 x = _block_call(block, x, pos, groups)
             else:

@@ -14,9 +14,8 @@ against the grids and returns ``positions`` and the ``ImageBatch``; the jitted f
 takes those as arrays. Parameter paths are the decoder's plus ``visual/...``, so the
 decoder's sharding rules and name map apply unchanged.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +28,7 @@ from .vision import ImageBatch, VisionTower, check_grid, image_batch
 
 def image_token_counts(image_grid_thw, config: ModelConfig) -> list[int]:
     """Placeholders per image: ``t * h * w / spatial_merge_size**2`` (one per merged block)."""
-    m2 = config.vision.spatial_merge_size ** 2
+    m2 = config.vision.spatial_merge_size**2
     return [int(np.prod(g)) // m2 for g in check_grid(image_grid_thw, config.vision).tolist()]
 
 
@@ -52,8 +51,9 @@ def expand_image_tokens(token_ids, image_grid_thw, config: ModelConfig) -> list[
     return out
 
 
-def mrope_positions(input_ids, attention_mask, image_grid_thw, config: ModelConfig
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def mrope_positions(
+    input_ids, attention_mask, image_grid_thw, config: ModelConfig
+) -> tuple[np.ndarray, np.ndarray]:
     """3-axis RoPE positions ``[B, T, 3]`` (int32) and each row's ``delta [B]``.
 
     The rule of transformers' ``Qwen2_5_VLModel.get_rope_index`` for images: walking the
@@ -88,11 +88,13 @@ def mrope_positions(input_ids, attention_mask, image_grid_thw, config: ModelConf
                 raise ValueError(f"row {b}: more image placeholder runs than image_grid_thw rows")
             t, h, w = g[0], g[1] // m, g[2] // m
             n = t * h * w
-            if k + n > len(toks) or not np.all(toks[k:k + n] == config.image_token_id):
-                raise ValueError(f"row {b}: image of grid {tuple(g)} needs {n} consecutive "
-                                 f"image tokens (id {config.image_token_id}) at real token {k}")
+            if k + n > len(toks) or not np.all(toks[k : k + n] == config.image_token_id):
+                raise ValueError(
+                    f"row {b}: image of grid {tuple(g)} needs {n} consecutive "
+                    f"image tokens (id {config.image_token_id}) at real token {k}"
+                )
             kk, ii, jj = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
-            pos[k:k + n] = p + np.stack([kk, ii, jj], -1).reshape(n, 3)
+            pos[k : k + n] = p + np.stack([kk, ii, jj], -1).reshape(n, 3)
             p, k = p + max(h, w), k + n
         out[b, real] = pos
         deltas[b] = (pos.max() + 1 - len(real)) if len(real) else 0
@@ -101,8 +103,14 @@ def mrope_positions(input_ids, attention_mask, image_grid_thw, config: ModelConf
     return out, deltas
 
 
-def vl_inputs(config: ModelConfig, input_ids, attention_mask=None, pixel_values=None,
-              image_grid_thw=None, bucket: bool = False) -> dict:
+def vl_inputs(
+    config: ModelConfig,
+    input_ids,
+    attention_mask=None,
+    pixel_values=None,
+    image_grid_thw=None,
+    bucket: bool = False,
+) -> dict:
     """``{"positions": [B,T,3], "images": ImageBatch or None}`` for ``VisionLanguageModel``.
 
     Checks that every image has exactly its placeholders (``t*h*w / m^2`` image tokens,
@@ -117,19 +125,25 @@ def vl_inputs(config: ModelConfig, input_ids, attention_mask=None, pixel_values=
     mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
     real = mask.astype(bool)
     if config.video_token_id is not None and np.any((ids == config.video_token_id) & real):
-        raise ValueError(f"input_ids hold video tokens (id {config.video_token_id}); only images "
-                         "are supported")
+        raise ValueError(
+            f"input_ids hold video tokens (id {config.video_token_id}); only images are supported"
+        )
     n_tokens = int(np.sum((ids == config.image_token_id) & real))
     if (pixel_values is None) != (image_grid_thw is None):
         raise ValueError("pixel_values and image_grid_thw go together; pass both or neither")
     n_feats = 0 if image_grid_thw is None else sum(image_token_counts(image_grid_thw, config))
     if n_tokens != n_feats:
-        raise ValueError(f"the prompts hold {n_tokens} image tokens (id {config.image_token_id}) "
-                         f"but image_grid_thw gives {n_feats} image features; build input_ids "
-                         "and pixel_values with the same processor call")
+        raise ValueError(
+            f"the prompts hold {n_tokens} image tokens (id {config.image_token_id}) "
+            f"but image_grid_thw gives {n_feats} image features; build input_ids "
+            "and pixel_values with the same processor call"
+        )
     positions, _ = mrope_positions(ids, mask, image_grid_thw, config)
-    images = None if pixel_values is None else image_batch(pixel_values, image_grid_thw,
-                                                           config.vision, bucket)
+    images = (
+        None
+        if pixel_values is None
+        else image_batch(pixel_values, image_grid_thw, config.vision, bucket)
+    )
     return {"positions": jnp.asarray(positions), "images": images}
 
 
@@ -152,9 +166,13 @@ def flatten_row_images(rows: ImageBatch) -> ImageBatch:
 
     def shift(g):
         return jnp.where(g >= 0, g + off, -1).reshape(-1, g.shape[-1])
-    return ImageBatch(pixel_values=rows.pixel_values.reshape(B * N, -1),
-                      patch_positions=rows.patch_positions.reshape(B * N, 2),
-                      full_groups=shift(rows.full_groups), window_groups=shift(rows.window_groups))
+
+    return ImageBatch(
+        pixel_values=rows.pixel_values.reshape(B * N, -1),
+        patch_positions=rows.patch_positions.reshape(B * N, 2),
+        full_groups=shift(rows.full_groups),
+        window_groups=shift(rows.window_groups),
+    )
 
 
 def scatter_row_image_features(embeds, input_ids, attention_mask, features, image_token_id: int):
@@ -171,8 +189,9 @@ class VisionLanguageModel(Transformer):
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         if not config.is_vision_language:
-            raise ValueError(f"VisionLanguageModel needs a VL config, got model_type "
-                             f"{config.model_type!r}")
+            raise ValueError(
+                f"VisionLanguageModel needs a VL config, got model_type {config.model_type!r}"
+            )
         super().__init__(config, rngs)
         self.visual = VisionTower(config, rngs)
 
@@ -180,9 +199,15 @@ class VisionLanguageModel(Transformer):
         """``[N / m^2, H]``: one language-model embedding per merged patch block."""
         return self.visual(images)
 
-    def hidden_states(self, input_ids, attention_mask=None, positions=None, inputs_embeds=None,
-                      images: Optional[ImageBatch] = None,
-                      row_images: Optional[ImageBatch] = None) -> jnp.ndarray:
+    def hidden_states(
+        self,
+        input_ids,
+        attention_mask=None,
+        positions=None,
+        inputs_embeds=None,
+        images: ImageBatch | None = None,
+        row_images: ImageBatch | None = None,
+    ) -> jnp.ndarray:
         """Final-norm hidden states ``[B,T,H]``. ``positions [B,T,3]`` from ``vl_inputs``
         (``[B,T]`` is accepted for text-only prompts); ``images`` from ``vl_inputs``; or
         ``row_images``, each row's images on a leading batch axis (the train batch's layout,
@@ -195,21 +220,28 @@ class VisionLanguageModel(Transformer):
                 raise ValueError("row_images needs positions= and excludes images=")
             B, N = row_images.pixel_values.shape[:2]
             feats = self.image_features(flatten_row_images(row_images))
-            feats = feats.reshape(B, N // self.config.vision.spatial_merge_size ** 2, -1)
+            feats = feats.reshape(B, N // self.config.vision.spatial_merge_size**2, -1)
             if inputs_embeds is None:
                 inputs_embeds = self.embed(input_ids)
-            inputs_embeds = scatter_row_image_features(inputs_embeds, input_ids, attention_mask,
-                                                       feats, self.config.image_token_id)
+            inputs_embeds = scatter_row_image_features(
+                inputs_embeds, input_ids, attention_mask, feats, self.config.image_token_id
+            )
         if images is not None:
             if positions is None:
-                raise ValueError("images need their 3-axis positions: pass positions= from "
-                                 "vl_inputs(config, input_ids, attention_mask, pixel_values, "
-                                 "image_grid_thw)")
+                raise ValueError(
+                    "images need their 3-axis positions: pass positions= from "
+                    "vl_inputs(config, input_ids, attention_mask, pixel_values, "
+                    "image_grid_thw)"
+                )
             if inputs_embeds is None:
                 inputs_embeds = self.embed(input_ids)
-            inputs_embeds = scatter_image_features(inputs_embeds, input_ids, attention_mask,
-                                                   self.image_features(images),
-                                                   self.config.image_token_id)
+            inputs_embeds = scatter_image_features(
+                inputs_embeds,
+                input_ids,
+                attention_mask,
+                self.image_features(images),
+                self.config.image_token_id,
+            )
         return super().hidden_states(input_ids, attention_mask, positions, inputs_embeds)
 
 

@@ -9,17 +9,19 @@ the ``<information>`` block of its observation is shown as a numbered list of th
 retrieved documents (title in bold; a gold passage of the row's
 ``extra_info.gold_titles`` marked). All text is HTML-escaped.
 """
+
 from __future__ import annotations
 
 import html
 import json
 import os
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
-from tool_server.retrieval.format import parse_information
 from tool_server.kit.tags import last_tag_body
+from tool_server.retrieval.format import parse_information
 from verltool_jax.rollout.response_text import response_segments
 
 _DATA_URL_RE = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,[A-Za-z0-9+/=\s]+")
@@ -101,6 +103,7 @@ def prompt_image_urls(t: Any) -> list[str]:
     (``Trajectory.images`` with source ``"prompt"``; their ``image.image`` is a PIL image)."""
     import base64
     import io
+
     out = []
     for im in _get(t, "images") or []:
         pil = getattr(getattr(im, "image", None), "image", None)
@@ -115,11 +118,14 @@ def prompt_image_urls(t: Any) -> list[str]:
 def _prompt_html(t: Any, tokenizer) -> str:
     data = _get(t, "data") or {}
     messages = data.get("prompt") if isinstance(data, Mapping) else None
-    imgs = "".join(f'<div class="label">prompt image {k}</div><img alt="prompt image" '
-                   f'src="{_e(u)}">' for k, u in enumerate(prompt_image_urls(t)))
+    imgs = "".join(
+        f'<div class="label">prompt image {k}</div><img alt="prompt image" src="{_e(u)}">'
+        for k, u in enumerate(prompt_image_urls(t))
+    )
     if messages:
-        return imgs + "".join(_block("msg", m.get("role", "?"), m.get("content", ""))
-                              for m in messages)
+        return imgs + "".join(
+            _block("msg", m.get("role", "?"), m.get("content", "")) for m in messages
+        )
     ids = _get(t, "prompt_ids") or []
     if tokenizer is not None:
         return _block("msg", "prompt", tokenizer.decode(list(ids), skip_special_tokens=False))
@@ -143,13 +149,16 @@ def _response_html(t: Any, tokenizer) -> str:
         actions, observations = _get(t, "actions") or [], _get(t, "observations") or []
         for i in range(max(len(actions), len(observations))):
             if i < len(actions):
-                parts.append(_block("action", _action_label(f"action {i + 1}", actions[i]),
-                                    actions[i]))
+                parts.append(
+                    _block("action", _action_label(f"action {i + 1}", actions[i]), actions[i])
+                )
             if i < len(observations):
                 parts.append(_obs_html(f"observation {i + 1}", observations[i], gold))
     for turn, url in image_urls(_get(t, "extras") or []):
-        parts.append(f'<div class="label">image (turn {_e(turn)})</div>'
-                     f'<img alt="observation image" src="{_e(url)}">')
+        parts.append(
+            f'<div class="label">image (turn {_e(turn)})</div>'
+            f'<img alt="observation image" src="{_e(url)}">'
+        )
     return "".join(parts) or "<p><i>(empty response)</i></p>"
 
 
@@ -161,44 +170,65 @@ def _summary(i: int, t: Any) -> str:
     r = "n/a" if reward is None else f"{reward:.3f}"
     data = _get(t, "data") or {}
     gt = (data.get("reward_model") or {}).get("ground_truth") if isinstance(data, Mapping) else None
-    return (f'#{i} <span class="{cls}">reward {_e(r)}</span> · {_e(_get(t, "termination") or "?")}'
-            f' · turns {_e(_get(t, "num_turns", 0))} · tool calls {_e(_get(t, "tool_calls", 0))}'
-            f' ({_e(_get(t, "invalid_tool_calls", 0))} invalid)'
-            + (f" · truth {_e(gt)}" if gt is not None else "")
-            + f' · <code>{_e(_get(t, "trajectory_id", ""))}</code>')
+    return (
+        f'#{i} <span class="{cls}">reward {_e(r)}</span> · {_e(_get(t, "termination") or "?")}'
+        f" · turns {_e(_get(t, 'num_turns', 0))} · tool calls {_e(_get(t, 'tool_calls', 0))}"
+        f" ({_e(_get(t, 'invalid_tool_calls', 0))} invalid)"
+        + (f" · truth {_e(gt)}" if gt is not None else "")
+        + f" · <code>{_e(_get(t, 'trajectory_id', ''))}</code>"
+    )
 
 
 def _details_table(t: Any) -> str:
-    rows = {"group": _get(t, "group_id"), "reward info": json.dumps(
-        _get(t, "reward_info") or {}, default=str, sort_keys=True),
+    rows = {
+        "group": _get(t, "group_id"),
+        "reward info": json.dumps(_get(t, "reward_info") or {}, default=str, sort_keys=True),
         "policy versions": sorted({v for v in (_get(t, "versions") or []) if v >= 0}),
         "response tokens": len(_get(t, "response_ids") or []),
-        "wall time (s)": _get(t, "wall_time_s"), "error": _get(t, "error")}
-    return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>"
-                               for k, v in rows.items() if v not in (None, "")) + "</table>"
+        "wall time (s)": _get(t, "wall_time_s"),
+        "error": _get(t, "error"),
+    }
+    return (
+        "<table>"
+        + "".join(
+            f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>"
+            for k, v in rows.items()
+            if v not in (None, "")
+        )
+        + "</table>"
+    )
 
 
-def render_report(trajectories: Iterable[Any], title: str = "Trajectories",
-                  tokenizer=None, open_first: int = 3) -> str:
+def render_report(
+    trajectories: Iterable[Any], title: str = "Trajectories", tokenizer=None, open_first: int = 3
+) -> str:
     """The HTML page as a string (see the module doc)."""
     trajs = list(trajectories)
     rewards = [r for r in (_get(t, "reward") for t in trajs) if r is not None]
     mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "n/a"
-    body = [f"<h1>{_e(title)}</h1>",
-            f"<p>{len(trajs)} trajectories · mean reward {_e(mean)}</p>"]
+    body = [f"<h1>{_e(title)}</h1>", f"<p>{len(trajs)} trajectories · mean reward {_e(mean)}</p>"]
     for i, t in enumerate(trajs):
         opened = " open" if i < open_first else ""
-        body.append(f'<details class="traj"{opened}><summary>{_summary(i, t)}</summary>'
-                    f"<h3>Prompt</h3>{_prompt_html(t, tokenizer)}"
-                    f"<h3>Response</h3>{_response_html(t, tokenizer)}"
-                    f"<h3>Details</h3>{_details_table(t)}</details>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
-            + "\n".join(body) + "</body></html>\n")
+        body.append(
+            f'<details class="traj"{opened}><summary>{_summary(i, t)}</summary>'
+            f"<h3>Prompt</h3>{_prompt_html(t, tokenizer)}"
+            f"<h3>Response</h3>{_response_html(t, tokenizer)}"
+            f"<h3>Details</h3>{_details_table(t)}</details>"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )
 
 
-def write_trajectory_report(trajectories: Iterable[Any], html_path: str | os.PathLike,
-                            title: str = "Trajectories", tokenizer: Optional[Any] = None) -> Path:
+def write_trajectory_report(
+    trajectories: Iterable[Any],
+    html_path: str | os.PathLike,
+    title: str = "Trajectories",
+    tokenizer: Any | None = None,
+) -> Path:
     """Write :func:`render_report` to ``html_path``; returns the path."""
     path = Path(html_path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,10 +4,12 @@
 Models Trained on Code", the Codex paper, section 2.1); ``set_metrics`` groups scored
 trajectories by their row's ``data_source`` (the test set) and summarises each set.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,28 +63,40 @@ def set_metrics(groups: Sequence[Sequence[Any]], k: int = 1) -> dict[str, dict[s
         gs = by_set[name]
         trajs = [t for g in gs for t in g]
         calls = sum(t.tool_calls for t in trajs)
-        m = {"problems": len(gs), "samples": len(trajs),
-             "acc": float(np.mean([is_correct(t) for t in trajs])),
-             "tool_call_rate": float(np.mean([t.tool_calls > 0 for t in trajs])),
-             "invalid_call_rate": sum(t.invalid_tool_calls for t in trajs) / calls if calls else 0.0,
-             "turns": float(np.mean([t.num_turns for t in trajs])),
-             "response_len": float(np.mean([len(t.response_ids) for t in trajs]))}
+        m = {
+            "problems": len(gs),
+            "samples": len(trajs),
+            "acc": float(np.mean([is_correct(t) for t in trajs])),
+            "tool_call_rate": float(np.mean([t.tool_calls > 0 for t in trajs])),
+            "invalid_call_rate": sum(t.invalid_tool_calls for t in trajs) / calls if calls else 0.0,
+            "turns": float(np.mean([t.num_turns for t in trajs])),
+            "response_len": float(np.mean([len(t.response_ids) for t in trajs])),
+        }
         if all(len(g) >= k for g in gs):
-            m[f"pass@{k}"] = float(np.mean([pass_at_k(len(g), sum(map(is_correct, g)), k)
-                                            for g in gs]))
+            m[f"pass@{k}"] = float(
+                np.mean([pass_at_k(len(g), sum(map(is_correct, g)), k) for g in gs])
+            )
         out[name] = m
     return out
 
 
 def format_set_table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     """A plain-text table: one line per (mode, set) of ``{mode: set_metrics(...)}``."""
-    cols = ("problems", "samples", "acc", "tool_call_rate", "invalid_call_rate", "turns",
-            "response_len")
+    cols = (
+        "problems",
+        "samples",
+        "acc",
+        "tool_call_rate",
+        "invalid_call_rate",
+        "turns",
+        "response_len",
+    )
     lines = []
     for mode, sets in results.items():
         for name, m in sets.items():
             extra = {k: v for k, v in m.items() if k.startswith("pass@")}
-            parts = [f"{c}={m[c]:.3f}" if isinstance(m[c], float) else f"{c}={m[c]}"
-                     for c in cols] + [f"{k}={v:.3f}" for k, v in extra.items()]
+            parts = [
+                f"{c}={m[c]:.3f}" if isinstance(m[c], float) else f"{c}={m[c]}" for c in cols
+            ] + [f"{k}={v:.3f}" for k, v in extra.items()]
             lines.append(f"{mode:<10} {name:<10} " + " ".join(parts))
     return "\n".join(lines)

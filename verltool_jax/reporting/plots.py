@@ -1,10 +1,11 @@
 """Plots from metrics files: ``plot_metrics(jsonl, png)`` (one run: reward and accuracy per
 step) and ``plot_sweep(runs, png)`` (a sweep: held-out accuracy and reward per arm)."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from verltool_jax.reporting import names
 from verltool_jax.reporting.metrics_writer import read_metrics
@@ -21,22 +22,27 @@ def series(records: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def plot_metrics(jsonl_path: str | os.PathLike, png_path: str | os.PathLike,
-                 title: str = "") -> Path:
+def plot_metrics(
+    jsonl_path: str | os.PathLike, png_path: str | os.PathLike, title: str = ""
+) -> Path:
     """Write a PNG with two panels: mean reward, and train / eval accuracy, per step.
 
     Raises ValueError if the file has no reward or accuracy values to plot.
     """
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     records = read_metrics(jsonl_path)
-    panels = [("reward", [(names.REWARD, "train reward")]),
-              ("accuracy", [(names.ACC, "train acc"), (names.EVAL_ACC, "held-out acc")])]
+    panels = [
+        ("reward", [(names.REWARD, "train reward")]),
+        ("accuracy", [(names.ACC, "train acc"), (names.EVAL_ACC, "held-out acc")]),
+    ]
     if not any(series(records, k)[0] for _, keys in panels for k, _ in keys):
-        raise ValueError(f"{jsonl_path}: no {names.REWARD!r}, {names.ACC!r} or "
-                         f"{names.EVAL_ACC!r} values to plot")
+        raise ValueError(
+            f"{jsonl_path}: no {names.REWARD!r}, {names.ACC!r} or {names.EVAL_ACC!r} values to plot"
+        )
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, (ylabel, keys) in zip(axes, panels):
         for key, label in keys:
@@ -73,8 +79,9 @@ def trailing_mean(ys: Sequence[float], window: int) -> list[float]:
     return out
 
 
-def seed_mean_curve(curves: Sequence[tuple[Sequence[int], Sequence[float], Sequence[float]]]
-                    ) -> tuple[list[int], list[float], list[float]]:
+def seed_mean_curve(
+    curves: Sequence[tuple[Sequence[int], Sequence[float], Sequence[float]]],
+) -> tuple[list[int], list[float], list[float]]:
     """An arm's curve over its seeds: at each step every seed logged, the mean value and
     the mean wall time. ``curves``: ``(steps, seconds, values)`` per seed; steps a seed
     lacks are left out (a run that stopped early shortens the mean curve)."""
@@ -98,13 +105,15 @@ def _draw_curve(ax, curve, col: int, smooth: int, **kw) -> bool:
     smoothed = len(ys) >= 30 and smooth > 1
     if smoothed:
         ys = trailing_mean(ys, smooth)
-    ax.plot(steps if col == 0 else secs, ys, marker="o" if len(ys) < 30 else None,
-            markersize=3, **kw)
+    ax.plot(
+        steps if col == 0 else secs, ys, marker="o" if len(ys) < 30 else None, markersize=3, **kw
+    )
     return smoothed
 
 
-def plot_sweep(runs: Mapping[str, Sequence], png_path: str | os.PathLike,
-               title: str = "", smooth: int = 5) -> Path:
+def plot_sweep(
+    runs: Mapping[str, Sequence], png_path: str | os.PathLike, title: str = "", smooth: int = 5
+) -> Path:
     """One PNG for a sweep: held-out accuracy and train reward against step and against
     wall time (seconds since each run's first logged record), one colour per arm: a bold
     line for the mean over the arm's seeds (at the steps all of them logged; wall time is
@@ -116,14 +125,17 @@ def plot_sweep(runs: Mapping[str, Sequence], png_path: str | os.PathLike,
     Raises ValueError if no run has a reward or held-out accuracy curve.
     """
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = ((names.EVAL_ACC, "held-out accuracy"), (names.REWARD, "train reward"))
-    if not any(rec.curves.get(k, ([],))[0] for recs in runs.values() for rec in recs
-               for k, _ in keys):
-        raise ValueError(f"no run of the sweep has {names.REWARD!r} or {names.EVAL_ACC!r} "
-                         f"values to plot")
+    if not any(
+        rec.curves.get(k, ([],))[0] for recs in runs.values() for rec in recs for k, _ in keys
+    ):
+        raise ValueError(
+            f"no run of the sweep has {names.REWARD!r} or {names.EVAL_ACC!r} values to plot"
+        )
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for row, (key, ylabel) in enumerate(keys):
@@ -134,12 +146,19 @@ def plot_sweep(runs: Mapping[str, Sequence], png_path: str | os.PathLike,
                 colour = colours[i % len(colours)]
                 curves = [rec.curves.get(key, ([], [], [])) for rec in recs]
                 for c in curves if len(recs) > 1 else ():
-                    smoothed |= _draw_curve(ax, c, col, smooth, color=colour, alpha=0.25,
-                                            linewidth=0.8)
+                    smoothed |= _draw_curve(
+                        ax, c, col, smooth, color=colour, alpha=0.25, linewidth=0.8
+                    )
                 n = sum(1 for c in curves if c[0])
-                smoothed |= _draw_curve(ax, seed_mean_curve(curves), col, smooth,
-                                        color=colour, linewidth=2.0,
-                                        label=f"{arm} (mean of {n} seeds)" if n > 1 else arm)
+                smoothed |= _draw_curve(
+                    ax,
+                    seed_mean_curve(curves),
+                    col,
+                    smooth,
+                    color=colour,
+                    linewidth=2.0,
+                    label=f"{arm} (mean of {n} seeds)" if n > 1 else arm,
+                )
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel + (f" ({smooth}-step trailing mean)" if smoothed else ""))
             ax.grid(alpha=0.3)

@@ -1,11 +1,12 @@
 """The one-line progress display: step, reward, accuracy, tokens/s and the time split.
 
-    step 12/100 | reward 0.412 | acc 0.375 | 1.23k tok/s | rollout-wait 3.1s train 1.0s sync 0.2s
+step 12/100 | reward 0.412 | acc 0.375 | 1.23k tok/s | rollout-wait 3.1s train 1.0s sync 0.2s
 """
+
 from __future__ import annotations
 
 import sys
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from verltool_jax.reporting import names
 
@@ -17,7 +18,7 @@ def _si(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
 
 
-def format_progress(step: int, total: Optional[int], metrics: Mapping[str, float]) -> str:
+def format_progress(step: int, total: int | None, metrics: Mapping[str, float]) -> str:
     """The progress line; metrics that are absent are left out."""
     parts = [f"step {step}/{total}" if total else f"step {step}"]
     if metrics.get(names.REWARD) is not None:
@@ -28,9 +29,14 @@ def format_progress(step: int, total: Optional[int], metrics: Mapping[str, float
         parts.append(f"eval-acc {metrics[names.EVAL_ACC]:.3f}")
     if metrics.get(names.TOKENS_PER_S) is not None:
         parts.append(f"{_si(metrics[names.TOKENS_PER_S])} tok/s")
-    times = [(label, metrics.get(key)) for label, key in (
-        ("rollout-wait", names.TIME_ROLLOUT_WAIT), ("train", names.TIME_TRAIN),
-        ("sync", names.TIME_SYNC))]
+    times = [
+        (label, metrics.get(key))
+        for label, key in (
+            ("rollout-wait", names.TIME_ROLLOUT_WAIT),
+            ("train", names.TIME_TRAIN),
+            ("sync", names.TIME_SYNC),
+        )
+    ]
     times = [f"{label} {v:.1f}s" for label, v in times if v is not None]
     if times:
         parts.append(" ".join(times))
@@ -42,10 +48,17 @@ class ProgressBar:
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True, file=None):
         from tqdm import tqdm
+
         self.total = total
-        self._bar = tqdm(total=total, initial=initial, disable=not enabled, mininterval=0,
-                         dynamic_ncols=True, file=file if file is not None else sys.stderr,
-                         bar_format="{bar:20} {desc} [{elapsed}<{remaining}]")
+        self._bar = tqdm(
+            total=total,
+            initial=initial,
+            disable=not enabled,
+            mininterval=0,
+            dynamic_ncols=True,
+            file=file if file is not None else sys.stderr,
+            bar_format="{bar:20} {desc} [{elapsed}<{remaining}]",
+        )
 
     def update(self, step: int, metrics: Mapping[str, float]) -> str:
         """Move to ``step`` (the number of steps done) and show the metrics; returns the line."""

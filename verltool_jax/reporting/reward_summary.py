@@ -1,11 +1,12 @@
 """Batch reward metrics for logging (names from ``verltool_jax.reporting.names``).
 
-    reward/mean = mean score;  acc/mean = fraction correct;
-    reward/timeouts, reward/errors, reward/no_answer = counts;  reward/seconds_max
+reward/mean = mean score;  acc/mean = fraction correct;
+reward/timeouts, reward/errors, reward/no_answer = counts;  reward/seconds_max
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from verltool_jax.reporting import names
 from verltool_jax.rewards.base import RewardResult
@@ -26,6 +27,8 @@ def reward_metrics(results: Sequence[RewardResult], prefix: str = "") -> dict[st
         "reward/seconds_max": max(float(r.info.get("seconds", 0.0)) for r in results),
     }
     if prefix:
-        out = {(names.EVAL_ACC if k == names.ACC and prefix == "eval/" else prefix + k): v
-               for k, v in out.items()}
+        out = {
+            (names.EVAL_ACC if k == names.ACC and prefix == "eval/" else prefix + k): v
+            for k, v in out.items()
+        }
     return out

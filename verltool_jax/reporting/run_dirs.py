@@ -7,6 +7,7 @@ A run directory is what ``python -m verltool_jax.train`` writes into ``trainer.o
 ``config.json``. :func:`read_run` turns that into a :class:`RunRecord`, the unit the
 sweep tables and the reproduction table are built from.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,13 +15,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from verltool_jax.reporting import names
 from verltool_jax.reporting.metrics_writer import read_metrics
 
-DROPPED = "queue/dropped_stale"          # cumulative count of groups dropped as too stale
-STALENESS = "rollout/staleness_mean"     # mean policy lag of a step's trajectories
+DROPPED = "queue/dropped_stale"  # cumulative count of groups dropped as too stale
+STALENESS = "rollout/staleness_mean"  # mean policy lag of a step's trajectories
 
 # The per-run scalars the sweep table reports, in column order: (key, header).
 RUN_SCALARS = (
@@ -49,20 +49,21 @@ class RunRecord:
     * ``curves``: per metric, ``(steps, seconds since the run's first record, values)``
       for ``reward/mean`` and ``eval/acc``.
     """
+
     path: Path
-    eval_before: Optional[float] = None
-    eval_after: Optional[float] = None
-    reward: Optional[float] = None
-    tokens_per_s: Optional[float] = None
-    dropped_groups: Optional[float] = None
-    staleness: Optional[float] = None
-    wall_s: Optional[float] = None
+    eval_before: float | None = None
+    eval_after: float | None = None
+    reward: float | None = None
+    tokens_per_s: float | None = None
+    dropped_groups: float | None = None
+    staleness: float | None = None
+    wall_s: float | None = None
     steps: int = 0
     interrupted: bool = False
     config: dict = field(default_factory=dict)
     curves: dict = field(default_factory=dict)
 
-    def value(self, key: str) -> Optional[float]:
+    def value(self, key: str) -> float | None:
         return getattr(self, key)
 
 
@@ -77,13 +78,13 @@ def is_finished(run_dir: str | os.PathLike) -> bool:
         return False
 
 
-def _num(v) -> Optional[float]:
+def _num(v) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return float(v)
 
 
-def _mean(xs: list[float]) -> Optional[float]:
+def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
@@ -92,12 +93,19 @@ def read_run(run_dir: str | os.PathLike) -> RunRecord:
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
-        raise FileNotFoundError(f"{summary_path}: no summary.json (the run has not finished; "
-                                f"run it, or resume it with the same command)")
+        raise FileNotFoundError(
+            f"{summary_path}: no summary.json (the run has not finished; "
+            f"run it, or resume it with the same command)"
+        )
     s = json.loads(summary_path.read_text())
-    rec = RunRecord(path=run_dir, eval_before=_num(s.get("eval_before")),
-                    eval_after=_num(s.get("eval_after")), wall_s=_num(s.get("wall_s")),
-                    steps=int(s.get("steps", 0)), interrupted=bool(s.get("interrupted")))
+    rec = RunRecord(
+        path=run_dir,
+        eval_before=_num(s.get("eval_before")),
+        eval_after=_num(s.get("eval_after")),
+        wall_s=_num(s.get("wall_s")),
+        steps=int(s.get("steps", 0)),
+        interrupted=bool(s.get("interrupted")),
+    )
     cfg = run_dir / "config.json"
     if cfg.is_file():
         try:
@@ -110,14 +118,18 @@ def read_run(run_dir: str | os.PathLike) -> RunRecord:
     rl = [r for r in records if _num(r.get(names.REWARD)) is not None]
     rewards = [float(r[names.REWARD]) for r in rl]
     if rewards:
-        rec.reward = _mean(rewards[len(rewards) // 2:])
-    rec.tokens_per_s = _mean([float(r[names.TOKENS_PER_S]) for r in rl
-                              if _num(r.get(names.TOKENS_PER_S)) is not None])
+        rec.reward = _mean(rewards[len(rewards) // 2 :])
+    rec.tokens_per_s = _mean(
+        [float(r[names.TOKENS_PER_S]) for r in rl if _num(r.get(names.TOKENS_PER_S)) is not None]
+    )
     rec.staleness = _mean([float(r[STALENESS]) for r in rl if _num(r.get(STALENESS)) is not None])
     dropped = [float(r[DROPPED]) for r in rl if _num(r.get(DROPPED)) is not None]
     rec.dropped_groups = dropped[-1] if dropped else (0.0 if rl else None)
     for key in (names.REWARD, names.EVAL_ACC):
-        pts = [(int(r["step"]), float(r["time"]) - t0, float(r[key])) for r in records
-               if _num(r.get(key)) is not None and _num(r.get("time")) is not None]
+        pts = [
+            (int(r["step"]), float(r["time"]) - t0, float(r[key]))
+            for r in records
+            if _num(r.get(key)) is not None and _num(r.get("time")) is not None
+        ]
         rec.curves[key] = ([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts])
     return rec

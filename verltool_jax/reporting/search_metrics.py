@@ -13,14 +13,16 @@ Per data set (``data["data_source"]``) and over all (``"all"``):
   ``<information>`` block; ``gold_all_retrieved``: share where every gold passage did;
   passages are matched by title.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from tool_server.kit.tags import last_tag_body
 from tool_server.retrieval.format import parse_information
 from tool_server.retrieval.sources import clean_text
-from tool_server.kit.tags import last_tag_body
 from verltool_jax.rewards.answer_extraction import extract_answer
 from verltool_jax.rewards.qa_reward import exact_match, f1_score, gold_answers
 from verltool_jax.rollout.response_text import model_text
@@ -34,8 +36,9 @@ def _get(t: Any, key: str, default: Any = None) -> Any:
 
 def retrieved_titles(observations: Sequence[str]) -> list[list[str]]:
     """The titles of the documents in each observation (an empty list for other tools)."""
-    return [[title for block in parse_information(obs) for title, _ in block]
-            for obs in observations]
+    return [
+        [title for block in parse_information(obs) for title, _ in block] for obs in observations
+    ]
 
 
 def count_searches(actions: Sequence[str], tag: str = "search") -> int:
@@ -49,20 +52,28 @@ def trajectory_record(t: Any, text: str, tag: str = "search") -> dict:
     golds = gold_answers(data["reward_model"]["ground_truth"])
     pred = extract_answer(text)
     gold_titles = {clean_text(x) for x in (data.get("extra_info") or {}).get("gold_titles") or ()}
-    seen = {clean_text(x) for titles in retrieved_titles(_get(t, "observations") or [])
-            for x in titles}
-    rec = {"data_source": data.get("data_source", "?"), "answered": pred is not None,
-           "em": exact_match(pred, golds) if pred is not None else 0.0,
-           "f1": f1_score(pred, golds) if pred is not None else 0.0,
-           "searches": count_searches(_get(t, "actions") or [], tag)}
+    seen = {
+        clean_text(x) for titles in retrieved_titles(_get(t, "observations") or []) for x in titles
+    }
+    rec = {
+        "data_source": data.get("data_source", "?"),
+        "answered": pred is not None,
+        "em": exact_match(pred, golds) if pred is not None else 0.0,
+        "f1": f1_score(pred, golds) if pred is not None else 0.0,
+        "searches": count_searches(_get(t, "actions") or [], tag),
+    }
     if gold_titles:
         rec["gold_any"] = bool(gold_titles & seen)
         rec["gold_all"] = gold_titles <= seen
     return rec
 
 
-def search_qa_metrics(trajectories: Sequence[Any], texts: Optional[Sequence[str]] = None,
-                      tokenizer=None, tag: str = "search") -> dict[str, dict]:
+def search_qa_metrics(
+    trajectories: Sequence[Any],
+    texts: Sequence[str] | None = None,
+    tokenizer=None,
+    tag: str = "search",
+) -> dict[str, dict]:
     """``{data_source | "all": {"n", "em", "f1", "answered", "searches"[, "n_gold",
     "gold_retrieved", "gold_all_retrieved"]}}`` (definitions in the module doc).
     ``texts``: the model's own text per trajectory; else decoded with ``tokenizer``."""
@@ -70,8 +81,9 @@ def search_qa_metrics(trajectories: Sequence[Any], texts: Optional[Sequence[str]
     if texts is None:
         if tokenizer is None:
             raise ValueError("search_qa_metrics needs the model texts or a tokenizer")
-        texts = [model_text(_get(t, "response_ids"), _get(t, "loss_mask"), tokenizer)
-                 for t in trajs]
+        texts = [
+            model_text(_get(t, "response_ids"), _get(t, "loss_mask"), tokenizer) for t in trajs
+        ]
     if len(texts) != len(trajs):
         raise ValueError(f"{len(trajs)} trajectories but {len(texts)} texts")
     groups: dict[str, list[dict]] = defaultdict(list)
@@ -82,22 +94,36 @@ def search_qa_metrics(trajectories: Sequence[Any], texts: Optional[Sequence[str]
     out = {}
     for ds, recs in groups.items():
         n = len(recs)
-        row = {"n": n, "em": sum(r["em"] for r in recs) / n, "f1": sum(r["f1"] for r in recs) / n,
-               "answered": sum(r["answered"] for r in recs) / n,
-               "searches": sum(r["searches"] for r in recs) / n}
+        row = {
+            "n": n,
+            "em": sum(r["em"] for r in recs) / n,
+            "f1": sum(r["f1"] for r in recs) / n,
+            "answered": sum(r["answered"] for r in recs) / n,
+            "searches": sum(r["searches"] for r in recs) / n,
+        }
         gold = [r for r in recs if "gold_any" in r]
         if gold:
-            row.update(n_gold=len(gold),
-                       gold_retrieved=sum(r["gold_any"] for r in gold) / len(gold),
-                       gold_all_retrieved=sum(r["gold_all"] for r in gold) / len(gold))
+            row.update(
+                n_gold=len(gold),
+                gold_retrieved=sum(r["gold_any"] for r in gold) / len(gold),
+                gold_all_retrieved=sum(r["gold_all"] for r in gold) / len(gold),
+            )
         out[ds] = row
     return out
 
 
 def format_search_metrics(table: Mapping[str, Mapping]) -> str:
     """The table as aligned text, one line per data set (``all`` last)."""
-    cols = ("n", "em", "f1", "answered", "searches", "n_gold", "gold_retrieved",
-            "gold_all_retrieved")
+    cols = (
+        "n",
+        "em",
+        "f1",
+        "answered",
+        "searches",
+        "n_gold",
+        "gold_retrieved",
+        "gold_all_retrieved",
+    )
     widths = [max(8, len(c) + 2) for c in cols]
     lines = [f"{'data set':<18}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths))]
     for ds in sorted(table, key=lambda d: (d == "all", d)):
@@ -105,7 +131,12 @@ def format_search_metrics(table: Mapping[str, Mapping]) -> str:
         cells = []
         for c, w in zip(cols, widths):
             v = row.get(c)
-            cells.append(f"{'-':>{w}}" if v is None else
-                         f"{v:>{w}d}" if isinstance(v, int) else f"{v:>{w}.3f}")
+            cells.append(
+                f"{'-':>{w}}"
+                if v is None
+                else f"{v:>{w}d}"
+                if isinstance(v, int)
+                else f"{v:>{w}.3f}"
+            )
         lines.append(f"{ds:<18}" + "".join(cells))
     return "\n".join(lines)

@@ -4,14 +4,15 @@ Input: ``{arm name: [RunRecord per seed]}`` (:mod:`verltool_jax.reporting.run_di
 arms in order, the first one the baseline. Output: one markdown table, one CSV and one
 plot (:func:`verltool_jax.reporting.plots.plot_sweep`).
 """
+
 from __future__ import annotations
 
 import csv
 import io
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
 
 from verltool_jax.reporting.run_dirs import RUN_SCALARS, RunRecord
 
@@ -19,12 +20,13 @@ from verltool_jax.reporting.run_dirs import RUN_SCALARS, RunRecord
 @dataclass(frozen=True)
 class Stat:
     """Mean and spread of one metric over an arm's seeds (``n`` seeds had a value)."""
-    mean: Optional[float]
-    spread: Optional[float]
+
+    mean: float | None
+    spread: float | None
     n: int
 
 
-def mean_spread(values: Sequence[Optional[float]]) -> Stat:
+def mean_spread(values: Sequence[float | None]) -> Stat:
     """Mean and spread of the non-None ``values``.
 
     spread = sample standard deviation ``sqrt(sum (x - mean)^2 / (n - 1))`` for n >= 2,
@@ -36,7 +38,7 @@ def mean_spread(values: Sequence[Optional[float]]) -> Stat:
     return Stat(statistics.fmean(xs), statistics.stdev(xs) if len(xs) >= 2 else None, len(xs))
 
 
-def exceeds_spread(a: Stat, b: Stat) -> Optional[bool]:
+def exceeds_spread(a: Stat, b: Stat) -> bool | None:
     """Whether arms ``a`` and ``b`` differ by more than their seed spread:
     ``|mean_a - mean_b| > spread_a + spread_b``.
 
@@ -52,17 +54,20 @@ def exceeds_spread(a: Stat, b: Stat) -> Optional[bool]:
 @dataclass
 class ArmRow:
     """One table row: the arm's stats per metric and the comparison with the baseline."""
+
     arm: str
     seeds: int
-    stats: dict            # metric key -> Stat
-    exceeds: dict          # metric key -> Optional[bool] vs the baseline (None for it)
+    stats: dict  # metric key -> Stat
+    exceeds: dict  # metric key -> Optional[bool] vs the baseline (None for it)
 
 
-def arm_rows(runs: Mapping[str, Sequence[RunRecord]],
-             metrics: Sequence[str] = tuple(k for k, _ in RUN_SCALARS)) -> list[ArmRow]:
+def arm_rows(
+    runs: Mapping[str, Sequence[RunRecord]],
+    metrics: Sequence[str] = tuple(k for k, _ in RUN_SCALARS),
+) -> list[ArmRow]:
     """One :class:`ArmRow` per arm (in ``runs`` order); the first arm is the baseline."""
     rows = []
-    base: Optional[dict] = None
+    base: dict | None = None
     for arm, recs in runs.items():
         stats = {m: mean_spread([r.value(m) for r in recs]) for m in metrics}
         if base is None:
@@ -74,7 +79,7 @@ def arm_rows(runs: Mapping[str, Sequence[RunRecord]],
     return rows
 
 
-def _fmt(x: Optional[float], like: Optional[float] = None) -> str:
+def _fmt(x: float | None, like: float | None = None) -> str:
     """Three decimals below 10, none from 10 on; ``like``: take the precision from that
     number instead (a spread is printed as precisely as its mean: ``588 ± 8``, not
     ``588 ± 7.877``)."""
@@ -84,7 +89,7 @@ def _fmt(x: Optional[float], like: Optional[float] = None) -> str:
     return f"{x:.3f}" if scale < 10 else f"{x:.0f}"
 
 
-def _cell(s: Stat, flag: Optional[bool]) -> str:
+def _cell(s: Stat, flag: bool | None) -> str:
     if s.mean is None:
         return "-"
     text = _fmt(s.mean) + (f" ± {_fmt(s.spread, like=s.mean)}" if s.spread is not None else "")
@@ -96,11 +101,16 @@ def markdown_table(rows: Sequence[ArmRow]) -> str:
     baseline (first row) by more than the summed spreads, then one line per such difference."""
     headers = dict(RUN_SCALARS)
     metrics = list(rows[0].stats) if rows else []
-    out = ["| arm | seeds | " + " | ".join(headers.get(m, m) for m in metrics) + " |",
-           "|---|---|" + "---|" * len(metrics)]
+    out = [
+        "| arm | seeds | " + " | ".join(headers.get(m, m) for m in metrics) + " |",
+        "|---|---|" + "---|" * len(metrics),
+    ]
     for r in rows:
-        out.append(f"| {r.arm} | {r.seeds} | "
-                   + " | ".join(_cell(r.stats[m], r.exceeds[m]) for m in metrics) + " |")
+        out.append(
+            f"| {r.arm} | {r.seeds} | "
+            + " | ".join(_cell(r.stats[m], r.exceeds[m]) for m in metrics)
+            + " |"
+        )
     out.append("")
     out.extend(difference_lines(rows))
     return "\n".join(out) + "\n"
@@ -116,14 +126,19 @@ def difference_lines(rows: Sequence[ArmRow]) -> list[str]:
     for r in rows[1:]:
         for m, flag in r.exceeds.items():
             if flag:
-                lines.append(f"- {r.arm} vs {base.arm}: {headers.get(m, m)} "
-                             f"{_fmt(r.stats[m].mean)} vs {_fmt(base.stats[m].mean)} "
-                             f"(difference exceeds the summed seed spreads)")
+                lines.append(
+                    f"- {r.arm} vs {base.arm}: {headers.get(m, m)} "
+                    f"{_fmt(r.stats[m].mean)} vs {_fmt(base.stats[m].mean)} "
+                    f"(difference exceeds the summed seed spreads)"
+                )
     if len(rows) > 1 and not lines:
         undecided = any(f is None for r in rows[1:] for f in r.exceeds.values())
-        lines.append("- no difference from " + base.arm + " exceeds the seed spread"
-                     + (" (some metrics have fewer than 2 seeds: not decidable)"
-                        if undecided else ""))
+        lines.append(
+            "- no difference from "
+            + base.arm
+            + " exceeds the seed spread"
+            + (" (some metrics have fewer than 2 seeds: not decidable)" if undecided else "")
+        )
     return lines
 
 
@@ -137,8 +152,10 @@ def csv_text(rows: Sequence[ArmRow]) -> str:
         cells = []
         for m in metrics:
             st, flag = r.stats[m], r.exceeds[m]
-            cells += ["" if st.mean is None else repr(st.mean),
-                      "" if st.spread is None else repr(st.spread),
-                      "" if flag is None else str(flag).lower()]
+            cells += [
+                "" if st.mean is None else repr(st.mean),
+                "" if st.spread is None else repr(st.spread),
+                "" if flag is None else str(flag).lower(),
+            ]
         w.writerow([r.arm, r.seeds] + cells)
     return buf.getvalue()

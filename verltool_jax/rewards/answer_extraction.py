@@ -1,12 +1,11 @@
 """Final-answer extraction: ``<answer>...</answer>`` and LaTeX ``\\boxed{...}``."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from tool_server.kit.tags import last_tag_body
 
 
-def last_boxed(text: str) -> Optional[str]:
+def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; else None."""
     starts = [i for m in ("\\boxed{", "\\fbox{") for i in _find_all(text, m)]
     if not starts:
@@ -21,7 +20,7 @@ def last_boxed(text: str) -> Optional[str]:
             depth -= 1
             if depth == 0:
                 return text[i:j].strip()
-    return None        # unbalanced: no answer
+    return None  # unbalanced: no answer
 
 
 def _find_all(text: str, needle: str) -> list[int]:
@@ -32,7 +31,7 @@ def _find_all(text: str, needle: str) -> list[int]:
     return out
 
 
-def extract_answer(text: str, tag: str = "answer") -> Optional[str]:
+def extract_answer(text: str, tag: str = "answer") -> str | None:
     """The final answer: the last ``<tag>`` body (its ``\\boxed{}`` if it has one), else
     the last ``\\boxed{}`` of the text, else None."""
     body = last_tag_body(text or "", tag)

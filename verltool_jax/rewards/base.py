@@ -4,11 +4,13 @@ A reward function is ``fn(response_text, ground_truth, extra_info) -> RewardResu
 pure and picklable by name (it runs in reward worker processes). ``response_text`` is
 the policy's own text (sampled tokens only, never tool observations).
 """
+
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from verltool_jax.algos.registry import Registry
 
@@ -32,26 +34,29 @@ DATA_SOURCES: dict[str, str] = {}
 
 def register_reward(name: str, *data_sources: str) -> Callable[[RewardFn], RewardFn]:
     """Register ``fn`` as reward ``name``, serving rows whose data_source is in the list."""
+
     def deco(fn: RewardFn) -> RewardFn:
         REWARDS.register(name)(fn)
         for ds in data_sources:
             register_data_source(ds, name)
         return fn
+
     return deco
 
 
 def register_data_source(data_source: str, reward_name: str) -> None:
     """Route rows with ``data_source`` (or a data_source starting with it) to ``reward_name``."""
     if data_source in DATA_SOURCES and DATA_SOURCES[data_source] != reward_name:
-        raise ValueError(f"data_source {data_source!r} already uses reward "
-                         f"{DATA_SOURCES[data_source]!r}")
+        raise ValueError(
+            f"data_source {data_source!r} already uses reward {DATA_SOURCES[data_source]!r}"
+        )
     DATA_SOURCES[data_source] = reward_name
 
 
 def resolve_reward_name(data_source: str, name: str = "") -> str:
     """The reward for a row: ``name`` if given (config ``reward.name``), else by data_source."""
     if name:
-        REWARDS.get(name)          # ValueError listing the choices if unknown
+        REWARDS.get(name)  # ValueError listing the choices if unknown
         return name
     if data_source in DATA_SOURCES:
         return DATA_SOURCES[data_source]
@@ -60,9 +65,11 @@ def resolve_reward_name(data_source: str, name: str = "") -> str:
         return DATA_SOURCES[max(prefixes, key=len)]
     close = difflib.get_close_matches(data_source, list(DATA_SOURCES), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"no reward function for data_source {data_source!r}{hint}; set "
-                     f"reward.name to one of {sorted(REWARDS.names())} or use a known "
-                     f"data_source: {sorted(DATA_SOURCES)}")
+    raise ValueError(
+        f"no reward function for data_source {data_source!r}{hint}; set "
+        f"reward.name to one of {sorted(REWARDS.names())} or use a known "
+        f"data_source: {sorted(DATA_SOURCES)}"
+    )
 
 
 def get_reward_fn(name: str) -> RewardFn:

@@ -10,6 +10,7 @@ Workers warm the math verifier up when they start (``warm_up``), so a first LaTe
 (seconds) does not eat an item's timeout. ``num_workers=0`` scores in the calling process (the timer then works only in the main
 thread). ``score_async`` runs a batch in a thread so the asyncio loop keeps going.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,12 +20,13 @@ import multiprocessing as mp
 import signal
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 from verltool_jax.rewards.base import RewardResult, get_reward_fn, resolve_reward_name
-from verltool_jax.rollout.response_text import model_text
 from verltool_jax.rewards.shaping import ShapingSettings, shaped_score
+from verltool_jax.rollout.response_text import model_text
 
 
 @dataclass
@@ -58,36 +60,43 @@ def score_item(item: RewardItem, timeout_s: float, shaping: ShapingSettings) -> 
         base = get_reward_fn(item.reward_name)(item.text, item.ground_truth, item.extra_info)
     except _Timeout:
         base = RewardResult(0.0, False, {"timeout": True})
-    except Exception as e:  # noqa: BLE001  a reward bug must not stop training
+    except Exception as e:
         base = RewardResult(0.0, False, {"error": f"{type(e).__name__}: {e}"})
     finally:
         if use_alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
-    info = dict(base.info, reward_name=item.reward_name, base_score=base.score,
-                seconds=round(time.perf_counter() - t0, 4))
+    info = dict(
+        base.info,
+        reward_name=item.reward_name,
+        base_score=base.score,
+        seconds=round(time.perf_counter() - t0, 4),
+    )
     score = shaped_score(base, shaping, item.tool_calls, item.invalid_tool_calls)
     return RewardResult(score, base.correct, info)
 
 
-_INIT_ERROR: Optional[str] = None
+_INIT_ERROR: str | None = None
 
 
 def _init_worker(modules: Sequence[str], warm: bool) -> None:
     global _INIT_ERROR
     try:
         import math_verify  # noqa: F401  never imported lazily under an item's timer
+
         import verltool_jax.rewards  # noqa: F401  registers the built-in rewards
+
         if warm:
             from verltool_jax.rewards.math_reward import warm_up
+
             warm_up()
         for m in modules:
             importlib.import_module(m)
-    except Exception as e:  # noqa: BLE001  reported to the parent by _ping
+    except Exception as e:
         _INIT_ERROR = f"{type(e).__name__}: {e}"
 
 
-def _ping(_: int) -> Optional[str]:
+def _ping(_: int) -> str | None:
     return _INIT_ERROR
 
 
@@ -95,18 +104,25 @@ def _worker_score(args) -> RewardResult:
     return score_item(*args)
 
 
-def make_item(row: dict, text: str, reward_name: str = "", tool_calls: int = 0,
-              invalid_tool_calls: int = 0) -> RewardItem:
+def make_item(
+    row: dict, text: str, reward_name: str = "", tool_calls: int = 0, invalid_tool_calls: int = 0
+) -> RewardItem:
     """A RewardItem from a verl-layout row and the response text."""
     try:
         gt = row["reward_model"]["ground_truth"]
         ds = row["data_source"]
     except (KeyError, TypeError):
-        raise ValueError("a reward needs the data row with 'data_source' and "
-                         "'reward_model.ground_truth'") from None
-    return RewardItem(text=text, ground_truth=gt, reward_name=resolve_reward_name(ds, reward_name),
-                      extra_info=dict(row.get("extra_info") or {}), tool_calls=tool_calls,
-                      invalid_tool_calls=invalid_tool_calls)
+        raise ValueError(
+            "a reward needs the data row with 'data_source' and 'reward_model.ground_truth'"
+        ) from None
+    return RewardItem(
+        text=text,
+        ground_truth=gt,
+        reward_name=resolve_reward_name(ds, reward_name),
+        extra_info=dict(row.get("extra_info") or {}),
+        tool_calls=tool_calls,
+        invalid_tool_calls=invalid_tool_calls,
+    )
 
 
 def items_from(entries: Iterable[Any], tokenizer=None, reward_name: str = "") -> list[RewardItem]:
@@ -123,21 +139,31 @@ def items_from(entries: Iterable[Any], tokenizer=None, reward_name: str = "") ->
             text = model_text(e.response_ids, e.loss_mask, tokenizer)
             out.append(make_item(e.data, text, reward_name, e.tool_calls, e.invalid_tool_calls))
         else:
-            raise TypeError(f"cannot score a {type(e).__name__}; pass Trajectory objects, "
-                            "(text, row) pairs or RewardItems")
+            raise TypeError(
+                f"cannot score a {type(e).__name__}; pass Trajectory objects, "
+                "(text, row) pairs or RewardItems"
+            )
     return out
 
 
 class RewardPool:
     """Parallel scoring with timeouts (see the module doc). Use as a context manager."""
 
-    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0,
-                 shaping: ShapingSettings = ShapingSettings(), reward_name: str = "",
-                 reward_modules: Sequence[str] = (), grace_s: float = 5.0,
-                 startup_timeout_s: float = 120.0, warm_up: bool = True):
+    def __init__(
+        self,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        shaping: ShapingSettings = ShapingSettings(),
+        reward_name: str = "",
+        reward_modules: Sequence[str] = (),
+        grace_s: float = 5.0,
+        startup_timeout_s: float = 120.0,
+        warm_up: bool = True,
+    ):
         if num_workers < 0 or timeout_s <= 0:
-            raise ValueError(f"need num_workers >= 0 and timeout_s > 0, got {num_workers}, "
-                             f"{timeout_s}")
+            raise ValueError(
+                f"need num_workers >= 0 and timeout_s > 0, got {num_workers}, {timeout_s}"
+            )
         self.num_workers, self.timeout_s, self.grace_s = num_workers, timeout_s, grace_s
         self.startup_timeout_s, self.warm_up = startup_timeout_s, warm_up
         self.shaping, self.reward_name = shaping, reward_name
@@ -148,28 +174,40 @@ class RewardPool:
             importlib.import_module(m)
 
     @classmethod
-    def from_config(cls, reward_cfg) -> "RewardPool":
+    def from_config(cls, reward_cfg) -> RewardPool:
         """From the config's ``reward`` section (see configs/base.py)."""
-        return cls(num_workers=reward_cfg.num_workers, timeout_s=reward_cfg.timeout_s,
-                   shaping=ShapingSettings(reward_cfg.format_penalty, reward_cfg.tool_use_bonus,
-                                           reward_cfg.invalid_tool_penalty,
-                                           reward_cfg.valid_tool_call_bonus),
-                   reward_name=reward_cfg.name)
+        return cls(
+            num_workers=reward_cfg.num_workers,
+            timeout_s=reward_cfg.timeout_s,
+            shaping=ShapingSettings(
+                reward_cfg.format_penalty,
+                reward_cfg.tool_use_bonus,
+                reward_cfg.invalid_tool_penalty,
+                reward_cfg.valid_tool_call_bonus,
+            ),
+            reward_name=reward_cfg.name,
+        )
 
     def _ensure_pool(self):
         if self._pool is None and self.num_workers > 0:
-            ctx = mp.get_context("spawn")   # never fork a process that runs JAX threads
-            self._pool = ctx.Pool(self.num_workers, initializer=_init_worker,
-                                  initargs=(self.reward_modules, self.warm_up))
+            ctx = mp.get_context("spawn")  # never fork a process that runs JAX threads
+            self._pool = ctx.Pool(
+                self.num_workers,
+                initializer=_init_worker,
+                initargs=(self.reward_modules, self.warm_up),
+            )
             # Wait until the workers have imported the rewards, so that start-up time
             # (seconds, for sympy) never counts against a batch's deadline.
             try:
-                errors = self._pool.map_async(_ping, range(self.num_workers), chunksize=1
-                                              ).get(timeout=self.startup_timeout_s)
+                errors = self._pool.map_async(_ping, range(self.num_workers), chunksize=1).get(
+                    timeout=self.startup_timeout_s
+                )
             except mp.TimeoutError:
-                errors = [f"no worker answered within {self.startup_timeout_s}s (a script "
-                          "that starts a RewardPool needs the if __name__ == '__main__': "
-                          "guard, and cannot be run from stdin)"]
+                errors = [
+                    f"no worker answered within {self.startup_timeout_s}s (a script "
+                    "that starts a RewardPool needs the if __name__ == '__main__': "
+                    "guard, and cannot be run from stdin)"
+                ]
             errors = [e for e in errors if e]
             if errors:
                 self.close()
@@ -184,20 +222,27 @@ class RewardPool:
         pool = self._ensure_pool()
         if pool is None:
             return [score_item(it, self.timeout_s, self.shaping) for it in items]
-        pending = [pool.apply_async(_worker_score, ((it, self.timeout_s, self.shaping),))
-                   for it in items]
-        deadline = (time.monotonic() + self.grace_s
-                    + self.timeout_s * math.ceil(len(items) / self.num_workers))
-        results: list[Optional[RewardResult]] = []
+        pending = [
+            pool.apply_async(_worker_score, ((it, self.timeout_s, self.shaping),)) for it in items
+        ]
+        deadline = (
+            time.monotonic()
+            + self.grace_s
+            + self.timeout_s * math.ceil(len(items) / self.num_workers)
+        )
+        results: list[RewardResult | None] = []
         stuck = False
         for it, p in zip(items, pending):
             try:
                 results.append(p.get(timeout=max(0.0, deadline - time.monotonic())))
             except mp.TimeoutError:
                 stuck = True
-                results.append(RewardResult(0.0, False, {"timeout": True, "killed": True,
-                                                         "reward_name": it.reward_name}))
-        if stuck:   # a worker is wedged past its own timer: kill and replace the pool
+                results.append(
+                    RewardResult(
+                        0.0, False, {"timeout": True, "killed": True, "reward_name": it.reward_name}
+                    )
+                )
+        if stuck:  # a worker is wedged past its own timer: kill and replace the pool
             self._pool.terminate()
             self._pool.join()
             self._pool = None
@@ -214,16 +259,22 @@ class RewardPool:
             self._pool.join()
             self._pool = None
 
-    def __enter__(self) -> "RewardPool":
+    def __enter__(self) -> RewardPool:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def compute_rewards(entries: Iterable[Any], tokenizer=None, *, num_workers: int = 2,
-                    timeout_s: float = 10.0, shaping: ShapingSettings = ShapingSettings(),
-                    reward_name: str = "") -> list[RewardResult]:
+def compute_rewards(
+    entries: Iterable[Any],
+    tokenizer=None,
+    *,
+    num_workers: int = 2,
+    timeout_s: float = 10.0,
+    shaping: ShapingSettings = ShapingSettings(),
+    reward_name: str = "",
+) -> list[RewardResult]:
     """One-off parallel scoring (a pool is started and closed; reuse ``RewardPool`` in loops)."""
     with RewardPool(num_workers, timeout_s, shaping, reward_name) as pool:
         return pool.score(entries, tokenizer)

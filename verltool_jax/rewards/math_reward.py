@@ -5,12 +5,13 @@ commas, a trailing period); equal as numbers (integers and fractions exactly, de
 to a relative 1e-9); symbolically equal per ``math_verify`` (sympy) when neither is a
 plain number. Reward = 1 if equivalent else 0.
 """
+
 from __future__ import annotations
 
 import re
 import threading
 from fractions import Fraction
-from typing import Any, Optional
+from typing import Any
 
 from verltool_jax.rewards.answer_extraction import extract_answer
 from verltool_jax.rewards.base import RewardResult, register_reward
@@ -28,7 +29,7 @@ def normalize(s: str) -> str:
     return s
 
 
-def as_number(s: str) -> Optional[Fraction]:
+def as_number(s: str) -> Fraction | None:
     """``s`` as an exact number (int, decimal, ``a/b`` or ``\\frac{a}{b}``), else None."""
     s = normalize(s)
     m = _FRAC_RE.fullmatch(s)
@@ -60,6 +61,7 @@ class _NoTimeoutWarning:
 
 def _quiet_math_verify() -> None:
     import logging
+
     for name in ("math_verify.parser", "math_verify.grader"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _NoTimeoutWarning) for f in logger.filters):
@@ -76,6 +78,7 @@ def symbolic_equal(pred: str, gold: str) -> bool:
     import signal
 
     from math_verify import parse, verify
+
     main = threading.current_thread() is threading.main_thread()
     outer_timer = main and signal.getitimer(signal.ITIMER_REAL)[0] > 0
     t = 5 if main and not outer_timer else None
@@ -104,9 +107,21 @@ def math_equivalent(pred: str, gold: Any) -> bool:
     return symbolic_equal(pred, gold)
 
 
-@register_reward("math", "tiny_math", "math", "gsm8k", "openai/gsm8k", "lighteval/MATH",
-                 "DigitalLearningGmbH/MATH-lighteval", "deepscaler", "aime", "math_dapo",
-                 "amc", "svamp", "mawps")
+@register_reward(
+    "math",
+    "tiny_math",
+    "math",
+    "gsm8k",
+    "openai/gsm8k",
+    "lighteval/MATH",
+    "DigitalLearningGmbH/MATH-lighteval",
+    "deepscaler",
+    "aime",
+    "math_dapo",
+    "amc",
+    "svamp",
+    "mawps",
+)
 def math_reward(response_text: str, ground_truth: Any, extra_info: dict) -> RewardResult:
     """1.0 if the extracted final answer is equivalent to ``ground_truth``, else 0.0."""
     pred = extract_answer(response_text)

@@ -5,17 +5,26 @@ whitespace. EM = 1 if normalize(pred) == normalize(g) for some gold g.
 F1 = max over g of 2PR/(P+R) on normalised token bags (P = common/|pred|, R = common/|g|).
 ``qa_correct``: 1 if EM, or if F1 >= a threshold the row sets (answer correctness).
 """
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tool_server.retrieval.answers import normalize_answer
 from verltool_jax.rewards.answer_extraction import extract_answer
 from verltool_jax.rewards.base import RewardResult, register_reward
 
-__all__ = ["normalize_answer", "gold_answers", "exact_match", "f1_score", "qa_em_reward",
-           "qa_f1_reward", "qa_correct_reward"]
+__all__ = [
+    "normalize_answer",
+    "gold_answers",
+    "exact_match",
+    "f1_score",
+    "qa_em_reward",
+    "qa_f1_reward",
+    "qa_correct_reward",
+]
 
 
 def gold_answers(ground_truth: Any) -> list[str]:
@@ -24,8 +33,10 @@ def gold_answers(ground_truth: Any) -> list[str]:
         for key in ("target", "answers", "answer"):
             if key in ground_truth:
                 return gold_answers(ground_truth[key])
-        raise ValueError("QA ground_truth dict needs a 'target' (or 'answers') field, got "
-                         f"keys {sorted(ground_truth)}")
+        raise ValueError(
+            "QA ground_truth dict needs a 'target' (or 'answers') field, got "
+            f"keys {sorted(ground_truth)}"
+        )
     if isinstance(ground_truth, (list, tuple)) or type(ground_truth).__name__ == "ndarray":
         return [str(g) for g in ground_truth]
     return [str(ground_truth)]
@@ -55,12 +66,22 @@ def _qa(response_text: str, ground_truth: Any, use_f1: bool) -> RewardResult:
     if pred is None:
         return RewardResult(0.0, False, {"pred": None, "has_answer": False, "em": 0.0, "f1": 0.0})
     em, f1 = exact_match(pred, golds), f1_score(pred, golds)
-    return RewardResult(f1 if use_f1 else em, em == 1.0,
-                        {"pred": pred, "has_answer": True, "em": em, "f1": f1})
+    return RewardResult(
+        f1 if use_f1 else em, em == 1.0, {"pred": pred, "has_answer": True, "em": em, "f1": f1}
+    )
 
 
-@register_reward("qa_em", "nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique",
-                 "bamboogle", "searchR1_")
+@register_reward(
+    "qa_em",
+    "nq",
+    "triviaqa",
+    "popqa",
+    "hotpotqa",
+    "2wikimultihopqa",
+    "musique",
+    "bamboogle",
+    "searchR1_",
+)
 def qa_em_reward(response_text: str, ground_truth: Any, extra_info: dict) -> RewardResult:
     """Exact match (0/1) of the extracted answer."""
     return _qa(response_text, ground_truth, use_f1=False)

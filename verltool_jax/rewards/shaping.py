@@ -9,6 +9,7 @@
 ``valid_tool_call_bonus`` is VerlTool's deep-search term (+0.1 when the trajectory made a
 valid tool call, whether or not the answer is right).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,8 +25,9 @@ class ShapingSettings:
     valid_tool_call_bonus: float = 0.0
 
 
-def shaped_score(base: RewardResult, settings: ShapingSettings, tool_calls: int = 0,
-                 invalid_tool_calls: int = 0) -> float:
+def shaped_score(
+    base: RewardResult, settings: ShapingSettings, tool_calls: int = 0, invalid_tool_calls: int = 0
+) -> float:
     """The shaped scalar reward (formula in the module doc)."""
     score = base.score
     if not base.info.get("has_answer", True):

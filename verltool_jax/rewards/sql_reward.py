@@ -13,6 +13,7 @@ SkyRL-SQL rule VerlTool trains with: -1 if the model's text has no non-empty
 ``<solution>...</solution>``, else execution match 1/0). The database path is ``extra_info["db_path"]`` (or
 ``ground_truth["db_path"]`` with the gold SQL in ``ground_truth["sql"]``).
 """
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,7 @@ import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from tool_server.kit.tags import last_tag_body
 from verltool_jax.rewards.base import RewardResult, register_reward
@@ -33,7 +34,7 @@ class SQLExecutionError(RuntimeError):
     """A query failed, timed out, or is not a read-only query."""
 
 
-def extract_sql(text: str) -> Optional[str]:
+def extract_sql(text: str) -> str | None:
     """The final SQL: the last ``<solution>``, ``<answer>`` or ```` ```sql ```` block,
     else the last ``<sql>`` action."""
     for tag in ("solution", "answer"):
@@ -86,16 +87,18 @@ def _gold_and_db(ground_truth: Any, extra_info: dict) -> tuple[str, str]:
     else:
         gold, db = ground_truth, extra_info.get("db_path")
     if not isinstance(gold, str) or not gold.strip():
-        raise ValueError("SQL reward: reward_model.ground_truth must be the gold SQL string "
-                         "(or a dict with 'sql')")
+        raise ValueError(
+            "SQL reward: reward_model.ground_truth must be the gold SQL string "
+            "(or a dict with 'sql')"
+        )
     if not db:
-        raise ValueError("SQL reward: the row needs extra_info.db_path (the sqlite file to "
-                         "run both queries on)")
+        raise ValueError(
+            "SQL reward: the row needs extra_info.db_path (the sqlite file to run both queries on)"
+        )
     return gold, str(db)
 
 
-def execution_match(pred_sql: str, gold_sql: str, db: str, timeout_s: float = 5.0
-                    ) -> RewardResult:
+def execution_match(pred_sql: str, gold_sql: str, db: str, timeout_s: float = 5.0) -> RewardResult:
     """1.0 if ``pred_sql``'s result equals ``gold_sql``'s on ``db`` (ordered only when the
     gold query orders at its outermost level), else 0.0; a failing prediction scores 0
     with ``info["exec_error"]``. A failing gold query raises (the data is broken)."""
@@ -103,15 +106,17 @@ def execution_match(pred_sql: str, gold_sql: str, db: str, timeout_s: float = 5.
     try:
         pred_rows = execute_readonly(db, pred_sql, timeout_s)
     except SQLExecutionError as e:
-        return RewardResult(0.0, False, {"pred": pred_sql, "has_answer": True,
-                                         "exec_error": str(e)})
+        return RewardResult(
+            0.0, False, {"pred": pred_sql, "has_answer": True, "exec_error": str(e)}
+        )
     ok = result_sets_match(pred_rows, gold_rows, top_level_order_by(gold_sql))
     return RewardResult(float(ok), ok, {"pred": pred_sql, "has_answer": True})
 
 
 @register_reward("sql", "spider", "bird", "synsql", "text2sql")
-def sql_reward(response_text: str, ground_truth: Any, extra_info: dict,
-               timeout_s: float = 5.0) -> RewardResult:
+def sql_reward(
+    response_text: str, ground_truth: Any, extra_info: dict, timeout_s: float = 5.0
+) -> RewardResult:
     """1.0 if the predicted SQL's result set equals the gold SQL's, else 0.0."""
     gold_sql, db = _gold_and_db(ground_truth, extra_info or {})
     pred_sql = extract_sql(response_text)
@@ -123,7 +128,7 @@ def sql_reward(response_text: str, ground_truth: Any, extra_info: dict,
 FORMAT_ERROR_SCORE = -1.0
 
 
-def solution_sql(text: str) -> Optional[str]:
+def solution_sql(text: str) -> str | None:
     """The body of the last ``<solution>`` block (its last ```` ```sql ```` fence if it
     has one), or None when there is no non-empty one."""
     body = last_tag_body(text or "", "solution")
@@ -135,14 +140,16 @@ def solution_sql(text: str) -> Optional[str]:
 
 
 @register_reward("sql_solution")
-def sql_solution_reward(response_text: str, ground_truth: Any, extra_info: dict,
-                        timeout_s: float = 5.0) -> RewardResult:
+def sql_solution_reward(
+    response_text: str, ground_truth: Any, extra_info: dict, timeout_s: float = 5.0
+) -> RewardResult:
     """SkyRL-SQL's reward: ``FORMAT_ERROR_SCORE`` (-1) without a ``<solution>``, else
     execution match 1/0 (:func:`execution_match`). The -1 is the reward's own, so leave
     ``reward.format_penalty`` at 0 with it."""
     gold_sql, db = _gold_and_db(ground_truth, extra_info or {})
     pred_sql = solution_sql(response_text)
     if pred_sql is None:
-        return RewardResult(FORMAT_ERROR_SCORE, False, {"pred": None, "has_answer": False,
-                                                        "format_error": True})
+        return RewardResult(
+            FORMAT_ERROR_SCORE, False, {"pred": None, "has_answer": False, "format_error": True}
+        )
     return execution_match(pred_sql, gold_sql, db, timeout_s)

@@ -7,10 +7,11 @@ words and keywords, original case), ``op`` (punctuation and operators) and ``ws`
 (whitespace and comments, kept only with ``keep_ws=True``). Unterminated quotes raise
 ``ValueError`` naming the position.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 Token = tuple[str, str]
 
@@ -32,9 +33,9 @@ def _quoted(sql: str, i: int, quote: str) -> tuple[str, int]:
             if j + 1 < len(sql) and sql[j + 1] == quote:
                 j += 2
                 continue
-            return sql[i + 1:j], j + 1
+            return sql[i + 1 : j], j + 1
         j += 1
-    raise ValueError(f"unterminated {quote} quote at position {i}: {sql[i:i + 40]!r}")
+    raise ValueError(f"unterminated {quote} quote at position {i}: {sql[i : i + 40]!r}")
 
 
 def tokenize(sql: str, keep_ws: bool = False) -> list[Token]:

@@ -8,6 +8,7 @@ released (:mod:`verltool_jax.rollout.final_check`) and puts the run's metrics in
 :func:`verltool_jax.tasks.swe.swe_reward_from_result` with ``n_expected =
 |FAIL_TO_PASS| + |PASS_TO_PASS|`` from the ground truth.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,13 +20,24 @@ from verltool_jax.rewards.base import RewardResult, register_reward
 def swe_reward(response_text: str, ground_truth: Any, extra_info: dict) -> RewardResult:
     """1.0 iff ``extra_info["hidden_test_result"]`` shows every listed test passing."""
     from verltool_jax.tasks.swe import swe_reward_from_result
+
     result = (extra_info or {}).get("hidden_test_result")
     if not isinstance(result, dict):
-        raise ValueError("SWE reward: extra_info.hidden_test_result is missing; run the "
-                         "task's hidden tests (verltool_jax.rollout.final_check."
-                         "run_hidden_tests) before scoring")
+        raise ValueError(
+            "SWE reward: extra_info.hidden_test_result is missing; run the "
+            "task's hidden tests (verltool_jax.rollout.final_check."
+            "run_hidden_tests) before scoring"
+        )
     gt = ground_truth if isinstance(ground_truth, dict) else {}
     n = len(gt.get("fail_to_pass") or ()) + len(gt.get("pass_to_pass") or ())
     score = swe_reward_from_result(result, n)
-    return RewardResult(score, score > 0, {"has_answer": True, "tests": {
-        k: result.get(k) for k in ("passed", "failed", "errors", "exit_code", "timed_out")}})
+    return RewardResult(
+        score,
+        score > 0,
+        {
+            "has_answer": True,
+            "tests": {
+                k: result.get(k) for k in ("passed", "failed", "errors", "exit_code", "timed_out")
+            },
+        },
+    )

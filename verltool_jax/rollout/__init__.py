@@ -1,4 +1,5 @@
 """Agent loop, asynchronous rollout, sync baseline and the trajectory queue."""
+
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.trajectory import Trajectory
 

@@ -6,12 +6,14 @@ action it sends exactly that turn's text to the tool server, appends the observa
 the rest of the batch. An error in one trajectory (tool server down, sampler error)
 ends that trajectory with ``termination="error"``; the others go on.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.final_check import final_check
@@ -29,11 +31,11 @@ class PromptItem:
 
     prompt_ids: list[int]
     data: dict = field(default_factory=dict)
-    group_id: Optional[str] = None
+    group_id: str | None = None
     images: list = field(default_factory=list)
 
 
-PromptLike = Union[PromptItem, Sequence[int], dict]
+PromptLike = PromptItem | Sequence[int] | dict
 
 
 def as_prompt_item(p: PromptLike, index: int) -> PromptItem:
@@ -42,10 +44,16 @@ def as_prompt_item(p: PromptLike, index: int) -> PromptItem:
         item = p
     elif isinstance(p, dict):
         if "prompt_ids" not in p:
-            raise ValueError(f"prompt {index}: a dict prompt needs 'prompt_ids' (token ids); "
-                             f"got keys {sorted(p)}")
-        item = PromptItem(list(p["prompt_ids"]), dict(p.get("data", {})), p.get("group_id"),
-                          list(p.get("images") or []))
+            raise ValueError(
+                f"prompt {index}: a dict prompt needs 'prompt_ids' (token ids); "
+                f"got keys {sorted(p)}"
+            )
+        item = PromptItem(
+            list(p["prompt_ids"]),
+            dict(p.get("data", {})),
+            p.get("group_id"),
+            list(p.get("images") or []),
+        )
     else:
         item = PromptItem(list(p))
     if not item.prompt_ids or not all(isinstance(t, int) for t in item.prompt_ids):
@@ -55,15 +63,23 @@ def as_prompt_item(p: PromptLike, index: int) -> PromptItem:
     return item
 
 
-def make_formatter(tokenizer: Any, cfg: RolloutConfig,
-                   image_processor: Any = None) -> ObservationFormatter:
+def make_formatter(
+    tokenizer: Any, cfg: RolloutConfig, image_processor: Any = None
+) -> ObservationFormatter:
     """The observation formatter of ``cfg``; ``image_processor`` for vision-language policies."""
-    return ObservationFormatter(tokenizer, cfg.obs_template, cfg.max_obs_tokens,
-                                cfg.obs_truncate_side, cfg.obs_truncate_marker, image_processor)
+    return ObservationFormatter(
+        tokenizer,
+        cfg.obs_template,
+        cfg.max_obs_tokens,
+        cfg.obs_truncate_side,
+        cfg.obs_truncate_marker,
+        image_processor,
+    )
 
 
-async def rollout_trajectory(builder: TrajectoryBuilder, sampler: Sampler,
-                             tool_client: ToolClient) -> Trajectory:
+async def rollout_trajectory(
+    builder: TrajectoryBuilder, sampler: Sampler, tool_client: ToolClient
+) -> Trajectory:
     """Run one trajectory to its end; never raises (errors end it with "error")."""
     t0 = time.perf_counter()
     tid = builder.traj.trajectory_id
@@ -78,12 +94,13 @@ async def rollout_trajectory(builder: TrajectoryBuilder, sampler: Sampler,
             action = builder.apply_completion(comp, time.perf_counter() - g0)
             if action is None:
                 break
-            res = await tool_client.get_observation(tid, action, builder.extra_field,
-                                                    is_last_step=builder.is_last_tool_turn)
+            res = await tool_client.get_observation(
+                tid, action, builder.extra_field, is_last_step=builder.is_last_tool_turn
+            )
             builder.apply_observation(res)
     except asyncio.CancelledError:
         raise
-    except Exception as e:  # noqa: BLE001 - one trajectory's failure must not end the batch
+    except Exception as e:
         builder.fail(f"{type(e).__name__}: {e}")
     checked = await final_check(builder, tool_client)
     if builder.traj.tool_calls or builder.pending_action is not None or checked:
@@ -91,22 +108,36 @@ async def rollout_trajectory(builder: TrajectoryBuilder, sampler: Sampler,
             await tool_client.finish(tid)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             builder.traj.data.setdefault("finish_error", f"{type(e).__name__}: {e}")
     builder.traj.wall_time_s = time.perf_counter() - t0
     return builder.traj
 
 
-async def rollout_group(item: PromptItem, n_samples: int, sampler: Sampler,
-                        tool_client: ToolClient, tokenizer: Any, cfg: RolloutConfig,
-                        formatter: Optional[ObservationFormatter] = None,
-                        semaphore: Optional[asyncio.Semaphore] = None) -> list[Trajectory]:
+async def rollout_group(
+    item: PromptItem,
+    n_samples: int,
+    sampler: Sampler,
+    tool_client: ToolClient,
+    tokenizer: Any,
+    cfg: RolloutConfig,
+    formatter: ObservationFormatter | None = None,
+    semaphore: asyncio.Semaphore | None = None,
+) -> list[Trajectory]:
     """Roll out ``n_samples`` trajectories of one prompt concurrently; return the group."""
     formatter = formatter or make_formatter(tokenizer, cfg)
 
     async def one(k: int) -> Trajectory:
-        b = TrajectoryBuilder(f"{item.group_id}-{k}", item.group_id, item.prompt_ids, cfg,
-                              tokenizer, formatter, item.data, item.images)
+        b = TrajectoryBuilder(
+            f"{item.group_id}-{k}",
+            item.group_id,
+            item.prompt_ids,
+            cfg,
+            tokenizer,
+            formatter,
+            item.data,
+            item.images,
+        )
         if semaphore is None:
             return await rollout_trajectory(b, sampler, tool_client)
         async with semaphore:
@@ -115,9 +146,15 @@ async def rollout_group(item: PromptItem, n_samples: int, sampler: Sampler,
     return list(await asyncio.gather(*(one(k) for k in range(n_samples))))
 
 
-async def run_rollout(prompts: Sequence[PromptLike], n_samples: int, sampler: Sampler,
-                      tool_client: ToolClient, tokenizer: Any,
-                      cfg: RolloutConfig, image_processor: Any = None) -> list[list[Trajectory]]:
+async def run_rollout(
+    prompts: Sequence[PromptLike],
+    n_samples: int,
+    sampler: Sampler,
+    tool_client: ToolClient,
+    tokenizer: Any,
+    cfg: RolloutConfig,
+    image_processor: Any = None,
+) -> list[list[Trajectory]]:
     """Roll out a fixed list of prompts ``n_samples`` times each, every trajectory its own
     task (at most ``cfg.max_concurrency`` at once); returns the groups in prompt order.
     (Evaluation and one-off rollouts; training goes through ``rollout.producer``.)"""
@@ -129,6 +166,11 @@ async def run_rollout(prompts: Sequence[PromptLike], n_samples: int, sampler: Sa
         raise ValueError("prompts have duplicate group_id values; each prompt needs its own")
     formatter = make_formatter(tokenizer, cfg, image_processor)
     sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-    return list(await asyncio.gather(*(
-        rollout_group(it, n_samples, sampler, tool_client, tokenizer, cfg, formatter, sem)
-        for it in items)))
+    return list(
+        await asyncio.gather(
+            *(
+                rollout_group(it, n_samples, sampler, tool_client, tokenizer, cfg, formatter, sem)
+                for it in items
+            )
+        )
+    )

@@ -1,8 +1,10 @@
 """Rollout settings (filled from the experiment's ml_collections config)."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from verltool_jax.samplers.base import SamplingParams
 
@@ -38,7 +40,7 @@ class RolloutConfig:
 
     max_turns: int = 4
     max_response_tokens: int = 1024
-    max_action_tokens: Optional[int] = None
+    max_action_tokens: int | None = None
     max_obs_tokens: int = 256
     obs_truncate_side: str = "tail"
     obs_truncate_marker: str = "...[truncated]..."
@@ -48,13 +50,14 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     obs_template: str = OBS_TEMPLATE_RESULT
-    close_action_on_length: Optional[str] = None
-    max_concurrency: Optional[int] = None
-    seed: Optional[int] = None
+    close_action_on_length: str | None = None
+    max_concurrency: int | None = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
             raise ValueError(f"RolloutConfig.{name} {why}")
+
         if self.max_turns < 0:
             bad("max_turns", f"must be >= 0, got {self.max_turns}")
         if self.max_response_tokens < 1:
@@ -66,16 +69,23 @@ class RolloutConfig:
         if self.obs_truncate_side not in ("head", "tail"):
             bad("obs_truncate_side", f"must be 'head' or 'tail', got {self.obs_truncate_side!r}")
         if isinstance(self.action_stop_strings, str) or not all(
-                isinstance(s, str) and s for s in self.action_stop_strings):
+            isinstance(s, str) and s for s in self.action_stop_strings
+        ):
             bad("action_stop_strings", "must be a tuple of non-empty strings, e.g. ('</python>',)")
         if isinstance(self.final_stop_strings, str) or not all(
-                isinstance(s, str) and s for s in self.final_stop_strings):
-            bad("final_stop_strings", "must be a tuple of non-empty strings, e.g. "
-                "('</solution>',), or () for none")
+            isinstance(s, str) and s for s in self.final_stop_strings
+        ):
+            bad(
+                "final_stop_strings",
+                "must be a tuple of non-empty strings, e.g. ('</solution>',), or () for none",
+            )
         both = sorted(set(self.action_stop_strings) & set(self.final_stop_strings))
         if both:
-            bad("final_stop_strings", f"and action_stop_strings share {both}: a stop string "
-                "either ends the trajectory or calls a tool; remove it from one of them")
+            bad(
+                "final_stop_strings",
+                f"and action_stop_strings share {both}: a stop string "
+                "either ends the trajectory or calls a tool; remove it from one of them",
+            )
         if self.obs_template.count("{obs}") != 1:
             bad("obs_template", f"must contain '{{obs}}' exactly once, got {self.obs_template!r}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -84,7 +94,7 @@ class RolloutConfig:
         SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
     @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> "RolloutConfig":
+    def from_mapping(cls, d: Mapping[str, Any]) -> RolloutConfig:
         """Build from a dict / ConfigDict; unknown keys are an error naming them."""
         d = dict(d.items()) if not isinstance(d, dict) else dict(d)
         known = {f.name for f in fields(cls)}
@@ -96,9 +106,13 @@ class RolloutConfig:
                 d[key] = tuple(d[key])
         return cls(**d)
 
-    def sampling_params(self, max_tokens: int, seed: Optional[int] = None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, seed: int | None = None) -> SamplingParams:
         """The sampler request of one turn with ``max_tokens`` left."""
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature,
-                              top_p=self.top_p, top_k=self.top_k,
-                              stop=tuple(self.action_stop_strings) + tuple(self.final_stop_strings),
-                              seed=seed)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=tuple(self.action_stop_strings) + tuple(self.final_stop_strings),
+            seed=seed,
+        )

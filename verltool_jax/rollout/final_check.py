@@ -8,6 +8,7 @@ timed_out, plus ``seconds``) are stored in the trajectory's
 ``data["extra_info"]["hidden_test_result"]``, where the ``swe`` reward reads them. The
 command never appears in the model's context.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,13 +17,18 @@ from typing import Any
 
 HIDDEN_TEST_KEY = "hidden_test_cmd"
 RESULT_KEY = "hidden_test_result"
-RUN_TESTS_ACTION = "<tool_call>" + json.dumps({"name": "run_tests", "arguments": {}}) + "</tool_call>"
+RUN_TESTS_ACTION = (
+    "<tool_call>" + json.dumps({"name": "run_tests", "arguments": {}}) + "</tool_call>"
+)
 
 
 def has_final_check(extra_field: Any) -> bool:
     """True if the trajectory's ``extra_field`` names a hidden test command."""
-    return isinstance(extra_field, dict) and isinstance(extra_field.get(HIDDEN_TEST_KEY), str) \
+    return (
+        isinstance(extra_field, dict)
+        and isinstance(extra_field.get(HIDDEN_TEST_KEY), str)
         and bool(extra_field[HIDDEN_TEST_KEY].strip())
+    )
 
 
 async def run_hidden_tests(client, trajectory_id: str, extra_field: dict) -> dict:
@@ -30,10 +36,13 @@ async def run_hidden_tests(client, trajectory_id: str, extra_field: dict) -> dic
     workspace -> its metrics plus ``seconds`` (the call's latency) and ``valid``; an
     invalid call (no sandbox, bad repo) has ``exit_code=None`` and ``error``."""
     if not has_final_check(extra_field):
-        raise ValueError(f'extra_field["{HIDDEN_TEST_KEY}"] is missing: the row has no '
-                         "hidden tests (not an SWE task)")
-    res = await client.get_observation(trajectory_id, RUN_TESTS_ACTION,
-                                       dict(extra_field, test_cmd=extra_field[HIDDEN_TEST_KEY]))
+        raise ValueError(
+            f'extra_field["{HIDDEN_TEST_KEY}"] is missing: the row has no '
+            "hidden tests (not an SWE task)"
+        )
+    res = await client.get_observation(
+        trajectory_id, RUN_TESTS_ACTION, dict(extra_field, test_cmd=extra_field[HIDDEN_TEST_KEY])
+    )
     metrics = dict(res.extra.get("metrics") or {})
     metrics.update(seconds=res.latency_s, valid=res.valid)
     if not res.valid or "exit_code" not in metrics:
@@ -63,7 +72,7 @@ async def final_check(builder, tool_client) -> bool:
         result = await run_hidden_tests(tool_client, builder.traj.trajectory_id, extra)
     except asyncio.CancelledError:
         raise
-    except Exception as e:  # noqa: BLE001 - recorded; the reward scores it 0
+    except Exception as e:
         result = {"exit_code": None, "error": f"{type(e).__name__}: {e}"}
     builder.traj.data = with_result(builder.traj.data, result)
     return True

@@ -3,14 +3,17 @@
 The history is never re-tokenized: an observation is tokenized alone and its ids are
 appended after the sampled ids, so the training sequence is exactly what the sampler saw.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 
-def truncate_tokens(ids: Sequence[int], max_tokens: int, side: str,
-                    marker_ids: Sequence[int]) -> list[int]:
+def truncate_tokens(
+    ids: Sequence[int], max_tokens: int, side: str, marker_ids: Sequence[int]
+) -> list[int]:
     """Cut ``ids`` to at most ``max_tokens`` tokens, marker included.
 
     ``side="head"`` keeps the first tokens: ``ids[:k] + marker``;
@@ -28,10 +31,10 @@ def truncate_tokens(ids: Sequence[int], max_tokens: int, side: str,
         return ids
     k = max_tokens - len(marker_ids)
     if k <= 0:
-        return ids[:max_tokens] if side == "head" else ids[len(ids) - max_tokens:]
+        return ids[:max_tokens] if side == "head" else ids[len(ids) - max_tokens :]
     if side == "head":
         return ids[:k] + list(marker_ids)
-    return list(marker_ids) + ids[len(ids) - k:]
+    return list(marker_ids) + ids[len(ids) - k :]
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -55,12 +58,13 @@ class ObservationFormatter:
     max_obs_tokens: int
     side: str = "tail"
     marker: str = "...[truncated]..."
-    image_processor: Optional[Any] = None
+    image_processor: Any | None = None
 
     def __post_init__(self) -> None:
         if self.template.count("{obs}") != 1:
-            raise ValueError(f"obs_template must contain '{{obs}}' exactly once, got "
-                             f"{self.template!r}")
+            raise ValueError(
+                f"obs_template must contain '{{obs}}' exactly once, got {self.template!r}"
+            )
         prefix, suffix = self.template.split("{obs}")
         self.prefix_ids = encode(self.tokenizer, prefix)
         self.suffix_ids = encode(self.tokenizer, suffix)

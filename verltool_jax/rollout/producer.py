@@ -13,10 +13,12 @@ key (the trainer uses the data row's index) and stays *in flight* until the cons
 says it trained on the group (:meth:`consumed`); :meth:`in_flight_keys` is what a
 checkpoint must replay on resume. Prompts given as ``replay`` are started first.
 """
+
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Hashable, Iterator, Optional, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Any
 
 from verltool_jax.rollout.agent_loop import PromptItem, make_formatter, rollout_group
 from verltool_jax.rollout.config import RolloutConfig
@@ -36,10 +38,19 @@ class RolloutProducer:
     """Rolls out prompts from ``prompts`` (an iterator of ``(key, PromptItem)``; it may
     block, so it is advanced in a worker thread) ``n_samples`` times each."""
 
-    def __init__(self, prompts: Iterator[Keyed], *, n_samples: int, sampler: Any,
-                 tool_client: Any, tokenizer: Any, cfg: RolloutConfig,
-                 queue: Optional[TrajectoryQueue] = None, replay: Sequence[Keyed] = (),
-                 image_processor: Any = None):
+    def __init__(
+        self,
+        prompts: Iterator[Keyed],
+        *,
+        n_samples: int,
+        sampler: Any,
+        tool_client: Any,
+        tokenizer: Any,
+        cfg: RolloutConfig,
+        queue: TrajectoryQueue | None = None,
+        replay: Sequence[Keyed] = (),
+        image_processor: Any = None,
+    ):
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         self.prompts = prompts
@@ -52,7 +63,7 @@ class RolloutProducer:
         self._replay = list(replay)
         self._formatter = make_formatter(tokenizer, cfg, image_processor)
         self._sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-        self._pending: dict[str, Hashable] = {}     # group id -> key, started not consumed
+        self._pending: dict[str, Hashable] = {}  # group id -> key, started not consumed
         self._exhausted = False
 
     # -------------------------------------------------------------- data position
@@ -66,7 +77,7 @@ class RolloutProducer:
             if g:
                 self._pending.pop(g[0].group_id, None)
 
-    async def _next(self) -> Optional[Keyed]:
+    async def _next(self) -> Keyed | None:
         if self._replay:
             return self._replay.pop(0)
         if self._exhausted:
@@ -77,8 +88,16 @@ class RolloutProducer:
         return nxt
 
     async def _group(self, item: PromptItem) -> list[Trajectory]:
-        return await rollout_group(item, self.n_samples, self.sampler, self.tool_client,
-                                   self.tokenizer, self.cfg, self._formatter, self._sem)
+        return await rollout_group(
+            item,
+            self.n_samples,
+            self.sampler,
+            self.tool_client,
+            self.tokenizer,
+            self.cfg,
+            self._formatter,
+            self._sem,
+        )
 
     # -------------------------------------------------------------- async mode
     async def run(self) -> list[list[Trajectory]]:
@@ -86,8 +105,10 @@ class RolloutProducer:
         wait for the groups in flight) or the queue closes / the task is cancelled.
         Returns the groups it finished, in the order their prompts started."""
         if self.queue is None:
-            raise ValueError("RolloutProducer.run needs a queue (async mode); use "
-                             "next_groups for the synchronous baseline")
+            raise ValueError(
+                "RolloutProducer.run needs a queue (async mode); use "
+                "next_groups for the synchronous baseline"
+            )
         tasks: list[asyncio.Task] = []
 
         async def one(item: PromptItem) -> list[Trajectory]:
@@ -104,7 +125,7 @@ class RolloutProducer:
                 if nxt is None:
                     break
                 key, item = nxt
-                self._pending[item.group_id] = key     # in flight from here (resume replays it)
+                self._pending[item.group_id] = key  # in flight from here (resume replays it)
                 await self.queue.admit()
                 tasks.append(asyncio.create_task(one(item)))
             return list(await asyncio.gather(*tasks))
@@ -129,5 +150,12 @@ class RolloutProducer:
             items.append(item)
         if not items:
             return []
-        return await run_rollout_sync(items, self.n_samples, self.sampler, self.tool_client,
-                                      self.tokenizer, self.cfg, formatter=self._formatter)
+        return await run_rollout_sync(
+            items,
+            self.n_samples,
+            self.sampler,
+            self.tool_client,
+            self.tokenizer,
+            self.cfg,
+            formatter=self._formatter,
+        )

@@ -15,13 +15,13 @@
   ``start_version`` (a resumed run) is the version the count starts from: ``version``
   above is then the number of updates since the queue was made.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
 
 from verltool_jax.rollout.trajectory import Trajectory
 
@@ -48,28 +48,39 @@ class QueueMetrics:
     groups_out: int = 0
     dropped_stale: int = 0
     trajectories_in: int = 0
-    put_wait_s: float = 0.0          # producers blocked by backpressure (total)
-    get_wait_s: float = 0.0          # trainer waiting for groups (total)
-    admit_wait_s: float = 0.0        # producers waiting for admission (total)
+    put_wait_s: float = 0.0  # producers blocked by backpressure (total)
+    get_wait_s: float = 0.0  # trainer waiting for groups (total)
+    admit_wait_s: float = 0.0  # producers waiting for admission (total)
     max_depth: int = 0
-    staleness_out: list[int] = field(default_factory=list)   # of every group handed out
+    staleness_out: list[int] = field(default_factory=list)  # of every group handed out
 
     def summary(self, depth: int) -> dict:
         s = self.staleness_out
-        return {"queue/groups_in": self.groups_in, "queue/groups_out": self.groups_out,
-                "queue/dropped_stale": self.dropped_stale, "queue/depth": depth,
-                "queue/max_depth": self.max_depth, "queue/put_wait_s": self.put_wait_s,
-                "queue/get_wait_s": self.get_wait_s, "queue/admit_wait_s": self.admit_wait_s,
-                "queue/staleness_mean": (sum(s) / len(s)) if s else 0.0,
-                "queue/staleness_max": max(s) if s else 0}
+        return {
+            "queue/groups_in": self.groups_in,
+            "queue/groups_out": self.groups_out,
+            "queue/dropped_stale": self.dropped_stale,
+            "queue/depth": depth,
+            "queue/max_depth": self.max_depth,
+            "queue/put_wait_s": self.put_wait_s,
+            "queue/get_wait_s": self.get_wait_s,
+            "queue/admit_wait_s": self.admit_wait_s,
+            "queue/staleness_mean": (sum(s) / len(s)) if s else 0.0,
+            "queue/staleness_max": max(s) if s else 0,
+        }
 
 
 class TrajectoryQueue:
     """Bounded asyncio queue of complete trajectory groups with staleness control."""
 
-    def __init__(self, max_groups: int = 64, max_staleness: int = 1,
-                 group_size: Optional[int] = None,
-                 groups_per_batch: Optional[int] = None, start_version: int = 0) -> None:
+    def __init__(
+        self,
+        max_groups: int = 64,
+        max_staleness: int = 1,
+        group_size: int | None = None,
+        groups_per_batch: int | None = None,
+        start_version: int = 0,
+    ) -> None:
         if max_groups < 1:
             raise ValueError(f"TrajectoryQueue.max_groups must be >= 1, got {max_groups}")
         if max_staleness < 0:
@@ -77,8 +88,9 @@ class TrajectoryQueue:
         if group_size is not None and group_size < 1:
             raise ValueError(f"TrajectoryQueue.group_size must be >= 1, got {group_size}")
         if groups_per_batch is not None and groups_per_batch < 1:
-            raise ValueError(f"TrajectoryQueue.groups_per_batch must be >= 1, got "
-                             f"{groups_per_batch}")
+            raise ValueError(
+                f"TrajectoryQueue.groups_per_batch must be >= 1, got {groups_per_batch}"
+            )
         self.max_groups = max_groups
         self.max_staleness = max_staleness
         self.group_size = group_size
@@ -105,8 +117,9 @@ class TrajectoryQueue:
     def _admissible(self) -> bool:
         if self.groups_per_batch is None:
             return True
-        allowed = ((self.version - self.start_version + self.max_staleness + 1)
-                   * self.groups_per_batch)
+        allowed = (
+            self.version - self.start_version + self.max_staleness + 1
+        ) * self.groups_per_batch
         return self._started - self.metrics.dropped_stale < allowed
 
     async def admit(self) -> None:
@@ -122,8 +135,9 @@ class TrajectoryQueue:
     async def put(self, traj: Trajectory) -> None:
         """Add one trajectory; its group is released when ``group_size`` have arrived."""
         if self.group_size is None:
-            raise ValueError("TrajectoryQueue.put(traj) needs group_size; set it, or use "
-                             "put_group(group)")
+            raise ValueError(
+                "TrajectoryQueue.put(traj) needs group_size; set it, or use put_group(group)"
+            )
         bucket = self._pending.setdefault(traj.group_id, [])
         if any(t.trajectory_id == traj.trajectory_id for t in bucket):
             raise ValueError(f"trajectory {traj.trajectory_id} was put twice")
@@ -138,8 +152,9 @@ class TrajectoryQueue:
             raise ValueError("put_group: the group is empty")
         gids = {t.group_id for t in group}
         if len(gids) != 1:
-            raise ValueError(f"put_group: trajectories of one group must share group_id, "
-                             f"got {sorted(gids)}")
+            raise ValueError(
+                f"put_group: trajectories of one group must share group_id, got {sorted(gids)}"
+            )
         t0 = time.perf_counter()
         async with self._cond:
             await self._cond.wait_for(lambda: self._closed or len(self._ready) < self.max_groups)
@@ -171,8 +186,9 @@ class TrajectoryQueue:
             self._drop_stale_locked()
             self._cond.notify_all()
 
-    async def get_batch(self, num_groups: int,
-                        timeout: Optional[float] = None) -> list[list[Trajectory]]:
+    async def get_batch(
+        self, num_groups: int, timeout: float | None = None
+    ) -> list[list[Trajectory]]:
         """Take ``num_groups`` fresh groups (oldest first), waiting for them to arrive.
 
         Raises ``TimeoutError`` after ``timeout`` seconds and :class:`QueueClosed` if the
@@ -192,8 +208,10 @@ class TrajectoryQueue:
                         self._cond.notify_all()
                         if len(out) < num_groups:
                             if self._closed:
-                                raise QueueClosed(f"TrajectoryQueue closed with {len(out)} of "
-                                                  f"{num_groups} groups available")
+                                raise QueueClosed(
+                                    f"TrajectoryQueue closed with {len(out)} of "
+                                    f"{num_groups} groups available"
+                                )
                             await self._cond.wait()
                 except BaseException:
                     # Timeout, cancellation or close: nothing taken is lost.

@@ -5,11 +5,13 @@ all of them are back, the batch's actions go to the tool server in one request; 
 every observation is back, turn k+1 starts. Same records as the asynchronous loop (the
 same :class:`TrajectoryBuilder`); only the schedule differs.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from verltool_jax.rollout.agent_loop import PromptLike, as_prompt_item, make_formatter
 from verltool_jax.rollout.config import RolloutConfig
@@ -21,7 +23,7 @@ from verltool_jax.samplers.base import Sampler
 from verltool_jax.tools_client import ToolClient
 
 
-async def _generate(b: TrajectoryBuilder, sampler: Sampler) -> Optional[str]:
+async def _generate(b: TrajectoryBuilder, sampler: Sampler) -> str | None:
     req = b.request()
     if req is None:
         return None
@@ -32,25 +34,43 @@ async def _generate(b: TrajectoryBuilder, sampler: Sampler) -> Optional[str]:
         return b.apply_completion(comp, time.perf_counter() - g0)
     except asyncio.CancelledError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         b.fail(f"{type(e).__name__}: {e}")
         return None
 
 
-async def run_rollout_sync(prompts: Sequence[PromptLike], n_samples: int, sampler: Sampler,
-                           tool_client: ToolClient, tokenizer: Any, cfg: RolloutConfig,
-                           queue: Optional[TrajectoryQueue] = None,
-                           formatter: Optional[Any] = None) -> list[list[Trajectory]]:
+async def run_rollout_sync(
+    prompts: Sequence[PromptLike],
+    n_samples: int,
+    sampler: Sampler,
+    tool_client: ToolClient,
+    tokenizer: Any,
+    cfg: RolloutConfig,
+    queue: TrajectoryQueue | None = None,
+    formatter: Any | None = None,
+) -> list[list[Trajectory]]:
     """Batch-synchronous rollout of every prompt ``n_samples`` times; groups in prompt order."""
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     items = [as_prompt_item(p, i) for i, p in enumerate(prompts)]
     formatter = formatter or make_formatter(tokenizer, cfg)
     t0 = time.perf_counter()
-    builders = [[TrajectoryBuilder(f"{it.group_id}-{k}", it.group_id, it.prompt_ids, cfg,
-                                   tokenizer, formatter, it.data, it.images)
-                 for k in range(n_samples)]
-                for it in items]
+    builders = [
+        [
+            TrajectoryBuilder(
+                f"{it.group_id}-{k}",
+                it.group_id,
+                it.prompt_ids,
+                cfg,
+                tokenizer,
+                formatter,
+                it.data,
+                it.images,
+            )
+            for k in range(n_samples)
+        ]
+        for it in items
+    ]
     flat = [b for g in builders for b in g]
     live = list(flat)
     while live:
@@ -59,14 +79,16 @@ async def run_rollout_sync(prompts: Sequence[PromptLike], n_samples: int, sample
         if acting:
             try:
                 results = await tool_client.get_observations(
-                    [b.traj.trajectory_id for b, _ in acting], [a for _, a in acting],
+                    [b.traj.trajectory_id for b, _ in acting],
+                    [a for _, a in acting],
                     [b.extra_field for b, _ in acting],
-                    is_last_step=[b.is_last_tool_turn for b, _ in acting])
+                    is_last_step=[b.is_last_tool_turn for b, _ in acting],
+                )
                 for (b, _), r in zip(acting, results):
                     b.apply_observation(r)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - the batch call failed: those trajectories end
+            except Exception as e:
                 for b, _ in acting:
                     b.fail(f"{type(e).__name__}: {e}")
         now = time.perf_counter() - t0
@@ -75,12 +97,15 @@ async def run_rollout_sync(prompts: Sequence[PromptLike], n_samples: int, sample
                 b.traj.wall_time_s = now
         live = [b for b in live if not b.finished]
     checked = await asyncio.gather(*(final_check(b, tool_client) for b in flat))
-    used = [b.traj.trajectory_id for b, c in zip(flat, checked)
-            if b.traj.tool_calls or b.traj.actions or c]
+    used = [
+        b.traj.trajectory_id
+        for b, c in zip(flat, checked)
+        if b.traj.tool_calls or b.traj.actions or c
+    ]
     if used:
         try:
             await tool_client.finish(used)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             for b in flat:
                 b.traj.data.setdefault("finish_error", f"{type(e).__name__}: {e}")
     groups = [[b.traj for b in g] for g in builders]

@@ -1,9 +1,10 @@
 """The record of one finished (or failed) trajectory, as the trainer consumes it."""
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -30,7 +31,7 @@ class Trajectory:
     """
 
     trajectory_id: str
-    group_id: str                       # all samples of one prompt share it
+    group_id: str  # all samples of one prompt share it
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
@@ -39,21 +40,23 @@ class Trajectory:
     num_turns: int = 0
     tool_calls: int = 0
     invalid_tool_calls: int = 0
-    termination: str = ""               # "eos" | "done" | "max_turns" | "budget" | "error"
+    termination: str = ""  # "eos" | "done" | "max_turns" | "budget" | "error"
     tool_latencies: list[float] = field(default_factory=list)
     gen_latencies: list[float] = field(default_factory=list)  # sampler wall time per turn
-    gen_tokens: list[int] = field(default_factory=list)       # tokens sampled per turn
-    obs_truncated: int = 0              # observations cut to max_obs_tokens
-    extras: list[dict] = field(default_factory=list)   # observations' payloads (image, reward, ...)
-    actions: list[str] = field(default_factory=list)   # for reports: each turn's action text
+    gen_tokens: list[int] = field(default_factory=list)  # tokens sampled per turn
+    obs_truncated: int = 0  # observations cut to max_obs_tokens
+    extras: list[dict] = field(default_factory=list)  # observations' payloads (image, reward, ...)
+    actions: list[str] = field(default_factory=list)  # for reports: each turn's action text
     observations: list[str] = field(default_factory=list)
-    reward: Optional[float] = None
+    reward: float | None = None
     reward_info: dict = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)  # the data row (ground truth, data_source, ...)
-    images: list[TrajectoryImage] = field(default_factory=list)   # every image the policy saw
-    image_token_id: Optional[int] = None   # the placeholder id of ``images`` (VL policies)
+    data: dict[str, Any] = field(
+        default_factory=dict
+    )  # the data row (ground truth, data_source, ...)
+    images: list[TrajectoryImage] = field(default_factory=list)  # every image the policy saw
+    image_token_id: int | None = None  # the placeholder id of ``images`` (VL policies)
     wall_time_s: float = 0.0
-    error: Optional[str] = None
+    error: str | None = None
 
     def check(self) -> None:
         """Raise ValueError if the per-token lists disagree in length or an image's placeholder
@@ -61,17 +64,21 @@ class Trajectory:
         n = len(self.response_ids)
         for name in ("loss_mask", "logprobs", "versions"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"Trajectory.{name} has length {len(getattr(self, name))}, "
-                                 f"response_ids has {n}")
+                raise ValueError(
+                    f"Trajectory.{name} has length {len(getattr(self, name))}, response_ids has {n}"
+                )
         if self.images:
             from verltool_jax.models.image_inputs import placeholder_runs
+
             ids = self.prompt_ids + self.response_ids
             tok = self.image_token_id
             want = [(im.offset, im.image.num_tokens) for im in self.images]
             if placeholder_runs(ids, tok) != want:
-                raise ValueError(f"trajectory {self.trajectory_id}: image placeholder runs "
-                                 f"{placeholder_runs(ids, tok)} differ from the images' "
-                                 f"(offset, tokens) {want}")
+                raise ValueError(
+                    f"trajectory {self.trajectory_id}: image placeholder runs "
+                    f"{placeholder_runs(ids, tok)} differ from the images' "
+                    f"(offset, tokens) {want}"
+                )
 
     # fields a JSON record leaves out: image patches and observation payloads
     JSON_SKIPS = ("images", "extras")
@@ -83,7 +90,7 @@ class Trajectory:
         return json.loads(json.dumps(d, default=_json_value))
 
     @classmethod
-    def from_json(cls, d: dict) -> "Trajectory":
+    def from_json(cls, d: dict) -> Trajectory:
         """The trajectory :meth:`to_json` recorded (without images and extras)."""
         return cls(**d)
 
@@ -97,6 +104,7 @@ class Trajectory:
 def _json_value(x: Any) -> Any:
     """numpy arrays and scalars as lists and numbers; anything else as its string."""
     import numpy as np
+
     if isinstance(x, np.ndarray):
         return x.tolist()
     if isinstance(x, np.generic):

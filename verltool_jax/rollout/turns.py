@@ -6,10 +6,12 @@ append the observation, and when to stop. The two schedulers (one asyncio task p
 trajectory in ``agent_loop``; batch-by-batch in ``sync_baseline``) only decide *when*
 each step runs, so both produce the same records.
 """
+
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from verltool_jax.models.image_inputs import ImageInputError, check_placeholders
 from verltool_jax.rollout.config import RolloutConfig
@@ -51,33 +53,54 @@ class TrajectoryBuilder:
     text-only) is replaced by a note in the observation saying why.
     """
 
-    def __init__(self, trajectory_id: str, group_id: str, prompt_ids: list[int],
-                 cfg: RolloutConfig, tokenizer: Any, formatter: ObservationFormatter,
-                 data: Optional[dict] = None, prompt_images: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        trajectory_id: str,
+        group_id: str,
+        prompt_ids: list[int],
+        cfg: RolloutConfig,
+        tokenizer: Any,
+        formatter: ObservationFormatter,
+        data: dict | None = None,
+        prompt_images: Sequence[Any] = (),
+    ) -> None:
         if not prompt_ids:
-            raise ValueError(f"trajectory {trajectory_id}: prompt_ids is empty; give the "
-                             f"tokenized prompt")
+            raise ValueError(
+                f"trajectory {trajectory_id}: prompt_ids is empty; give the tokenized prompt"
+            )
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.formatter = formatter
         self.image_processor = image_processor = formatter.image_processor
-        self.traj = Trajectory(trajectory_id=trajectory_id, group_id=group_id,
-                               prompt_ids=list(prompt_ids), data=dict(data or {}))
+        self.traj = Trajectory(
+            trajectory_id=trajectory_id,
+            group_id=group_id,
+            prompt_ids=list(prompt_ids),
+            data=dict(data or {}),
+        )
         if image_processor is not None:
             self.traj.image_token_id = image_processor.config.image_token_id
         if prompt_images:
             if image_processor is None:
-                raise ImageInputError(f"trajectory {trajectory_id}: the prompt has "
-                                      f"{len(prompt_images)} image(s) but the policy is a "
-                                      "text-only model; use a vision-language model "
-                                      "(Qwen2.5-VL) or drop the images")
-            starts = check_placeholders(prompt_ids, prompt_images, self.traj.image_token_id,
-                                        f"trajectory {trajectory_id} prompt")
-            self.traj.images = [TrajectoryImage(im, s, "prompt", 0)
-                                for im, s in zip(prompt_images, starts)]
-        self._close_ids = (encode(tokenizer, cfg.close_action_on_length)
-                           if cfg.close_action_on_length else [])
-        self.pending_action: Optional[str] = None
+                raise ImageInputError(
+                    f"trajectory {trajectory_id}: the prompt has "
+                    f"{len(prompt_images)} image(s) but the policy is a "
+                    "text-only model; use a vision-language model "
+                    "(Qwen2.5-VL) or drop the images"
+                )
+            starts = check_placeholders(
+                prompt_ids,
+                prompt_images,
+                self.traj.image_token_id,
+                f"trajectory {trajectory_id} prompt",
+            )
+            self.traj.images = [
+                TrajectoryImage(im, s, "prompt", 0) for im, s in zip(prompt_images, starts)
+            ]
+        self._close_ids = (
+            encode(tokenizer, cfg.close_action_on_length) if cfg.close_action_on_length else []
+        )
+        self.pending_action: str | None = None
 
     # --- state ------------------------------------------------------------------------
     @property
@@ -109,7 +132,7 @@ class TrajectoryBuilder:
         t.logprobs.extend(logprobs)
         t.versions.extend([version] * len(ids))
 
-    def _placeholder_cut(self, token_ids) -> Optional[int]:
+    def _placeholder_cut(self, token_ids) -> int | None:
         """Index of the first image / video placeholder in sampled ``token_ids`` (VL policies)."""
         if self.image_processor is None:
             return None
@@ -130,8 +153,10 @@ class TrajectoryBuilder:
         if not refs:
             return [], []
         if self.image_processor is None:
-            return [], [f"[the tool returned {len(refs)} image(s), but this policy is a "
-                        "text-only model and cannot see them]"]
+            return [], [
+                f"[the tool returned {len(refs)} image(s), but this policy is a "
+                "text-only model and cannot see them]"
+            ]
         out, notes = [], []
         for ref in refs:
             try:
@@ -141,7 +166,7 @@ class TrajectoryBuilder:
         return out, notes
 
     # --- one turn ---------------------------------------------------------------------
-    def request(self) -> Optional[tuple[list[int], SamplingParams]]:
+    def request(self) -> tuple[list[int], SamplingParams] | None:
         """The next sampler request ``(token ids so far, params)``, or None if finished."""
         if self.finished:
             return None
@@ -151,11 +176,14 @@ class TrajectoryBuilder:
         n = self.remaining
         if self.cfg.max_action_tokens is not None:
             n = min(n, self.cfg.max_action_tokens)
-        seed = (derive_seed(self.cfg.seed, self.traj.trajectory_id, self.traj.num_turns)
-                if self.cfg.seed is not None else None)
+        seed = (
+            derive_seed(self.cfg.seed, self.traj.trajectory_id, self.traj.num_turns)
+            if self.cfg.seed is not None
+            else None
+        )
         return self.traj.prompt_ids + self.traj.response_ids, self.cfg.sampling_params(n, seed)
 
-    def apply_completion(self, comp: Completion, latency_s: float = 0.0) -> Optional[str]:
+    def apply_completion(self, comp: Completion, latency_s: float = 0.0) -> str | None:
         """Append a model turn; return the action text to run, or None if it ended.
 
         A turn is an action if it stopped on one of ``action_stop_strings`` (or was cut by
@@ -163,8 +191,9 @@ class TrajectoryBuilder:
         EOS (``"eos"``) or on the token budget (``"budget"``).
         """
         if len(comp.token_ids) != len(comp.logprobs):
-            raise ValueError(f"sampler returned {len(comp.token_ids)} tokens but "
-                             f"{len(comp.logprobs)} logprobs")
+            raise ValueError(
+                f"sampler returned {len(comp.token_ids)} tokens but {len(comp.logprobs)} logprobs"
+            )
         t = self.traj
         t.num_turns += 1
         t.gen_latencies.append(float(latency_s))
@@ -173,17 +202,31 @@ class TrajectoryBuilder:
         if cut is not None:
             # A sampled image / video placeholder has no image behind it: keep the tokens
             # before it and end the trajectory (its record stays what the sampler saw).
-            self._append(list(comp.token_ids[:cut]), 1, [float(x) for x in comp.logprobs[:cut]],
-                         int(comp.policy_version))
-            self.fail(f"the policy sampled the image placeholder token "
-                      f"{comp.token_ids[cut]} (turn {t.num_turns}); the turn was cut there")
+            self._append(
+                list(comp.token_ids[:cut]),
+                1,
+                [float(x) for x in comp.logprobs[:cut]],
+                int(comp.policy_version),
+            )
+            self.fail(
+                f"the policy sampled the image placeholder token "
+                f"{comp.token_ids[cut]} (turn {t.num_turns}); the turn was cut there"
+            )
             return None
-        self._append(list(comp.token_ids), 1, [float(x) for x in comp.logprobs],
-                     int(comp.policy_version))
-        is_action = (comp.finish_reason == "stop" and comp.stop_string is not None
-                     and comp.stop_string in self.cfg.action_stop_strings)
-        forced = (not is_action and comp.finish_reason == "length" and bool(self._close_ids)
-                  and self.remaining >= len(self._close_ids))
+        self._append(
+            list(comp.token_ids), 1, [float(x) for x in comp.logprobs], int(comp.policy_version)
+        )
+        is_action = (
+            comp.finish_reason == "stop"
+            and comp.stop_string is not None
+            and comp.stop_string in self.cfg.action_stop_strings
+        )
+        forced = (
+            not is_action
+            and comp.finish_reason == "length"
+            and bool(self._close_ids)
+            and self.remaining >= len(self._close_ids)
+        )
         if not (is_action or forced):
             self._end("eos" if comp.finish_reason == "stop" else "budget")
             return None
@@ -222,7 +265,7 @@ class TrajectoryBuilder:
         n_prefix = len(self.formatter.prefix_ids)
         ids = ids[:n_prefix] + [i for b in blocks for i in b] + ids[n_prefix:]
         if len(ids) > self.remaining:
-            self._end("budget")        # the observation does not fit: stop before it
+            self._end("budget")  # the observation does not fit: stop before it
             return
         start = len(t.prompt_ids) + len(t.response_ids) + n_prefix
         for im, b in zip(images, blocks):
@@ -236,8 +279,9 @@ class TrajectoryBuilder:
         """``sampler.generate`` for this trajectory's request, with its images if it has any."""
         imgs = self.sampler_images()
         if imgs:
-            return await sampler.generate(ids, params, request_id=self.traj.trajectory_id,
-                                          images=imgs)
+            return await sampler.generate(
+                ids, params, request_id=self.traj.trajectory_id, images=imgs
+            )
         return await sampler.generate(ids, params, request_id=self.traj.trajectory_id)
 
     def fail(self, message: str) -> None:

@@ -10,10 +10,12 @@ under the truncated, renormalised distribution the token was actually drawn from
 trainer's value whenever truncation is off (the RL default). Greedy decoding
 (``temperature == 0``) reports ``log_softmax(logits)`` (T taken as 1).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -21,10 +23,10 @@ class SamplingParams:
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1                     # -1: disabled
-    stop: tuple[str, ...] = ()          # stop strings, kept in the output
+    top_k: int = -1  # -1: disabled
+    stop: tuple[str, ...] = ()  # stop strings, kept in the output
     stop_token_ids: tuple[int, ...] = ()
-    seed: Optional[int] = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -45,9 +47,9 @@ class SamplingParams:
 class Completion:
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str                  # "stop" (stop string / stop id / EOS) or "length"
-    stop_string: Optional[str] = None   # the stop string that ended it, if any
-    policy_version: int = 0             # weights version that produced every token
+    finish_reason: str  # "stop" (stop string / stop id / EOS) or "length"
+    stop_string: str | None = None  # the stop string that ended it, if any
+    policy_version: int = 0  # weights version that produced every token
     metrics: dict = field(default_factory=dict)
 
 
@@ -71,9 +73,14 @@ class SamplerTimeoutError(SamplerError):
 class Sampler(Protocol):
     version: int
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None, *,
-                       images: Optional[Sequence[Any]] = None) -> Completion:
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence[Any] | None = None,
+    ) -> Completion:
         """Sample one completion. ``request_id`` (e.g. the trajectory id) enables sticky
         routing. ``images`` (``models.image_inputs.ImageInput``, one per placeholder run of
         the prompt) are for vision-language policies; a backend or model that cannot take
@@ -84,5 +91,4 @@ class Sampler(Protocol):
         """Install new policy weights (Flax params pytree of the policy) as ``version``."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...

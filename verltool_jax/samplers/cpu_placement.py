@@ -21,14 +21,15 @@ machine pins all the model's compute to a single core. The rules here:
 
 Variables the user already set in the environment win (:func:`apply_env`).
 """
+
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, MutableMapping, Sequence
 
-GIB = 2 ** 30
+GIB = 2**30
 MIN_CORES_TO_RESERVE = 8
 
 
@@ -42,9 +43,11 @@ class CpuPlacement:
 
     def env(self) -> dict[str, str]:
         """The vLLM CPU environment variables of this placement."""
-        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in self.cores),
-                "VLLM_CPU_NUM_OF_RESERVED_CPU": str(self.reserved),
-                "VLLM_CPU_KVCACHE_SPACE": str(self.kvcache_gib)}
+        return {
+            "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in self.cores),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": str(self.reserved),
+            "VLLM_CPU_KVCACHE_SPACE": str(self.kvcache_gib),
+        }
 
 
 def kv_bytes_per_token(hf_config: Mapping, dtype_bytes: int) -> int:
@@ -55,9 +58,15 @@ def kv_bytes_per_token(hf_config: Mapping, dtype_bytes: int) -> int:
     return 2 * int(hf_config["num_hidden_layers"]) * kv_heads * head_dim * dtype_bytes
 
 
-def choose_cpu_placement(cores: Sequence[int], available_bytes: int, *, trainer_overlaps: bool,
-                         max_model_len: int, kv_token_bytes: int,
-                         max_num_seqs_cap: int = 256) -> CpuPlacement:
+def choose_cpu_placement(
+    cores: Sequence[int],
+    available_bytes: int,
+    *,
+    trainer_overlaps: bool,
+    max_model_len: int,
+    kv_token_bytes: int,
+    max_num_seqs_cap: int = 256,
+) -> CpuPlacement:
     """The placement of one CPU engine (rules in the module docstring).
 
     ``cores``: the cores this process may use (``os.sched_getaffinity(0)``);
@@ -70,15 +79,18 @@ def choose_cpu_placement(cores: Sequence[int], available_bytes: int, *, trainer_
     if max_model_len < 1 or kv_token_bytes < 1 or max_num_seqs_cap < 1:
         raise ValueError("max_model_len, kv_token_bytes and max_num_seqs_cap must be >= 1")
     if trainer_overlaps and len(cores) > 1:
-        mine = cores[:math.ceil(len(cores) / 2)]
+        mine = cores[: math.ceil(len(cores) / 2)]
         why = f"trainer overlaps: engine gets {len(mine)} of {len(cores)} cores"
     else:
         mine = cores
         why = f"engine alone: all {len(cores)} cores"
     reserved = 1 if len(mine) >= MIN_CORES_TO_RESERVE else 0
-    bind = mine[:len(mine) - reserved]
-    why += (", 1 kept for the scheduler" if reserved
-            else ", none reserved for the scheduler (< 8 cores)")
+    bind = mine[: len(mine) - reserved]
+    why += (
+        ", 1 kept for the scheduler"
+        if reserved
+        else ", none reserved for the scheduler (< 8 cores)"
+    )
     share = 0.125 if trainer_overlaps else 0.25
     need = max_num_seqs_cap * max_model_len * kv_token_bytes
     kv_gib = max(1, min(math.ceil(need / GIB), int(available_bytes * share // GIB)))
@@ -88,8 +100,9 @@ def choose_cpu_placement(cores: Sequence[int], available_bytes: int, *, trainer_
     return CpuPlacement(bind, reserved, kv_gib, max_seqs, why)
 
 
-def apply_env(placement: CpuPlacement,
-              environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+def apply_env(
+    placement: CpuPlacement, environ: MutableMapping[str, str] = os.environ
+) -> dict[str, str]:
     """Set the placement's variables in ``environ`` where the user has not set them;
     returns the ones set."""
     applied = {k: v for k, v in placement.env().items() if k not in environ}
@@ -97,11 +110,22 @@ def apply_env(placement: CpuPlacement,
     return applied
 
 
-def machine_placement(hf_config: Mapping, dtype_bytes: int, *, trainer_overlaps: bool,
-                      max_model_len: int, max_num_seqs_cap: int = 256) -> CpuPlacement:
+def machine_placement(
+    hf_config: Mapping,
+    dtype_bytes: int,
+    *,
+    trainer_overlaps: bool,
+    max_model_len: int,
+    max_num_seqs_cap: int = 256,
+) -> CpuPlacement:
     """:func:`choose_cpu_placement` for this process's cores and free memory."""
     import psutil
-    return choose_cpu_placement(sorted(os.sched_getaffinity(0)), psutil.virtual_memory().available,
-                                trainer_overlaps=trainer_overlaps, max_model_len=max_model_len,
-                                kv_token_bytes=kv_bytes_per_token(hf_config, dtype_bytes),
-                                max_num_seqs_cap=max_num_seqs_cap)
+
+    return choose_cpu_placement(
+        sorted(os.sched_getaffinity(0)),
+        psutil.virtual_memory().available,
+        trainer_overlaps=trainer_overlaps,
+        max_model_len=max_model_len,
+        kv_token_bytes=kv_bytes_per_token(hf_config, dtype_bytes),
+        max_num_seqs_cap=max_num_seqs_cap,
+    )

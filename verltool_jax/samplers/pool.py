@@ -6,11 +6,13 @@ prefix cache); a sampler that reports itself dead (:class:`SamplerDeadError`) is
 out of rotation and the request retried on another. ``update_weights`` pushes the same
 weights to every sampler, concurrently, and records the version.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from .base import Completion, Sampler, SamplerDeadError, SamplerError, SamplingParams
 from .routing import StickyLeastLoadedRouter
@@ -27,19 +29,25 @@ class SamplerPool:
         self.version = min(int(getattr(s, "version", 0)) for s in self.samplers)
         self.last_sync: dict = {}
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None, *,
-                       images: Optional[Sequence[Any]] = None) -> Completion:
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence[Any] | None = None,
+    ) -> Completion:
         """Route to a sampler (sticky per ``request_id``, else least loaded) and sample;
         ``images`` (vision-language policies) go with the request."""
         kw = {"images": list(images)} if images else {}
-        last: Optional[BaseException] = None
+        last: BaseException | None = None
         for _ in range(len(self.samplers)):
             try:
                 idx = self.router.choose(request_id, self.inflight, self.healthy)
             except RuntimeError as e:
-                raise SamplerDeadError(f"every sampler in the pool is dead ({last}); restart "
-                                       "the pool") from last or e
+                raise SamplerDeadError(
+                    f"every sampler in the pool is dead ({last}); restart the pool"
+                ) from last or e
             self.inflight[idx] += 1
             try:
                 c = await self.samplers[idx].generate(prompt_token_ids, params, request_id, **kw)
@@ -70,10 +78,13 @@ class SamplerPool:
                     f.result()
         self.version = int(version)
         per = [getattr(s, "last_sync", {}) or {} for s in live]
-        self.last_sync = {"version": self.version, "samplers": len(live),
-                          "sync_seconds": time.perf_counter() - t0,
-                          "sync_bytes": max((int(p.get("sync_bytes", 0)) for p in per), default=0),
-                          "sync_bytes_total": sum(int(p.get("sync_bytes", 0)) for p in per)}
+        self.last_sync = {
+            "version": self.version,
+            "samplers": len(live),
+            "sync_seconds": time.perf_counter() - t0,
+            "sync_bytes": max((int(p.get("sync_bytes", 0)) for p in per), default=0),
+            "sync_bytes_total": sum(int(p.get("sync_bytes", 0)) for p in per),
+        }
 
     @property
     def load(self) -> int:
@@ -84,7 +95,7 @@ class SamplerPool:
         for s in self.samplers:
             try:
                 s.close()
-            except Exception as e:    # close every one, then report
+            except Exception as e:  # close every one, then report
                 errors.append(e)
         if errors:
             raise SamplerError(f"closing the pool: {errors}")

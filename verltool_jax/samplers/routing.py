@@ -5,10 +5,11 @@ same engine while it is healthy (its earlier turns are in that engine's prefix c
 a new trajectory, or one whose engine went away, goes to the healthy engine with the
 fewest requests in flight (ties: the one picked least recently, spreading the load).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
 class StickyLeastLoadedRouter:
@@ -35,8 +36,9 @@ class StickyLeastLoadedRouter:
         if len(seq) != self.num_samplers:
             raise ValueError(f"{name} has {len(seq)} entries; the pool has {self.num_samplers}")
 
-    def choose(self, key: Optional[str], loads: Sequence[int],
-               healthy: Optional[Sequence[bool]] = None) -> int:
+    def choose(
+        self, key: str | None, loads: Sequence[int], healthy: Sequence[bool] | None = None
+    ) -> int:
         self._check(loads, "loads")
         healthy = [True] * self.num_samplers if healthy is None else list(healthy)
         self._check(healthy, "healthy")
@@ -57,7 +59,7 @@ class StickyLeastLoadedRouter:
         self._last_used[idx] = self._tick
         return idx
 
-    def assigned(self, key: str) -> Optional[int]:
+    def assigned(self, key: str) -> int | None:
         return self._sticky.get(key)
 
     def release(self, key: str) -> None:

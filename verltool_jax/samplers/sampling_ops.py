@@ -8,6 +8,7 @@ that crosses ``p`` is kept); everything else is ``-inf``. The token is drawn fro
 ``processed_logprobs``. Greedy rows (``T == 0``) take ``argmax l`` with logprob
 ``log_softmax(l)[token]``.
 """
+
 from __future__ import annotations
 
 import jax
@@ -17,7 +18,8 @@ import jax.numpy as jnp
 def row_keys(seeds: jnp.ndarray, counters: jnp.ndarray) -> jnp.ndarray:
     """One PRNG key per row: ``fold_in(PRNGKey(seed_b), counter_b)`` (counter = tokens so far)."""
     return jax.vmap(lambda s, n: jax.random.fold_in(jax.random.PRNGKey(s), n))(
-        seeds.astype(jnp.uint32), counters.astype(jnp.uint32))
+        seeds.astype(jnp.uint32), counters.astype(jnp.uint32)
+    )
 
 
 def truncate_logits(z: jnp.ndarray, top_k: jnp.ndarray, top_p: jnp.ndarray) -> jnp.ndarray:
@@ -26,20 +28,25 @@ def truncate_logits(z: jnp.ndarray, top_k: jnp.ndarray, top_p: jnp.ndarray) -> j
     ``z [B,V]`` (already divided by T), ``top_k [B]`` int (<= 0: off), ``top_p [B]`` in (0,1].
     """
     V = z.shape[-1]
-    srt = -jnp.sort(-z, axis=-1)                                  # descending
+    srt = -jnp.sort(-z, axis=-1)  # descending
     k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)
     rank = jnp.arange(V)[None, :]
     in_k = rank < k[:, None]
     p_sorted = jax.nn.softmax(jnp.where(in_k, srt, -jnp.inf), axis=-1)
-    before = jnp.cumsum(p_sorted, axis=-1) - p_sorted             # mass strictly above
+    before = jnp.cumsum(p_sorted, axis=-1) - p_sorted  # mass strictly above
     keep = in_k & (before < top_p[:, None])
     n_keep = jnp.maximum(keep.sum(axis=-1), 1)
     thresh = jnp.take_along_axis(srt, (n_keep - 1)[:, None], axis=-1)
     return jnp.where(z >= thresh, z, -jnp.inf)
 
 
-def sample_tokens(logits: jnp.ndarray, temperature: jnp.ndarray, top_k: jnp.ndarray,
-                  top_p: jnp.ndarray, keys: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+def sample_tokens(
+    logits: jnp.ndarray,
+    temperature: jnp.ndarray,
+    top_k: jnp.ndarray,
+    top_p: jnp.ndarray,
+    keys: jnp.ndarray,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Sample one token per row -> ``(tokens [B] int32, logprobs [B] float32)`` (see module doc)."""
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0

@@ -5,10 +5,12 @@ EOS) ends the completion and is kept; then a stop string appearing in the decode
 (the tokenizer decodes the generated ids incrementally) ends it, keeping the token that
 completed it; then ``max_tokens`` ends it with "length".
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 
 @dataclass
@@ -21,7 +23,7 @@ class StopState:
     text_len_checked: int = 0
     text: str = ""
 
-    def check(self, token_ids: Sequence[int]) -> Optional[tuple[str, Optional[str], Optional[int]]]:
+    def check(self, token_ids: Sequence[int]) -> tuple[str, str | None, int | None] | None:
         """After ``token_ids[-1]`` was appended: ``(finish_reason, stop_string, stop_token_id)``
         if the completion is finished, else None."""
         t = token_ids[-1]

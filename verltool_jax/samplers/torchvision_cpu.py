@@ -25,6 +25,7 @@ inspects model classes in a subprocess):
 Where torchvision imports on its own (a GPU machine, a CPU build of torchvision), nothing
 of this is used. ``VERLTOOL_TORCHVISION_DIR`` points elsewhere than the default folder.
 """
+
 from __future__ import annotations
 
 import importlib.abc
@@ -32,7 +33,6 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 TORCHVISION_DIR_ENV = "VERLTOOL_TORCHVISION_DIR"
 SITE_DIR = Path(__file__).with_name("torchvision_cpu_site")
@@ -43,7 +43,7 @@ UNGUARDED_OPS = {
     "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
 }
-_LIBRARIES: list = []          # torch.library fragments live as long as their definitions
+_LIBRARIES: list = []  # torch.library fragments live as long as their definitions
 
 
 class TorchvisionUnavailableError(RuntimeError):
@@ -60,6 +60,7 @@ def define_missing_ops() -> list[str]:
     """Declare the schemas of :data:`UNGUARDED_OPS` that no library declared yet; returns the
     names declared (none when torchvision's own extension is loaded)."""
     import torch
+
     missing = [name for name in UNGUARDED_OPS if not _op_declared(name)]
     if missing:
         lib = torch.library.Library("torchvision", "FRAGMENT")
@@ -71,6 +72,7 @@ def define_missing_ops() -> list[str]:
 
 def _op_declared(name: str) -> bool:
     import torch
+
     try:
         getattr(torch.ops.torchvision, name)
         return True
@@ -107,23 +109,26 @@ def _prepend_pythonpath(*dirs: str) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([d for d in dirs if d not in have] + have)
 
 
-def enable(tv_dir: Optional[Path] = None) -> str:
+def enable(tv_dir: Path | None = None) -> str:
     """Make ``import torchvision`` work here and in child processes; returns ``"installed"``
     (it is importable on its own) or ``"cpu-compat"`` (the ops-free folder, see the module
     doc). Raises :class:`TorchvisionUnavailableError` naming the fix when neither applies."""
     if "torchvision" in sys.modules:
         return "cpu-compat" if _LIBRARIES else "installed"
     if importlib.util.find_spec("torchvision") is not None:
-        import torchvision  # noqa: F401  (a working install: a GPU machine, a CPU build)
+        import torchvision
+
         return "installed"
     tv_dir = Path(tv_dir or torchvision_dir())
     if not (tv_dir / "torchvision" / "__init__.py").is_file():
         import torch
+
         raise TorchvisionUnavailableError(
             f"vLLM needs torchvision for vision-language models and it is neither installed "
             f"nor in {tv_dir}; run scripts/setup.sh (it installs the torchvision matching torch "
             f"{torch.__version__.split('+')[0]} there), or `pip install torchvision` built for "
-            f"this torch, or set {TORCHVISION_DIR_ENV} to a folder holding one")
+            f"this torch, or set {TORCHVISION_DIR_ENV} to a folder holding one"
+        )
     if "transformers" in sys.modules:
         # transformers decides at import that torchvision is missing and builds its
         # processor maps without the torchvision-backed classes vLLM asks for
@@ -131,10 +136,12 @@ def enable(tv_dir: Optional[Path] = None) -> str:
             "transformers was imported before torchvision was made importable; call "
             "verltool_jax.samplers.torchvision_cpu.enable() (python -m verltool_jax.train "
             "does) or create the vLLM sampler of a vision-language model before anything "
-            "imports transformers")
+            "imports transformers"
+        )
     install_import_hook()
     if str(tv_dir) not in sys.path:
         sys.path.insert(0, str(tv_dir))
     _prepend_pythonpath(str(SITE_DIR), str(tv_dir))
     import torchvision  # noqa: F401
+
     return "cpu-compat"

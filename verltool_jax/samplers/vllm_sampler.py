@@ -22,6 +22,7 @@ A dead engine (``EngineDeadError``, killed engine-core process) is restarted up 
 ``max_restarts`` times, the last synced weights are re-applied, and the request retried
 once; past that, :class:`SamplerDeadError`. Nothing waits forever.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,20 +32,38 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
-from .base import (Completion, SamplerDeadError, SamplerError, SamplerRequestError,
-                   SamplerTimeoutError, SamplingParams)
+from .base import (
+    Completion,
+    SamplerDeadError,
+    SamplerError,
+    SamplerRequestError,
+    SamplerTimeoutError,
+    SamplingParams,
+)
 from .validation import check_image_request, effective_max_tokens
-from .weight_sync import (SharedWeightBuffer, WeightPayload, engine_sync_info,
-                          log_sync_path, named_tensors_from_params)
+from .weight_sync import (
+    SharedWeightBuffer,
+    WeightPayload,
+    engine_sync_info,
+    log_sync_path,
+    named_tensors_from_params,
+)
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16"}
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
 
 
-async def _cancel_tasks(tasks: Optional[list] = None, timeout_s: float = 2.0) -> None:
+async def _cancel_tasks(tasks: list | None = None, timeout_s: float = 2.0) -> None:
     """Cancel ``tasks`` (default: every other task on the running loop) and wait up to
     ``timeout_s`` for them to end."""
     if tasks is None:
@@ -66,29 +85,37 @@ class EnginePrompt:
     :meth:`check_expansion` verifies that the engine's prompt equals the trainer's ids.
     """
 
-    def __init__(self, ids: list[int], images: Sequence[Any] = (),
-                 image_token_id: Optional[int] = None) -> None:
+    def __init__(
+        self, ids: list[int], images: Sequence[Any] = (), image_token_id: int | None = None
+    ) -> None:
         self.ids, self.images, self.image_token_id = ids, list(images), image_token_id
 
     def tokens_prompt(self):
         from vllm.inputs import TokensPrompt
+
         if not self.images:
             return TokensPrompt(prompt_token_ids=self.ids)
         from verltool_jax.models.image_inputs import placeholder_runs
+
         compact, pos = [], 0
         for start, n in placeholder_runs(self.ids, self.image_token_id):
-            compact += self.ids[pos:start + 1]
+            compact += self.ids[pos : start + 1]
             pos = start + n
         compact += self.ids[pos:]
         pictures = [im.model_image() for im in self.images]
         pixels = [w * h for w, h in (p.size for p in pictures)]
-        return TokensPrompt(prompt_token_ids=compact, multi_modal_data={"image": pictures},
-                            mm_processor_kwargs={"size": {"shortest_edge": min(pixels),
-                                                          "longest_edge": max(pixels)}})
+        return TokensPrompt(
+            prompt_token_ids=compact,
+            multi_modal_data={"image": pictures},
+            mm_processor_kwargs={
+                "size": {"shortest_edge": min(pixels), "longest_edge": max(pixels)}
+            },
+        )
 
     def check_expansion(self, name: str, out) -> None:
         """Raise ``SamplerError`` unless the engine's prompt ids are the trainer's."""
         from verltool_jax.models.image_inputs import placeholder_runs
+
         got = list(getattr(out, "prompt_token_ids", None) or [])
         if self.images and got != self.ids:
             runs = [n for _, n in placeholder_runs(got, self.image_token_id)]
@@ -96,12 +123,14 @@ class EnginePrompt:
                 f"{name}: vLLM expanded the request's images to placeholder runs {runs}, the "
                 f"trainer to {[im.num_tokens for im in self.images]}; the engine's image "
                 "processor (the checkpoint's preprocessor_config.json: patch_size, "
-                "merge_size) must match the policy's vision config")
+                "merge_size) must match the policy's vision config"
+            )
 
 
 def _on_cpu() -> bool:
     """vLLM's platform here is its CPU backend."""
     from vllm.platforms import current_platform
+
     return current_platform.is_cpu()
 
 
@@ -122,24 +151,39 @@ class VLLMSampler:
             ``cpu_placement`` from the machine and this; ``self.placement`` says what).
     """
 
-    def __init__(self, model_path: str | os.PathLike, *, max_model_len: int = 2048,
-                 dtype: str = "float32", seed: int = 0, gpu_memory_utilization: float = 0.3,
-                 enforce_eager: bool = True, enable_prefix_caching: bool = True,
-                 request_timeout_s: float = 600.0, max_restarts: int = 1,
-                 startup_timeout_s: float = 600.0, name: str = "vllm",
-                 engine_kwargs: Optional[dict] = None, trainer_overlaps: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        max_model_len: int = 2048,
+        dtype: str = "float32",
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.3,
+        enforce_eager: bool = True,
+        enable_prefix_caching: bool = True,
+        request_timeout_s: float = 600.0,
+        max_restarts: int = 1,
+        startup_timeout_s: float = 600.0,
+        name: str = "vllm",
+        engine_kwargs: dict | None = None,
+        trainer_overlaps: bool = False,
+    ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"VLLMSampler dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         self.model_path = str(model_path)
         cfg_file = Path(self.model_path) / "config.json"
         if not cfg_file.is_file():
-            raise ValueError(f"VLLMSampler model_path={self.model_path!r} has no config.json; "
-                             "pass an HF checkpoint directory")
+            raise ValueError(
+                f"VLLMSampler model_path={self.model_path!r} has no config.json; "
+                "pass an HF checkpoint directory"
+            )
         self.hf_config = json.loads(cfg_file.read_text())
         from verltool_jax.models.config import VL_MODEL_TYPES
+
         self.is_vision_language = self.hf_config.get("model_type") in VL_MODEL_TYPES
-        if self.is_vision_language:         # vLLM's Qwen2-VL code imports torchvision
+        if self.is_vision_language:  # vLLM's Qwen2-VL code imports torchvision
             from .torchvision_cpu import enable
+
             enable()
         # a vision-language checkpoint keeps the language model's sizes in "text_config"
         self.text_config = {**self.hf_config, **(self.hf_config.get("text_config") or {})}
@@ -155,9 +199,14 @@ class VLLMSampler:
         self.restarts = 0
         self.last_sync: dict = {}
         self._engine_args = dict(
-            model=self.model_path, dtype=self.dtype, seed=seed, max_model_len=self.max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
+            model=self.model_path,
+            dtype=self.dtype,
+            seed=seed,
+            max_model_len=self.max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
             disable_log_stats=True,
             # vLLM's own default for an engine built from AsyncEngineArgs is 128 running
             # sequences; an agentic rollout keeps every live trajectory's turn in flight
@@ -168,10 +217,14 @@ class VLLMSampler:
         self.placement = None
         if _on_cpu():
             from .cpu_placement import machine_placement
+
             self.placement = machine_placement(
-                self.text_config, 2 if self.dtype != "float32" else 4,
-                trainer_overlaps=trainer_overlaps, max_model_len=self.max_model_len,
-                max_num_seqs_cap=self._engine_args["max_num_seqs"])
+                self.text_config,
+                2 if self.dtype != "float32" else 4,
+                trainer_overlaps=trainer_overlaps,
+                max_model_len=self.max_model_len,
+                max_num_seqs_cap=self._engine_args["max_num_seqs"],
+            )
             self._engine_args["max_num_seqs"] = self.placement.max_num_seqs
             # vLLM 0.32 on CPU kills its engine ("CPU Generator does not use offset") when a
             # request with its own seed (rollout.seed) is prefilled in chunks: it rewinds
@@ -179,24 +232,25 @@ class VLLMSampler:
             # prefill never takes that path (tests/samplers: test_seeded_requests_...).
             self._engine_args["enable_chunked_prefill"] = False
         self._engine_args.update(engine_kwargs or {})
-        self._model_config = None          # models.ModelConfig, loaded on first update
+        self._model_config = None  # models.ModelConfig, loaded on first update
         # "auto": in place where it applies, else vLLM's reload; "reload" forces the latter
         self.sync_mode = "auto"
         self._sync_paths_logged: set = set()
-        self._last_load: Optional[tuple[str, tuple]] = None   # (rpc method, args)
-        self._shm: Optional[SharedWeightBuffer] = None
+        self._last_load: tuple[str, tuple] | None = None  # (rpc method, args)
+        self._shm: SharedWeightBuffer | None = None
         self._ids = itertools.count()
         self._inflight = 0
-        self._admit: Optional[asyncio.Semaphore] = None   # engine slots (see _admitted)
-        self._last_progress = time.monotonic()             # last finished request
+        self._admit: asyncio.Semaphore | None = None  # engine slots (see _admitted)
+        self._last_progress = time.monotonic()  # last finished request
         self._closed = False
         self._engine = None
-        self._generation = 0               # bumped by every (re)start
+        self._generation = 0  # bumped by every (re)start
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"{name}-loop", daemon=True
+        )
         self._thread.start()
-        self._restart_lock: Optional[asyncio.Lock] = None
+        self._restart_lock: asyncio.Lock | None = None
         try:
             self._call(self._start_engine(), self.startup_timeout_s)
         except BaseException:
@@ -214,13 +268,17 @@ class VLLMSampler:
             return fut.result(timeout)
         except TimeoutError:
             fut.cancel()
-            raise SamplerTimeoutError(f"{self.name}: engine call did not finish within {timeout} s")
+            raise SamplerTimeoutError(
+                f"{self.name}: engine call did not finish within {timeout} s"
+            ) from None
 
     async def _start_engine(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
+
         if self.placement is not None:
             from .cpu_placement import apply_env
+
             apply_env(self.placement)
         self._restart_lock = self._restart_lock or asyncio.Lock()
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
@@ -245,17 +303,18 @@ class VLLMSampler:
         """Restart a dead engine (once per death) or raise SamplerDeadError."""
         async with self._restart_lock:
             if self._generation != generation and self.alive:
-                return                                  # someone else restarted it
+                return  # someone else restarted it
             if self.restarts >= self.max_restarts:
                 raise SamplerDeadError(
                     f"{self.name}: the vLLM engine died ({type(cause).__name__}: {cause}) and "
                     f"max_restarts={self.max_restarts} restarts are used up; check the engine "
                     f"log above for the root cause (out of memory, killed process) and "
-                    f"create a new sampler") from cause
+                    f"create a new sampler"
+                ) from cause
             self.restarts += 1
             old, self._engine = self._engine, None
             try:
-                old.shutdown(timeout=5)     # dead already: its output handler has ended
+                old.shutdown(timeout=5)  # dead already: its output handler has ended
             except Exception:
                 pass
             await self._start_engine()
@@ -266,16 +325,25 @@ class VLLMSampler:
     def _vllm_params(self, params: SamplingParams, max_new: int):
         from vllm import SamplingParams as VSP
         from vllm.sampling_params import RequestOutputKind
+
         # FINAL_ONLY: the front end builds one RequestOutput per request (at its end), not
         # one cumulative copy of the ids and logprobs per decoding step, and the awaiting
         # task wakes once, not once per token -- with hundreds of requests in flight that
         # per-step work competes with the rollout's event loop for the GIL.
-        return VSP(max_tokens=max_new, temperature=params.temperature, top_p=params.top_p,
-                   top_k=params.top_k if params.top_k > 0 else -1, stop=list(params.stop),
-                   stop_token_ids=list(params.stop_token_ids), seed=params.seed, logprobs=0,
-                   include_stop_str_in_output=True, skip_special_tokens=False,
-                   spaces_between_special_tokens=False,
-                   output_kind=RequestOutputKind.FINAL_ONLY)
+        return VSP(
+            max_tokens=max_new,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            stop=list(params.stop),
+            stop_token_ids=list(params.stop_token_ids),
+            seed=params.seed,
+            logprobs=0,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
 
     async def _admitted(self, prompt, vparams, request_id: str, version: int) -> Completion:
         """``_generate_on_loop`` once one of the engine's ``max_num_seqs`` slots is free.
@@ -285,11 +353,12 @@ class VLLMSampler:
         A long queue (an evaluation submits every prompt at once) waits its turn, and a
         slow but working engine (a full batch of long answers on two CPU cores can take
         longer than the timeout per wave) is never mistaken for a stuck one."""
-        if self._admit is None:            # created on the engine loop, which it serves
+        if self._admit is None:  # created on the engine loop, which it serves
             self._admit = asyncio.Semaphore(int(self._engine_args["max_num_seqs"]))
         async with self._admit:
             task = asyncio.ensure_future(
-                self._generate_on_loop(prompt, vparams, request_id, version))
+                self._generate_on_loop(prompt, vparams, request_id, version)
+            )
             started = time.monotonic()
             try:
                 while True:
@@ -298,17 +367,21 @@ class VLLMSampler:
                         self._last_progress = time.monotonic()
                         return task.result()
                     now = time.monotonic()
-                    if (now - started >= self.request_timeout_s
-                            and now - self._last_progress >= self.request_timeout_s):
+                    if (
+                        now - started >= self.request_timeout_s
+                        and now - self._last_progress >= self.request_timeout_s
+                    ):
                         raise asyncio.TimeoutError
             finally:
                 if not task.done():
-                    task.cancel()          # vLLM aborts the request
+                    task.cancel()  # vLLM aborts the request
 
-    async def _generate_on_loop(self, prompt: "EnginePrompt", vparams, request_id: str,
-                                version: int) -> Completion:
+    async def _generate_on_loop(
+        self, prompt: EnginePrompt, vparams, request_id: str, version: int
+    ) -> Completion:
         from vllm.exceptions import VLLMValidationError
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
         for attempt in range(2):
             engine, generation = self._engine, self._generation
             try:
@@ -324,8 +397,9 @@ class VLLMSampler:
                 raise SamplerRequestError(f"{self.name}: vLLM refused the request: {e}") from e
             except EngineDeadError as e:
                 if attempt == 1:
-                    raise SamplerDeadError(f"{self.name}: the vLLM engine died again right "
-                                           f"after a restart: {e}") from e
+                    raise SamplerDeadError(
+                        f"{self.name}: the vLLM engine died again right after a restart: {e}"
+                    ) from e
                 await self._recover(generation, e)
             except EngineGenerateError as e:
                 if engine is not None and engine.errored and attempt == 0:
@@ -340,23 +414,39 @@ class VLLMSampler:
         o = out.outputs[0]
         ids = [int(t) for t in o.token_ids]
         if o.logprobs is None or len(o.logprobs) < len(ids):
-            raise SamplerError(f"{self.name}: the engine returned no logprobs for the sampled "
-                               "tokens; it must run with logprobs_mode='processed_logprobs'")
+            raise SamplerError(
+                f"{self.name}: the engine returned no logprobs for the sampled "
+                "tokens; it must run with logprobs_mode='processed_logprobs'"
+            )
         lps = [float(o.logprobs[i][t].logprob) for i, t in enumerate(ids)]
         reason = o.finish_reason or "length"
         if reason == "abort":
             raise SamplerError(f"{self.name}: the request was aborted by the engine")
         stop_string = o.stop_reason if isinstance(o.stop_reason, str) else None
-        metrics = {"engine": self.name, "num_prompt_tokens": n_prompt,
-                   "policy_version_end": self.version}
+        metrics = {
+            "engine": self.name,
+            "num_prompt_tokens": n_prompt,
+            "policy_version_end": self.version,
+        }
         if isinstance(o.stop_reason, int):
             metrics["stop_token_id"] = o.stop_reason
-        return Completion(token_ids=ids, logprobs=lps, finish_reason=reason,
-                          stop_string=stop_string, policy_version=version, metrics=metrics)
+        return Completion(
+            token_ids=ids,
+            logprobs=lps,
+            finish_reason=reason,
+            stop_string=stop_string,
+            policy_version=version,
+            metrics=metrics,
+        )
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                       request_id: Optional[str] = None, *,
-                       images: Optional[Sequence[Any]] = None) -> Completion:
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence[Any] | None = None,
+    ) -> Completion:
         """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`).
 
         ``images`` (``models.image_inputs.ImageInput``, one per placeholder run of the prompt,
@@ -370,25 +460,30 @@ class VLLMSampler:
             check_image_request(self.name, self.model_config(), prompt, images)
         max_new = effective_max_tokens(prompt, params, self.max_model_len, self.vocab_size)
         vparams = self._vllm_params(params, max_new)
-        engine_prompt = EnginePrompt(prompt, images,
-                                     self.model_config().image_token_id if images else None)
+        engine_prompt = EnginePrompt(
+            prompt, images, self.model_config().image_token_id if images else None
+        )
         fut = asyncio.run_coroutine_threadsafe(
-            self._admitted(engine_prompt, vparams, request_id or uuid.uuid4().hex[:12],
-                           self.version), self._loop)
+            self._admitted(
+                engine_prompt, vparams, request_id or uuid.uuid4().hex[:12], self.version
+            ),
+            self._loop,
+        )
         self._inflight += 1
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.TimeoutError:
-            fut.cancel()                   # cancels the engine-side task: vLLM aborts it
+            fut.cancel()  # cancels the engine-side task: vLLM aborts it
             raise SamplerTimeoutError(
                 f"{self.name}: generate did not finish within request_timeout_s="
                 f"{self.request_timeout_s} s (engine overloaded or stuck); raise the timeout "
-                f"or lower the load") from None
+                f"or lower the load"
+            ) from None
         finally:
             self._inflight -= 1
 
     # ---------------------------------------------------------------- weight sync
-    async def _reload(self, method: str, args: tuple, version: Optional[int] = None):
+    async def _reload(self, method: str, args: tuple, version: int | None = None):
         engine = self._engine
         await engine.pause_generation(mode="keep", clear_cache=False)
         try:
@@ -401,7 +496,7 @@ class VLLMSampler:
             # KV computed with the old weights must not be reused: drop the prefix cache
             # and recompute the running requests with the new weights.
             await engine.reset_prefix_cache(reset_running_requests=True)
-            if version is not None:      # before resuming: every later token is `version`'s
+            if version is not None:  # before resuming: every later token is `version`'s
                 self.version = int(version)
         finally:
             await engine.resume_generation()
@@ -409,16 +504,23 @@ class VLLMSampler:
 
     def load_payload(self, payload: WeightPayload, version: int) -> dict:
         """Install an already packed payload as ``version``; returns timing metrics."""
-        args = (list(payload.names), list(payload.dtypes), [list(s) for s in payload.shapes],
-                list(payload.buffers))
+        args = (
+            list(payload.names),
+            list(payload.dtypes),
+            [list(s) for s in payload.shapes],
+            list(payload.buffers),
+        )
         return self._load_rpc("verltool_load_weights", args, payload.nbytes, version)
 
     def _load_rpc(self, method: str, args: tuple, nbytes: int, version: int) -> dict:
         t0 = time.perf_counter()
         results = self._call(self._reload(method, args, version), self.request_timeout_s)
         self._last_load = (method, args) if self.max_restarts > 0 else None
-        self.last_sync = {"sync_seconds": time.perf_counter() - t0, "sync_bytes": nbytes,
-                          "version": self.version}
+        self.last_sync = {
+            "sync_seconds": time.perf_counter() - t0,
+            "sync_bytes": nbytes,
+            "version": self.version,
+        }
         info = results[0] if results and isinstance(results[0], dict) else None
         if info is not None:
             self.last_sync.update(engine_sync_info(info))
@@ -428,6 +530,7 @@ class VLLMSampler:
     def model_config(self):
         if self._model_config is None:
             from verltool_jax.models.config import ModelConfig
+
             self._model_config = ModelConfig.from_pretrained(self.model_path)
         return self._model_config
 
@@ -443,14 +546,18 @@ class VLLMSampler:
         self._shm = self._shm or SharedWeightBuffer()
         manifest = self._shm.write(named, dtype=self.dtype)
         pack_s = time.perf_counter() - t0
-        self._load_rpc("verltool_load_shared", (manifest, self.sync_mode), self._shm.nbytes,
-                       version)
-        self.last_sync.update(pack_seconds=pack_s, load_seconds=self.last_sync["sync_seconds"],
-                              sync_seconds=time.perf_counter() - t0)
+        self._load_rpc(
+            "verltool_load_shared", (manifest, self.sync_mode), self._shm.nbytes, version
+        )
+        self.last_sync.update(
+            pack_seconds=pack_s,
+            load_seconds=self.last_sync["sync_seconds"],
+            sync_seconds=time.perf_counter() - t0,
+        )
         return self.last_sync
 
     # ---------------------------------------------------------------- lifecycle
-    def _cancel_on_loop(self, tasks: Optional[list] = None) -> None:
+    def _cancel_on_loop(self, tasks: list | None = None) -> None:
         """Cancel ``tasks`` (default: all) on the engine loop and wait for them (best effort)."""
         if self._loop.is_running():
             try:

@@ -33,6 +33,7 @@ own pre-packed GEMM copy of the embedding, which neither path's loading touches 
 sampler would score with the old embedding), so after the embedding changes the head's
 ``process_weights_after_loading`` is re-run.
 """
+
 from __future__ import annotations
 
 import time
@@ -53,6 +54,7 @@ def inplace_plan(model, entries) -> tuple[list, list]:
     A copy's target is the parameter, or its leading rows for a padded vocabulary.
     Raises :class:`NoInplacePath` naming the first entry it cannot place."""
     from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+
     params = dict(model.named_parameters())
     packed = dict(getattr(model, "packed_modules_mapping", None) or {})
     tied = _tied(model)
@@ -67,7 +69,7 @@ def inplace_plan(model, entries) -> tuple[list, list]:
         if name.rsplit(".", 2)[-2:] != e.name.rsplit(".", 2)[-2:]:
             raise NoInplacePath(f"{e.name}: the engine's model stacks it into {name}")
         if name not in params and name.rpartition(".")[0].endswith("lm_head") and tied:
-            continue                    # a tied checkpoint's copy of the embedding
+            continue  # a tied checkpoint's copy of the embedding
         p = params.get(name)
         if p is None:
             raise NoInplacePath(f"{e.name}: the engine's model has no such parameter")
@@ -79,16 +81,21 @@ def inplace_plan(model, entries) -> tuple[list, list]:
             fused = mod_name.rpartition(".")[2]
             got = [n.rpartition(".")[0].rpartition(".")[2] for n, _ in e.parts]
             if list(packed.get(fused, ())) != got:
-                raise NoInplacePath(f"{e.name}: the model fuses {fused} as "
-                                    f"{packed.get(fused)}, the payload as {got}")
+                raise NoInplacePath(
+                    f"{e.name}: the model fuses {fused} as "
+                    f"{packed.get(fused)}, the payload as {got}"
+                )
             sizes = getattr(module, "output_sizes", None)
             if sizes is not None and [int(s) for s in sizes] != [int(r) for _, r in e.parts]:
-                raise NoInplacePath(f"{e.name}: parts {[r for _, r in e.parts]} != the "
-                                    f"layer's output sizes {list(sizes)}")
+                raise NoInplacePath(
+                    f"{e.name}: parts {[r for _, r in e.parts]} != the "
+                    f"layer's output sizes {list(sizes)}"
+                )
         if isinstance(module, LinearBase) and pname == "weight":
             if not isinstance(getattr(module, "quant_method", None), UnquantizedLinearMethod):
-                raise NoInplacePath(f"{e.name}: quantized layer "
-                                    f"({type(module.quant_method).__name__})")
+                raise NoInplacePath(
+                    f"{e.name}: quantized layer ({type(module.quant_method).__name__})"
+                )
             shape = (int(module.output_size_per_partition), int(module.input_size_per_partition))
             if tuple(e.shape) != shape:
                 raise NoInplacePath(f"{e.name}: shape {tuple(e.shape)} != the layer's {shape}")
@@ -97,15 +104,17 @@ def inplace_plan(model, entries) -> tuple[list, list]:
             elif p.numel() == 0 and hasattr(module, "cpu_linear"):
                 repacks.append((module, e))
             else:
-                raise NoInplacePath(f"{e.name}: the engine holds the weight as "
-                                    f"{tuple(p.shape)}, not {shape}")
+                raise NoInplacePath(
+                    f"{e.name}: the engine holds the weight as {tuple(p.shape)}, not {shape}"
+                )
         elif tuple(p.shape) == tuple(e.shape):
             copies.append((p, e))
         elif _padded_rows(module, p, e):
-            copies.append((p.data[:e.shape[0]], e))
+            copies.append((p.data[: e.shape[0]], e))
         else:
-            raise NoInplacePath(f"{e.name}: shape {tuple(e.shape)} != the engine's "
-                                f"{tuple(p.shape)}")
+            raise NoInplacePath(
+                f"{e.name}: shape {tuple(e.shape)} != the engine's {tuple(p.shape)}"
+            )
     return copies, repacks
 
 
@@ -113,9 +122,13 @@ def _padded_rows(module, param, entry) -> bool:
     """A vocabulary embedding / LM head that vLLM pads to a multiple of its padding size
     (rows past the vocabulary stay zero): the entry fills its leading rows."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-    return (isinstance(module, VocabParallelEmbedding) and len(param.shape) == len(entry.shape)
-            and int(param.shape[0]) >= int(entry.shape[0])
-            and tuple(param.shape[1:]) == tuple(entry.shape[1:]))
+
+    return (
+        isinstance(module, VocabParallelEmbedding)
+        and len(param.shape) == len(entry.shape)
+        and int(param.shape[0]) >= int(entry.shape[0])
+        and tuple(param.shape[1:]) == tuple(entry.shape[1:])
+    )
 
 
 def _repack(module, weight) -> None:
@@ -123,6 +136,7 @@ def _repack(module, weight) -> None:
     strides) with the layer's own ``process_weights_after_loading``; the layer keeps its
     parameter object (``weight`` is only read, never kept)."""
     import torch
+
     old = module.weight
     if weight.dtype != old.dtype:
         weight = weight.to(old.dtype)
@@ -132,9 +146,9 @@ def _repack(module, weight) -> None:
     finally:
         new = module.weight
         if new.numel() == 0:
-            module.weight = old          # the packed kernel is all the layer uses
+            module.weight = old  # the packed kernel is all the layer uses
         elif new.data_ptr() == weight.data_ptr():
-            new.data = weight.clone()    # the layer computes with it: never alias the shm
+            new.data = weight.clone()  # the layer computes with it: never alias the shm
 
 
 def _lm_head(model):
@@ -149,8 +163,9 @@ def _lm_head(model):
 def _tied(model) -> bool:
     cfg = getattr(model, "config", None)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    return bool(getattr(cfg, "tie_word_embeddings", False)
-                or getattr(text, "tie_word_embeddings", False))
+    return bool(
+        getattr(cfg, "tie_word_embeddings", False) or getattr(text, "tie_word_embeddings", False)
+    )
 
 
 def _head_needs_refresh(model, written_ptrs: set) -> bool:
@@ -158,8 +173,12 @@ def _head_needs_refresh(model, written_ptrs: set) -> bool:
     embedding, if tied) was just written."""
     head = _lm_head(model)
     weight = getattr(head, "weight", None)
-    return (weight is not None and getattr(head, "quant_method", None) is not None
-            and hasattr(head, "cpu_linear") and weight.data_ptr() in written_ptrs)
+    return (
+        weight is not None
+        and getattr(head, "quant_method", None) is not None
+        and hasattr(head, "cpu_linear")
+        and weight.data_ptr() in written_ptrs
+    )
 
 
 def _refresh_head(model) -> None:
@@ -172,8 +191,7 @@ class WeightSyncWorkerExtension:
         self.model_runner.reload_weights(weights_iterator=weights)
         model = self.model_runner.get_model()
         head = _lm_head(model)
-        if (head is not None and _tied(model)
-                and any("embed_tokens" in n for n, _ in weights)):
+        if head is not None and _tied(model) and any("embed_tokens" in n for n, _ in weights):
             method = getattr(head, "quant_method", None)
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(head)
@@ -181,6 +199,7 @@ class WeightSyncWorkerExtension:
 
     def _verltool_inplace(self, entries) -> dict:
         import torch
+
         model = self.model_runner.get_model()
         copies, repacks = inplace_plan(model, entries)
         t0 = time.perf_counter()
@@ -201,18 +220,24 @@ class WeightSyncWorkerExtension:
             fn = getattr(self.model_runner, reset, None)
             if fn is not None:
                 fn()
-        return {"tensors": len(copies) + len(repacks), "repacked": len(repacks) + int(head),
-                "copy_seconds": t1 - t0, "repack_seconds": t2 - t1,
-                "repack_cpu_seconds": c2 - c1}
+        return {
+            "tensors": len(copies) + len(repacks),
+            "repacked": len(repacks) + int(head),
+            "copy_seconds": t1 - t0,
+            "repack_seconds": t2 - t1,
+            "repack_cpu_seconds": c2 - c1,
+        }
 
     def verltool_load_weights(self, names, dtypes, shapes, buffers) -> int:
         from verltool_jax.samplers.weight_sync import payload_to_torch
+
         return self._verltool_reload(list(payload_to_torch(names, dtypes, shapes, buffers)))
 
     def verltool_load_shared(self, manifest: str, mode: str = "auto") -> dict:
         """Load a shared-memory manifest: ``mode`` "auto" (in place, else reload),
         "inplace" (raise if it does not apply) or "reload" (vLLM's loader only)."""
         from verltool_jax.samplers.weight_sync import open_shared_entries
+
         if mode not in ("auto", "inplace", "reload"):
             raise ValueError(f"mode must be auto | inplace | reload, got {mode!r}")
         t0 = time.perf_counter()
@@ -222,13 +247,22 @@ class WeightSyncWorkerExtension:
         if mode != "reload":
             try:
                 out = self._verltool_inplace(entries)
-                return {"path": "inplace", "reason": None, **out,
-                        "seconds": time.perf_counter() - t0}
+                return {
+                    "path": "inplace",
+                    "reason": None,
+                    **out,
+                    "seconds": time.perf_counter() - t0,
+                }
             except NoInplacePath as e:
                 if mode == "inplace":
                     raise
                 reason = str(e)
         weights = [nt for e in entries for nt in e.hf_tensors()]
         n = self._verltool_reload(weights)
-        return {"path": "reload", "reason": reason, "tensors": n, "repacked": 0,
-                "seconds": time.perf_counter() - t0}
+        return {
+            "path": "reload",
+            "reason": reason,
+            "tensors": n,
+            "repacked": 0,
+            "seconds": time.perf_counter() - t0,
+        }

@@ -12,12 +12,14 @@ shared memory and the engine's worker maps them (``open_shared_tensors``), so on
 sync costs about one memcpy of the payload plus the engine's own weight loading; only
 the manifest (names, dtypes, shapes, offsets) crosses the process boundary.
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +32,7 @@ _SUPPORTED = ("float32", "bfloat16", "float16")
 @dataclass(frozen=True)
 class WeightPayload:
     """HF-named tensors as raw bytes: ``names[i]`` has ``dtypes[i]``, ``shapes[i]``."""
+
     names: tuple[str, ...]
     dtypes: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
@@ -40,7 +43,7 @@ class WeightPayload:
         return sum(len(b) for b in self.buffers)
 
 
-def _cast(arr: np.ndarray, dtype: Optional[str]) -> np.ndarray:
+def _cast(arr: np.ndarray, dtype: str | None) -> np.ndarray:
     if dtype is None:
         name = str(arr.dtype)
         if name not in _SUPPORTED:
@@ -50,12 +53,12 @@ def _cast(arr: np.ndarray, dtype: Optional[str]) -> np.ndarray:
         raise ValueError(f"weight sync dtype must be one of {_SUPPORTED}, got {dtype!r}")
     if dtype == "bfloat16":
         import ml_dtypes
+
         return arr.astype(ml_dtypes.bfloat16)
     return arr.astype(dtype)
 
 
-def pack_named_tensors(named: Iterable[tuple[str, Any]],
-                       dtype: Optional[str] = None) -> WeightPayload:
+def pack_named_tensors(named: Iterable[tuple[str, Any]], dtype: str | None = None) -> WeightPayload:
     """Pack ``(name, array)`` pairs (numpy / jax / ml_dtypes arrays) into a payload.
 
     ``dtype`` ("float32" | "bfloat16" | "float16") casts every tensor; None keeps each
@@ -76,6 +79,7 @@ def pack_named_tensors(named: Iterable[tuple[str, Any]],
 def payload_to_torch(names, dtypes, shapes, buffers) -> Iterator[tuple[str, Any]]:
     """Rebuild ``(name, torch.Tensor)`` pairs from a payload's fields (engine side)."""
     import torch
+
     tmap = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     for name, dt, shape, buf in zip(names, dtypes, shapes, buffers):
         if dt not in tmap:
@@ -92,6 +96,7 @@ def named_tensors_from_params(params: Any, config: Any) -> Iterator[tuple[str, n
     transposes while it copies (one pass); ``pack_named_tensors`` makes them contiguous.
     """
     from verltool_jax.models.hf_io import hf_named_tensors
+
     for name, arr in hf_named_tensors(params, config, contiguous=False):
         yield name, np.asarray(arr)
 
@@ -130,35 +135,50 @@ VLLM_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate
 
 
 def _layout(a) -> str:
-    """"t" for a 2-D array that is the transposed view of a C-contiguous array (a Flax
+    """ "t" for a 2-D array that is the transposed view of a C-contiguous array (a Flax
     ``[in, out]`` kernel seen in HF ``[out, in]`` layout): stored as that array, so writing
     it is a plain row copy; "hf" otherwise (stored as is)."""
-    if isinstance(a, np.ndarray) and a.ndim == 2 and not a.flags.c_contiguous \
-            and a.T.flags.c_contiguous and min(a.shape) > 1:
+    if (
+        isinstance(a, np.ndarray)
+        and a.ndim == 2
+        and not a.flags.c_contiguous
+        and a.T.flags.c_contiguous
+        and min(a.shape) > 1
+    ):
         return "t"
     return "hf"
 
 
-def _fusion_groups(names: Sequence[str], arrays: Sequence[Any], layouts: Sequence[str],
-                   dtypes: Sequence[np.dtype], fuse: dict) -> dict[int, list[int]]:
+def _fusion_groups(
+    names: Sequence[str],
+    arrays: Sequence[Any],
+    layouts: Sequence[str],
+    dtypes: Sequence[np.dtype],
+    fuse: dict,
+) -> dict[int, list[int]]:
     """``{index of a group's first part: [part indices]}`` for every complete group of
     ``fuse`` (same dtype, layout, ndim and trailing dims)."""
     index = {n: i for i, n in enumerate(names)}
     groups: dict[int, list[int]] = {}
     for i, name in enumerate(names):
-        prefix, _, rest = name.rpartition(".")          # rest: weight | bias
+        prefix, _, rest = name.rpartition(".")  # rest: weight | bias
         mod_prefix, _, short = prefix.rpartition(".")
-        for fused, parts in fuse.items():
+        for _fused, parts in fuse.items():
             if short != parts[0]:
                 continue
-            idx = [index.get(f"{mod_prefix}.{p}.{rest}" if mod_prefix else f"{p}.{rest}")
-                   for p in parts]
+            idx = [
+                index.get(f"{mod_prefix}.{p}.{rest}" if mod_prefix else f"{p}.{rest}")
+                for p in parts
+            ]
             if any(j is None for j in idx):
                 continue
             shapes = [np.shape(arrays[j]) for j in idx]
-            if (len({layouts[j] for j in idx}) == 1 and len({dtypes[j] for j in idx}) == 1
-                    and len({len(sh) for sh in shapes}) == 1
-                    and len({tuple(sh[1:]) for sh in shapes}) == 1):
+            if (
+                len({layouts[j] for j in idx}) == 1
+                and len({dtypes[j] for j in idx}) == 1
+                and len({len(sh) for sh in shapes}) == 1
+                and len({tuple(sh[1:]) for sh in shapes}) == 1
+            ):
                 groups[i] = idx
     return groups
 
@@ -168,12 +188,12 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:          # alive, another user's
+    except PermissionError:  # alive, another user's
         return True
     return True
 
 
-def remove_orphaned_segments(shm_dir: Optional[str] = None) -> list[str]:
+def remove_orphaned_segments(shm_dir: str | None = None) -> list[str]:
     """Delete the ``verltool-w-<pid>-...`` segments whose creating process has exited (a
     killed trainer never reaches :meth:`SharedWeightBuffer.close`; a SmolLM2 buffer is
     540 MB of RAM-backed ``/dev/shm``). Returns the removed paths."""
@@ -213,17 +233,18 @@ class SharedWeightBuffer:
     Segments are reused across syncs (no fresh page faults) and removed by :meth:`close`.
     """
 
-    def __init__(self, bucket_bytes: int = 256 << 20, prefix: Optional[str] = None,
-                 fuse: Optional[dict] = None) -> None:
+    def __init__(
+        self, bucket_bytes: int = 256 << 20, prefix: str | None = None, fuse: dict | None = None
+    ) -> None:
         import uuid
+
         self.bucket_bytes = int(bucket_bytes)
         self.prefix = prefix or f"verltool-w-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         gone = remove_orphaned_segments()
         if gone:
-            log.info("removed %d shared-memory weight segment(s) of exited processes",
-                     len(gone))
+            log.info("removed %d shared-memory weight segment(s) of exited processes", len(gone))
         self.fuse = VLLM_FUSED if fuse is None else dict(fuse)
-        self._maps: list[tuple[str, Any]] = []        # (path, np.memmap)
+        self._maps: list[tuple[str, Any]] = []  # (path, np.memmap)
         self.nbytes = 0
 
     def _segment(self, k: int, size: int):
@@ -235,10 +256,11 @@ class SharedWeightBuffer:
         self._maps.append((path, m))
         return self._maps[k]
 
-    def write(self, named: Iterable[tuple[str, Any]], dtype: Optional[str] = None) -> str:
+    def write(self, named: Iterable[tuple[str, Any]], dtype: str | None = None) -> str:
         """Write ``(name, array)`` pairs (cast to ``dtype`` as in ``pack_named_tensors``);
         returns the manifest (JSON text)."""
         import json
+
         arrays = [(str(n), a) for n, a in named]
         if not arrays:
             raise ValueError("weight sync got no tensors; check the params / name map")
@@ -249,8 +271,9 @@ class SharedWeightBuffer:
         out_dt = []
         for a in srcs:
             src = str(np.dtype(a.dtype))
-            out_dt.append(_np_dtype(dtype if dtype is not None else
-                                    (src if src in _SUPPORTED else "float32")))
+            out_dt.append(
+                _np_dtype(dtype if dtype is not None else (src if src in _SUPPORTED else "float32"))
+            )
         layouts = [_layout(a) for a in srcs]
         groups = _fusion_groups(names, srcs, layouts, out_dt, self.fuse) if self.fuse else {}
         in_group = {j for idx in groups.values() for j in idx}
@@ -266,8 +289,9 @@ class SharedWeightBuffer:
                 rows = sum(srcs[j].shape[0] for j in idx)
                 entries.append((fname, idx, (rows, *srcs[i].shape[1:]), layouts[i], out_dt[i]))
             elif i not in in_group:
-                entries.append((name, [i], tuple(int(s) for s in srcs[i].shape), layouts[i],
-                                out_dt[i]))
+                entries.append(
+                    (name, [i], tuple(int(s) for s in srcs[i].shape), layouts[i], out_dt[i])
+                )
         sizes = [int(np.prod(shape)) * dt.itemsize for _, _, shape, _, dt in entries]
         manifest = []
         for k, bucket in enumerate(plan_buckets(sizes, self.bucket_bytes)):
@@ -277,15 +301,15 @@ class SharedWeightBuffer:
             for e in bucket:
                 name, idx, shape, layout, dt = entries[e]
                 stored = shape[::-1] if layout == "t" else shape
-                view = mem[off:off + sizes[e]].view(dt).reshape(stored)
+                view = mem[off : off + sizes[e]].view(dt).reshape(stored)
                 row, parts = 0, []
                 for j in idx:
                     a = srcs[j]
                     n = a.shape[0] if a.ndim else 1
-                    if layout == "t":      # [in, out]: this part's columns, row by row
-                        np.copyto(view[:, row:row + n], a.T, casting="unsafe")
+                    if layout == "t":  # [in, out]: this part's columns, row by row
+                        np.copyto(view[:, row : row + n], a.T, casting="unsafe")
                     elif a.ndim:
-                        np.copyto(view[row:row + n], a, casting="unsafe")
+                        np.copyto(view[row : row + n], a, casting="unsafe")
                     else:
                         np.copyto(view, a, casting="unsafe")
                     if len(idx) > 1:
@@ -320,6 +344,7 @@ class SharedWeightBuffer:
 def _np_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
         import ml_dtypes
+
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -329,6 +354,7 @@ class SharedEntry:
     """One manifest entry mapped in the engine: ``stored`` is the tensor on the shared
     memory as written (the transpose of the HF tensor for layout "t"); ``parts`` are the
     HF tensors a fused entry stacks (``[[hf_name, rows], ...]``, empty otherwise)."""
+
     name: str
     shape: tuple[int, ...]
     layout: str
@@ -345,12 +371,12 @@ class SharedEntry:
             return [(self.name, self.hf())]
         out, row, full = [], 0, self.hf()
         for name, n in self.parts:
-            out.append((name, full[row:row + int(n)]))
+            out.append((name, full[row : row + int(n)]))
             row += int(n)
         return out
 
 
-def open_shared_entries(manifest: str, cache: Optional[dict] = None) -> list[SharedEntry]:
+def open_shared_entries(manifest: str, cache: dict | None = None) -> list[SharedEntry]:
     """Engine side: the entries of a :meth:`SharedWeightBuffer.write` manifest as torch
     tensors on the mapped shared memory (zero-copy; ``cache`` keeps the mappings open
     across syncs)."""
@@ -358,6 +384,7 @@ def open_shared_entries(manifest: str, cache: Optional[dict] = None) -> list[Sha
     import mmap
 
     import torch
+
     tmap = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     cache = {} if cache is None else cache
     out = []
@@ -374,8 +401,9 @@ def open_shared_entries(manifest: str, cache: Optional[dict] = None) -> list[Sha
             layout = row[4] if len(row) > 4 else "hf"
             parts = row[5] if len(row) > 5 else []
             if dt not in tmap:
-                raise ValueError(f"weight {name!r}: unsupported dtype {dt!r}; use one of "
-                                 f"{_SUPPORTED}")
+                raise ValueError(
+                    f"weight {name!r}: unsupported dtype {dt!r}; use one of {_SUPPORTED}"
+                )
             shape = tuple(int(s) for s in shape)
             stored = shape[::-1] if layout == "t" else shape
             count = int(np.prod(shape)) if shape else 1
@@ -384,8 +412,7 @@ def open_shared_entries(manifest: str, cache: Optional[dict] = None) -> list[Sha
     return out
 
 
-def open_shared_tensors(manifest: str, cache: Optional[dict] = None
-                        ) -> Iterator[tuple[str, Any]]:
+def open_shared_tensors(manifest: str, cache: dict | None = None) -> Iterator[tuple[str, Any]]:
     """Engine side: ``(hf_name, torch.Tensor)`` pairs in HF layout (views on the mapped
     shared memory, fused entries split into their parts) of a manifest."""
     for entry in open_shared_entries(manifest, cache):
@@ -400,11 +427,19 @@ def log_sync_path(name: str, info: dict, logged: set) -> None:
         return
     logged.add(key)
     if info.get("path") == "inplace":
-        log.info("%s: weight sync in place (%s tensors, %s packed GEMM weights rebuilt)",
-                 name, info.get("tensors"), info.get("repacked"))
+        log.info(
+            "%s: weight sync in place (%s tensors, %s packed GEMM weights rebuilt)",
+            name,
+            info.get("tensors"),
+            info.get("repacked"),
+        )
     else:
-        log.warning("%s: weight sync through vLLM's reload_weights (the slow layer-by-layer "
-                    "path), not in place: %s", name, info.get("reason"))
+        log.warning(
+            "%s: weight sync through vLLM's reload_weights (the slow layer-by-layer "
+            "path), not in place: %s",
+            name,
+            info.get("reason"),
+        )
 
 
 def engine_sync_info(info: dict) -> dict:

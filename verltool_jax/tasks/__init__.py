@@ -6,14 +6,16 @@ section (a ``name`` field plus the task's own knobs, with their defaults) and a
 starts the section with :func:`task_section`; the run builds it with :func:`task_config`
 and writes the data with :func:`prepare_task`.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any
 
 import ml_collections
 
@@ -21,17 +23,24 @@ import ml_collections
 @dataclass(frozen=True)
 class TaskFiles:
     """A task's data files (verl layout); ``sft`` is None for a task without demonstrations."""
+
     train: Path
-    eval: Union[Path, tuple[Path, ...]]   # one file, or one per test set
-    sft: Optional[Path] = None
+    eval: Path | tuple[Path, ...]  # one file, or one per test set
+    sft: Path | None = None
 
 
 # Built-in tasks: name -> module of verltool_jax.tasks defining ``TASK_CONFIG`` (the
 # dataclass of its ``task`` section) and ``write_task_from_config(run_config, out_dir)``.
 # A module is imported on first use, so ``python -m verltool_jax.tasks.<module>`` runs it
 # cleanly and a run imports only its own task.
-BUILTIN = {"tiny_math": "tiny_math", "vt_math": "math_data", "search_qa": "search_qa",
-           "spider": "spider", "quixbugs": "swe", "easy_vqa": "easy_vqa"}
+BUILTIN = {
+    "tiny_math": "tiny_math",
+    "vt_math": "math_data",
+    "search_qa": "search_qa",
+    "spider": "spider",
+    "quixbugs": "swe",
+    "easy_vqa": "easy_vqa",
+}
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,8 @@ TASKS: dict[str, TaskSpec] = {}
 def register_task(name: str, config_cls: type, prepare: Callable[[Any, Path], TaskFiles]) -> None:
     """Add a task (a plugin's own, or a built-in on first use)."""
     if not dataclasses.is_dataclass(config_cls) or "name" not in {
-            f.name for f in dataclasses.fields(config_cls)}:
+        f.name for f in dataclasses.fields(config_cls)
+    }:
         raise TypeError(f"task {name!r}: config_cls must be a dataclass with a 'name' field")
     TASKS[name] = TaskSpec(config_cls, prepare)
 
@@ -60,14 +70,17 @@ def _spec(name: str) -> TaskSpec:
         mod = importlib.import_module(f"verltool_jax.tasks.{BUILTIN[name]}")
         register_task(name, mod.TASK_CONFIG, mod.write_task_from_config)
     if name not in TASKS:
-        raise ValueError(f"task.name={name!r} is not a known task; choose one of "
-                         f"{known_tasks()}, or leave task.name empty and give data.train_files")
+        raise ValueError(
+            f"task.name={name!r} is not a known task; choose one of "
+            f"{known_tasks()}, or leave task.name empty and give data.train_files"
+        )
     return TASKS[name]
 
 
 def task_section(name: str) -> ml_collections.ConfigDict:
     """The ``task`` section of task ``name`` with every field at its default."""
     from verltool_jax.run_config import section_dict
+
     return section_dict(_spec(name).config_cls(name=name))
 
 
@@ -75,6 +88,7 @@ def task_config(values: Mapping[str, Any]) -> Any:
     """The typed task section of ``values`` (``values["name"]`` picks the task);
     ValueError naming unknown keys or bad values."""
     from verltool_jax.run_config import build_section
+
     spec = _spec(values["name"])
     problems: list[str] = []
     cfg = build_section(spec.config_cls, values, "task.", problems)
@@ -87,6 +101,7 @@ def prepare_task(run_config: Any, out_dir: str | os.PathLike) -> TaskFiles:
     """Write the data of ``run_config.task`` under ``out_dir``; returns its files.
     ``run_config``: a ``RunConfig`` or a config dict (validated here)."""
     from verltool_jax.run_config import RunConfig, run_config_from_dict
+
     if not isinstance(run_config, RunConfig):
         run_config = run_config_from_dict(run_config)
     return _spec(run_config.task.name).prepare(run_config, Path(out_dir))

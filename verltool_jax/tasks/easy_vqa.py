@@ -17,6 +17,7 @@ SFT demonstrations zoom into the image before answering::
 They are produced by rolling out a scripted teacher through the real rollout and tool server
 (``demonstration_actions``), so the demonstration's ids and images are exactly what RL sees.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,20 @@ from verltool_jax.data.readers import write_rows
 from verltool_jax.tasks import TaskFiles
 
 DATA_SOURCE = "easy_vqa"
-SYSTEM_PROMPT = ("Look at the image. You may zoom in with <tool_call>{...}</tool_call>; "
-                 "answer as <answer>word</answer>.")
+SYSTEM_PROMPT = (
+    "Look at the image. You may zoom in with <tool_call>{...}</tool_call>; "
+    "answer as <answer>word</answer>."
+)
 ZOOM_BOX = [0.125, 0.125, 0.875, 0.875]
 
 
 def zoom_action(box=ZOOM_BOX, factor: float = 1.5) -> str:
     """The demonstrated tool call: zoom into the middle of the image."""
-    return "<tool_call>" + json.dumps({"name": "zoom_in", "arguments": {
-        "bbox": list(box), "factor": factor}}) + "</tool_call>"
+    return (
+        "<tool_call>"
+        + json.dumps({"name": "zoom_in", "arguments": {"bbox": list(box), "factor": factor}})
+        + "</tool_call>"
+    )
 
 
 def answer_action(answer: str) -> str:
@@ -52,8 +58,10 @@ def demonstration_actions(row: dict) -> list[str]:
 def make_row(question: str, answer: str, image_path: str, index: int, split: str) -> dict:
     """One verl multimodal row."""
     return {
-        "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
-                   {"role": "user", "content": f"<image>{question}"}],
+        "prompt": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"<image>{question}"},
+        ],
         "images": [image_path],
         "data_source": DATA_SOURCE,
         "ability": "visual",
@@ -67,7 +75,9 @@ def load_split(split: str) -> list[tuple[str, str, str]]:
     try:
         import easy_vqa
     except ImportError:
-        raise ImportError("the easy_vqa task needs the easy-vqa package: pip install easy-vqa") from None
+        raise ImportError(
+            "the easy_vqa task needs the easy-vqa package: pip install easy-vqa"
+        ) from None
     if split == "train":
         qs, answers, ids = easy_vqa.get_train_questions()
         paths = easy_vqa.get_train_image_paths()
@@ -81,10 +91,11 @@ def load_split(split: str) -> list[tuple[str, str, str]]:
 
 def all_answers() -> list[str]:
     import easy_vqa
+
     return list(easy_vqa.get_answers())
 
 
-SHAPES = ("circle", "rectangle", "triangle")        # easy-VQA's shapes; the rest are colours
+SHAPES = ("circle", "rectangle", "triangle")  # easy-VQA's shapes; the rest are colours
 
 
 def answer_kind(answer: str) -> str:
@@ -96,40 +107,49 @@ def answer_kind(answer: str) -> str:
 @dataclass(frozen=True)
 class EasyVQATask:
     """The ``task`` config section of easy_vqa."""
+
     name: str = "easy_vqa"
     num_train: int = 2000
     num_eval: int = 200
-    num_demos: int = 256                # SFT demonstrations (from the training rows)
+    num_demos: int = 256  # SFT demonstrations (from the training rows)
     seed: int = 1234
 
 
-def generate(num_train: int, num_eval: int, num_demos: int, seed: int = 0
-             ) -> tuple[list[dict], list[dict], list[dict]]:
+def generate(
+    num_train: int, num_eval: int, num_demos: int, seed: int = 0
+) -> tuple[list[dict], list[dict], list[dict]]:
     """``(train, eval, demo rows)``: random questions of the train / test splits; the demo
     rows are the first ``num_demos`` training rows (their responses come from
     ``demonstration_actions`` through the rollout)."""
     rng = random.Random(seed)
     train_all, test_all = load_split("train"), load_split("test")
     if num_train > len(train_all) or num_eval > len(test_all):
-        raise ValueError(f"easy-VQA has {len(train_all)} train / {len(test_all)} test questions; "
-                         f"asked for {num_train} / {num_eval}")
-    train = [make_row(q, a, p, i, "train")
-             for i, (q, a, p) in enumerate(rng.sample(train_all, num_train))]
-    evals = [make_row(q, a, p, i, "eval")
-             for i, (q, a, p) in enumerate(rng.sample(test_all, num_eval))]
+        raise ValueError(
+            f"easy-VQA has {len(train_all)} train / {len(test_all)} test questions; "
+            f"asked for {num_train} / {num_eval}"
+        )
+    train = [
+        make_row(q, a, p, i, "train")
+        for i, (q, a, p) in enumerate(rng.sample(train_all, num_train))
+    ]
+    evals = [
+        make_row(q, a, p, i, "eval") for i, (q, a, p) in enumerate(rng.sample(test_all, num_eval))
+    ]
     return train, evals, train[:num_demos]
 
 
-def write_task(out_dir: str | os.PathLike, num_train: int, num_eval: int, num_demos: int,
-               seed: int = 0) -> TaskFiles:
+def write_task(
+    out_dir: str | os.PathLike, num_train: int, num_eval: int, num_demos: int, seed: int = 0
+) -> TaskFiles:
     """Write ``train/eval/demos.parquet`` under ``out_dir``. ``demos.parquet`` holds prompt
     rows only (their responses are rolled out, see the module doc), so ``TaskFiles.sft`` is
     None: the text SFT path (``response_segments``) does not apply."""
     train, evals, demos = generate(num_train, num_eval, num_demos, seed)
     out = Path(out_dir)
     write_rows(demos, out / "demos.parquet")
-    return TaskFiles(train=write_rows(train, out / "train.parquet"),
-                     eval=write_rows(evals, out / "eval.parquet"))
+    return TaskFiles(
+        train=write_rows(train, out / "train.parquet"), eval=write_rows(evals, out / "eval.parquet")
+    )
 
 
 def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:

@@ -37,11 +37,13 @@ SWE (:func:`swe_eval_metrics`)::
   :func:`swe_task_costs` gives one trajectory's figures, :func:`format_swe_tasks` a table
   of them per task.
 """
+
 from __future__ import annotations
 
 import statistics
 from collections import Counter
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from verltool_jax.rewards.base import RewardResult
 
@@ -49,7 +51,7 @@ SQL_ERROR_PREFIXES = ("SQL error:", "Error:")
 HARDNESS_LEVELS = ("easy", "medium", "hard", "extra")
 
 
-def _result(r: Any) -> Optional[RewardResult]:
+def _result(r: Any) -> RewardResult | None:
     if r is None or isinstance(r, RewardResult):
         return r
     score = float(r)
@@ -61,10 +63,12 @@ def _extra_info(traj: Any) -> dict:
     return dict(data.get("extra_info") or {})
 
 
-def _check(trajectories: Sequence[Any], rewards: Sequence[Any]) -> list[Optional[RewardResult]]:
+def _check(trajectories: Sequence[Any], rewards: Sequence[Any]) -> list[RewardResult | None]:
     if len(trajectories) != len(rewards):
-        raise ValueError(f"got {len(trajectories)} trajectories but {len(rewards)} rewards; "
-                         "pass one reward per trajectory, in order")
+        raise ValueError(
+            f"got {len(trajectories)} trajectories but {len(rewards)} rewards; "
+            "pass one reward per trajectory, in order"
+        )
     return [_result(r) for r in rewards]
 
 
@@ -92,10 +96,8 @@ def sql_eval_metrics(trajectories: Sequence[Any], rewards: Sequence[Any]) -> dic
     out["sql/calls_per_question"] = calls / n
     obs = [o for t in trajectories for o in (getattr(t, "observations", None) or [])]
     out["sql/error_rate"] = (sum(is_sql_error(o) for o in obs) / len(obs)) if obs else 0.0
-    out["sql/format_error_rate"] = sum(bool(r and r.info.get("format_error"))
-                                       for r in results) / n
-    out["sql/exec_error_rate"] = sum(bool(r and r.info.get("exec_error"))
-                                     for r in results) / n
+    out["sql/format_error_rate"] = sum(bool(r and r.info.get("format_error")) for r in results) / n
+    out["sql/exec_error_rate"] = sum(bool(r and r.info.get("exec_error")) for r in results) / n
     return out
 
 
@@ -108,26 +110,32 @@ def swe_task_costs(traj: Any) -> dict[str, float]:
     """One SWE trajectory's ``wall_s``, ``sandbox_s`` (its tool calls plus the hidden test
     run), ``hidden_test_s``, ``gen_s`` and ``gen_tokens``, from its record."""
     hidden_s = float(hidden_test_result(traj).get("seconds") or 0.0)
-    return {"wall_s": float(getattr(traj, "wall_time_s", 0.0) or 0.0),
-            "sandbox_s": sum(map(float, getattr(traj, "tool_latencies", None) or ())) + hidden_s,
-            "hidden_test_s": hidden_s,
-            "gen_s": sum(map(float, getattr(traj, "gen_latencies", None) or ())),
-            "gen_tokens": float(sum(getattr(traj, "gen_tokens", None) or ()))}
+    return {
+        "wall_s": float(getattr(traj, "wall_time_s", 0.0) or 0.0),
+        "sandbox_s": sum(map(float, getattr(traj, "tool_latencies", None) or ())) + hidden_s,
+        "hidden_test_s": hidden_s,
+        "gen_s": sum(map(float, getattr(traj, "gen_latencies", None) or ())),
+        "gen_tokens": float(sum(getattr(traj, "gen_tokens", None) or ())),
+    }
 
 
-def swe_eval_metrics(trajectories: Sequence[Any], rewards: Sequence[Any],
-                     wall_s_total: Optional[float] = None) -> dict[str, float]:
+def swe_eval_metrics(
+    trajectories: Sequence[Any], rewards: Sequence[Any], wall_s_total: float | None = None
+) -> dict[str, float]:
     """Resolve rate, tool calls per task, how trajectories ended and what a task cost in
     time and tokens (module doc); ``wall_s_total``: the whole evaluation's wall time."""
     results = _check(trajectories, rewards)
     n = len(results)
     if n == 0:
         return {}
-    out = {"swe/resolve_rate": sum(bool(r and r.score > 0) for r in results) / n,
-           "swe/tool_calls_per_task": sum(int(getattr(t, "tool_calls", 0))
-                                          for t in trajectories) / n,
-           "swe/invalid_calls_per_task": sum(int(getattr(t, "invalid_tool_calls", 0))
-                                             for t in trajectories) / n}
+    out = {
+        "swe/resolve_rate": sum(bool(r and r.score > 0) for r in results) / n,
+        "swe/tool_calls_per_task": sum(int(getattr(t, "tool_calls", 0)) for t in trajectories) / n,
+        "swe/invalid_calls_per_task": sum(
+            int(getattr(t, "invalid_tool_calls", 0)) for t in trajectories
+        )
+        / n,
+    }
     ends = Counter(getattr(t, "termination", "") or "unknown" for t in trajectories)
     for how, k in sorted(ends.items()):
         out[f"swe/ended/{how}"] = k / n
@@ -149,21 +157,32 @@ def format_swe_tasks(trajectories: Sequence[Any], rewards: Sequence[Any]) -> str
     the run was cut by the tool's timeout: its counts are lost; ``-`` when they did not
     run: a trajectory that ended in an error)."""
     results = _check(trajectories, rewards)
-    lines = [f"{'task':28s} {'reward':>6s} {'calls':>5s} {'ended':>9s} {'tokens':>6s} "
-             f"{'wall_s':>7s} {'sandbox_s':>9s}  hidden passed/failed/errors"]
+    lines = [
+        f"{'task':28s} {'reward':>6s} {'calls':>5s} {'ended':>9s} {'tokens':>6s} "
+        f"{'wall_s':>7s} {'sandbox_s':>9s}  hidden passed/failed/errors"
+    ]
     for t, r in zip(trajectories, results):
         c, h = swe_task_costs(t), hidden_test_result(t)
         name = str(_extra_info(t).get("task_id") or getattr(t, "trajectory_id", "?"))
-        lines.append(f"{name[:28]:28s} {(r.score if r else 0.0):6.1f} "
-                     f"{int(getattr(t, 'tool_calls', 0)):5d} "
-                     f"{(getattr(t, 'termination', '') or 'unknown')[:9]:>9s} "
-                     f"{int(c['gen_tokens']):6d} {c['wall_s']:7.2f} {c['sandbox_s']:9.2f}  "
-                     + ("-" if not h else "timed out" if h.get("timed_out") else
-                        f"{h.get('passed')}/{h.get('failed')}/{h.get('errors')}"))
+        lines.append(
+            f"{name[:28]:28s} {(r.score if r else 0.0):6.1f} "
+            f"{int(getattr(t, 'tool_calls', 0)):5d} "
+            f"{(getattr(t, 'termination', '') or 'unknown')[:9]:>9s} "
+            f"{int(c['gen_tokens']):6d} {c['wall_s']:7.2f} {c['sandbox_s']:9.2f}  "
+            + (
+                "-"
+                if not h
+                else "timed out"
+                if h.get("timed_out")
+                else f"{h.get('passed')}/{h.get('failed')}/{h.get('errors')}"
+            )
+        )
     return "\n".join(lines)
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
     """One ``key=value`` line per metric, sorted, for printing."""
-    return "\n".join(f"{k} = {v:.4f}" if isinstance(v, float) else f"{k} = {v}"
-                     for k, v in sorted(metrics.items()))
+    return "\n".join(
+        f"{k} = {v:.4f}" if isinstance(v, float) else f"{k} = {v}"
+        for k, v in sorted(metrics.items())
+    )

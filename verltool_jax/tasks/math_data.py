@@ -28,6 +28,7 @@ Usage::
     python -m verltool_jax.tasks.math_data --out runs/math_data \\
         --train gsm8k/train.jsonl --eval gsm8k/test.jsonl math/svamp_test.jsonl --demos 256
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,15 +39,15 @@ import operator
 import os
 import random
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 from verltool_jax.data.readers import write_rows
-from verltool_jax.tasks import TaskFiles
 from verltool_jax.data.rows import DataRowError
 from verltool_jax.rewards.answer_extraction import last_boxed
+from verltool_jax.tasks import TaskFiles
 
 log = logging.getLogger(__name__)
 DEFAULT_OBS_TEMPLATE = "<result>\n{obs}\n</result>"
@@ -59,20 +60,23 @@ def system_prompt(obs_template: str = DEFAULT_OBS_TEMPLATE) -> str:
         raise ValueError(f"obs_template must contain '{{obs}}' once, got {obs_template!r}")
     before, after = (s.strip() for s in obs_template.split("{obs}"))
     shown = f"{before}...{after}" if before or after else "the next message"
-    return ("Solve the math problem. You may run Python to calculate: write the code inside "
-            "<python>...</python> and print() the values you need; what it prints comes back "
-            f"as {shown}. Give the final answer as <answer>...</answer> (a number or "
-            "expression; \\boxed{...} also works).")
+    return (
+        "Solve the math problem. You may run Python to calculate: write the code inside "
+        "<python>...</python> and print() the values you need; what it prints comes back "
+        f"as {shown}. Give the final answer as <answer>...</answer> (a number or "
+        "expression; \\boxed{...} also works)."
+    )
 
 
 @dataclass(frozen=True)
 class Problem:
     """One problem of a source file; ``where`` is ``file:line`` (or ``file item i``)."""
+
     question: str
     answer: str
     data_source: str
     where: str
-    solution: Optional[str] = None      # GSM8K worked solution (with annotations)
+    solution: str | None = None  # GSM8K worked solution (with annotations)
 
 
 def set_name(path: str | os.PathLike) -> str:
@@ -88,6 +92,7 @@ def _records(path: Path) -> Iterator[tuple[str, dict]]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
+
         for i, rec in enumerate(pq.read_table(path).to_pylist()):
             yield f"{path} row {i}", rec
         return
@@ -96,7 +101,7 @@ def _records(path: Path) -> Iterator[tuple[str, dict]]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
-            data = None                  # a .json file holding JSON lines
+            data = None  # a .json file holding JSON lines
         if isinstance(data, list):
             for i, rec in enumerate(data):
                 yield f"{path} item {i}", rec
@@ -131,10 +136,10 @@ def parse_record(rec: dict, where: str, data_source: str) -> Problem:
     record without a question or an answer is a ``DataRowError`` naming ``where``."""
     if not isinstance(rec, dict):
         raise DataRowError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-    if "Body" in rec and "Question" in rec:                       # SVAMP
+    if "Body" in rec and "Question" in rec:  # SVAMP
         question = f"{str(rec['Body']).strip()} {str(rec['Question']).strip()}"
         answer = rec.get("Answer")
-    elif "input" in rec and "target" in rec:                      # MAWPS
+    elif "input" in rec and "target" in rec:  # MAWPS
         question, answer = rec["input"], rec["target"]
     else:
         question = rec.get("question") or rec.get("problem")
@@ -142,20 +147,26 @@ def parse_record(rec: dict, where: str, data_source: str) -> Problem:
     if not isinstance(question, str) or not question.strip():
         raise DataRowError(f"{where}: no question (expected a 'question' or 'problem' field)")
     solution = None
-    if isinstance(answer, str) and "####" in answer:              # GSM8K
+    if isinstance(answer, str) and "####" in answer:  # GSM8K
         solution = answer
         answer = answer.rsplit("####", 1)[1]
     if answer is None or (isinstance(answer, str) and not answer.strip()):
         sol = rec.get("solution")
         answer = last_boxed(sol) if isinstance(sol, str) else None
     if answer is None or (isinstance(answer, str) and not answer.strip()):
-        raise DataRowError(f"{where}: no answer (expected 'answer' (GSM8K: '... #### N'), "
-                           "'Answer', 'target', or a 'solution' with \\boxed{...})")
+        raise DataRowError(
+            f"{where}: no answer (expected 'answer' (GSM8K: '... #### N'), "
+            "'Answer', 'target', or a 'solution' with \\boxed{...})"
+        )
     return Problem(question.strip(), format_number(answer), data_source, where, solution)
 
 
-def read_problems(path: str | os.PathLike, data_source: Optional[str] = None,
-                  limit: Optional[int] = None, skip_invalid: bool = False) -> list[Problem]:
+def read_problems(
+    path: str | os.PathLike,
+    data_source: str | None = None,
+    limit: int | None = None,
+    skip_invalid: bool = False,
+) -> list[Problem]:
     """The problems of one source file (the first ``limit`` if given). A record without a
     question or answer raises ``DataRowError`` (file and line), or with ``skip_invalid``
     is left out with a warning that names each one."""
@@ -178,20 +189,32 @@ def read_problems(path: str | os.PathLike, data_source: Optional[str] = None,
     return out
 
 
-def make_row(prob: Problem, index: int, split: str,
-             obs_template: str = DEFAULT_OBS_TEMPLATE) -> dict:
+def make_row(
+    prob: Problem, index: int, split: str, obs_template: str = DEFAULT_OBS_TEMPLATE
+) -> dict:
     """The verl row of one problem."""
-    return {"prompt": [{"role": "system", "content": system_prompt(obs_template)},
-                       {"role": "user", "content": prob.question}],
-            "data_source": prob.data_source, "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": prob.answer},
-            "extra_info": {"split": split, "index": index, "source": prob.where}}
+    return {
+        "prompt": [
+            {"role": "system", "content": system_prompt(obs_template)},
+            {"role": "user", "content": prob.question},
+        ],
+        "data_source": prob.data_source,
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": prob.answer},
+        "extra_info": {"split": split, "index": index, "source": prob.where},
+    }
 
 
 # ------------------------------------------------------------- calculator annotations
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-           ast.Pow: operator.pow}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
@@ -214,6 +237,7 @@ def safe_eval(expr: str):
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             return _UNARY[type(node.op)](ev(node.operand))
         raise ValueError(f"not plain arithmetic: {ast.dump(node)[:60]}")
+
     try:
         return ev(tree)
     except (ZeroDivisionError, OverflowError) as e:
@@ -231,11 +255,12 @@ def _matches(value, annotated: str) -> bool:
     if got == want:
         return True
     decimals = len(s.split(".")[1]) if "." in s else 0
-    return abs(got - want) <= Fraction(1, 2 * 10 ** decimals)
+    return abs(got - want) <= Fraction(1, 2 * 10**decimals)
 
 
-def demonstration_segments(prob: Problem, obs_template: str = DEFAULT_OBS_TEMPLATE
-                           ) -> Optional[list[dict]]:
+def demonstration_segments(
+    prob: Problem, obs_template: str = DEFAULT_OBS_TEMPLATE
+) -> list[dict] | None:
     """The demonstrated response for a GSM8K problem (see the module doc), or None when it
     has no annotation or one that is not plain arithmetic equal to its stated value."""
     if obs_template.count("{obs}") != 1:
@@ -258,9 +283,11 @@ def demonstration_segments(prob: Problem, obs_template: str = DEFAULT_OBS_TEMPLA
         lines.append(f"print({expr})")
         printed.append(str(value))
     text = _ANNOTATION_RE.sub("", body).strip()
-    return [{"text": "<python>\n" + "\n".join(lines) + "\n</python>", "loss": True},
-            {"text": obs_template.format(obs="\n".join(printed) + "\n"), "loss": False},
-            {"text": f"\n{text}\n<answer>{prob.answer}</answer>", "loss": True}]
+    return [
+        {"text": "<python>\n" + "\n".join(lines) + "\n</python>", "loss": True},
+        {"text": obs_template.format(obs="\n".join(printed) + "\n"), "loss": False},
+        {"text": f"\n{text}\n<answer>{prob.answer}</answer>", "loss": True},
+    ]
 
 
 # ------------------------------------------------------------------- the task files
@@ -268,33 +295,46 @@ def demonstration_segments(prob: Problem, obs_template: str = DEFAULT_OBS_TEMPLA
 class MathTask:
     """The ``task`` config section of the math family (``configs/vt_math.py``); paths are
     relative to ``data_dir`` (absolute paths are used as they are)."""
+
     name: str = "vt_math"
     data_dir: str = "data"
     train_files: tuple[str, ...] = ("gsm8k/train.jsonl",)
-    eval_files: tuple[str, ...] = ("gsm8k/test.jsonl", "math/svamp_test.jsonl",
-                                   "math/mawps_test.jsonl")
-    num_train: int = 0                    # 0: all
-    num_eval: int = 0                     # per eval file; 0: all
-    eval_sizes: tuple[int, ...] = ()      # per eval file, in order (overrides num_eval; 0: all)
-    max_calc_steps: int = 0               # train only on problems with <= N annotated steps; 0: all
-    num_demos: int = 0                    # SFT demonstrations from GSM8K annotations; 0: all
+    eval_files: tuple[str, ...] = (
+        "gsm8k/test.jsonl",
+        "math/svamp_test.jsonl",
+        "math/mawps_test.jsonl",
+    )
+    num_train: int = 0  # 0: all
+    num_eval: int = 0  # per eval file; 0: all
+    eval_sizes: tuple[int, ...] = ()  # per eval file, in order (overrides num_eval; 0: all)
+    max_calc_steps: int = 0  # train only on problems with <= N annotated steps; 0: all
+    num_demos: int = 0  # SFT demonstrations from GSM8K annotations; 0: all
     seed: int = 1234
-    skip_invalid: bool = False            # True: leave out (warned) rows without an answer
+    skip_invalid: bool = False  # True: leave out (warned) rows without an answer
 
 
 TASK_CONFIG = MathTask
 
 
-def calc_steps(prob: Problem) -> Optional[int]:
+def calc_steps(prob: Problem) -> int | None:
     """The number of calculator annotations ``<<expr=value>>`` in a GSM8K worked solution
     (None for problems without one, e.g. MATH)."""
     return None if prob.solution is None else len(_ANNOTATION_RE.findall(prob.solution))
 
 
-def write_task(out_dir: str | os.PathLike, train_files: Sequence[str], eval_files: Sequence[str],
-               num_train: int = 0, num_eval: int = 0, num_demos: int = 0, seed: int = 0,
-               obs_template: str = DEFAULT_OBS_TEMPLATE, skip_invalid: bool = False,
-               eval_sizes: Sequence[int] = (), max_calc_steps: int = 0) -> TaskFiles:
+def write_task(
+    out_dir: str | os.PathLike,
+    train_files: Sequence[str],
+    eval_files: Sequence[str],
+    num_train: int = 0,
+    num_eval: int = 0,
+    num_demos: int = 0,
+    seed: int = 0,
+    obs_template: str = DEFAULT_OBS_TEMPLATE,
+    skip_invalid: bool = False,
+    eval_sizes: Sequence[int] = (),
+    max_calc_steps: int = 0,
+) -> TaskFiles:
     """Read the source files and write ``train.parquet``, ``eval_<set>.parquet`` (one per
     eval file) and ``sft.parquet`` under ``out_dir``. ``num_*`` = 0: all; ``eval_sizes``
     gives one count per eval file instead of ``num_eval``. Training problems are shuffled
@@ -307,8 +347,10 @@ def write_task(out_dir: str | os.PathLike, train_files: Sequence[str], eval_file
     if not train_files:
         raise ValueError("task.train_files is empty: give GSM8K / MATH training files")
     if eval_sizes and eval_files and len(eval_sizes) != len(eval_files):
-        raise ValueError(f"task.eval_sizes has {len(eval_sizes)} entries for "
-                         f"{len(eval_files)} task.eval_files; give one count per file or ()")
+        raise ValueError(
+            f"task.eval_sizes has {len(eval_sizes)} entries for "
+            f"{len(eval_files)} task.eval_files; give one count per file or ()"
+        )
     rng = random.Random(seed)
     train = [p for f in train_files for p in read_problems(f, skip_invalid=skip_invalid)]
     if max_calc_steps:
@@ -322,9 +364,12 @@ def write_task(out_dir: str | os.PathLike, train_files: Sequence[str], eval_file
     for j, f in enumerate(eval_files):
         limit = eval_sizes[j] if eval_sizes else num_eval
         probs = read_problems(f, limit=limit or None, skip_invalid=skip_invalid)
-        evals.append(write_rows([make_row(p, i, "eval", obs_template)
-                                 for i, p in enumerate(probs)],
-                                out / f"eval_{set_name(f)}.parquet"))
+        evals.append(
+            write_rows(
+                [make_row(p, i, "eval", obs_template) for i, p in enumerate(probs)],
+                out / f"eval_{set_name(f)}.parquet",
+            )
+        )
     sft = []
     for i, p in enumerate(train):
         if num_demos and len(sft) >= num_demos:
@@ -333,10 +378,15 @@ def write_task(out_dir: str | os.PathLike, train_files: Sequence[str], eval_file
         if segs is not None:
             sft.append({**rows[i], "response_segments": segs})
     if num_demos and not sft:
-        raise ValueError("no SFT demonstrations: the training files have no usable GSM8K "
-                         "calculator annotations; set task.num_demos=0 or add GSM8K train")
-    return TaskFiles(train=train_path, eval=tuple(evals),
-                     sft=write_rows(sft, out / "sft.parquet") if sft else None)
+        raise ValueError(
+            "no SFT demonstrations: the training files have no usable GSM8K "
+            "calculator annotations; set task.num_demos=0 or add GSM8K train"
+        )
+    return TaskFiles(
+        train=train_path,
+        eval=tuple(evals),
+        sft=write_rows(sft, out / "sft.parquet") if sft else None,
+    )
 
 
 def _in(data_dir: str, path: str) -> str:
@@ -347,16 +397,26 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     """``write_task`` with ``config.task`` (files relative to ``task.data_dir``) and
     ``config.rollout.obs_template``."""
     t = config.task
-    return write_task(out_dir, [_in(t.data_dir, f) for f in t.train_files],
-                      [_in(t.data_dir, f) for f in t.eval_files], t.num_train, t.num_eval,
-                      t.num_demos, t.seed, config.rollout.obs_template,
-                      t.skip_invalid, t.eval_sizes, t.max_calc_steps)
+    return write_task(
+        out_dir,
+        [_in(t.data_dir, f) for f in t.train_files],
+        [_in(t.data_dir, f) for f in t.eval_files],
+        t.num_train,
+        t.num_eval,
+        t.num_demos,
+        t.seed,
+        config.rollout.obs_template,
+        t.skip_invalid,
+        t.eval_sizes,
+        t.max_calc_steps,
+    )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m verltool_jax.tasks.math_data",
-                                 description="Write GSM8K / MATH / test sets as verl parquet "
-                                             "(train, eval_<set>, sft).")
+    ap = argparse.ArgumentParser(
+        prog="python -m verltool_jax.tasks.math_data",
+        description="Write GSM8K / MATH / test sets as verl parquet (train, eval_<set>, sft).",
+    )
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--train", nargs="+", required=True, help="training source files")
     ap.add_argument("--eval", nargs="*", default=[], help="held-out source files")
@@ -365,15 +425,28 @@ def main(argv=None) -> int:
     ap.add_argument("--demos", type=int, default=0, help="SFT demonstrations; 0: all usable")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--obs-template", default=DEFAULT_OBS_TEMPLATE)
-    ap.add_argument("--skip-invalid", action="store_true",
-                    help="leave out records without a question/answer (warned) instead of failing")
+    ap.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="leave out records without a question/answer (warned) instead of failing",
+    )
     a = ap.parse_args(argv)
     try:
-        tf = write_task(a.out, a.train, a.eval, a.num_train, a.num_eval, a.demos, a.seed,
-                        a.obs_template, a.skip_invalid)
+        tf = write_task(
+            a.out,
+            a.train,
+            a.eval,
+            a.num_train,
+            a.num_eval,
+            a.demos,
+            a.seed,
+            a.obs_template,
+            a.skip_invalid,
+        )
     except (DataRowError, FileNotFoundError, ValueError) as e:
         ap.exit(2, f"error: {e}\n")
     from verltool_jax.data.readers import read_raw
+
     for path in (tf.train, *tf.eval, tf.sft):
         if path is not None:
             print(f"{path}: {len(read_raw(path))} rows")

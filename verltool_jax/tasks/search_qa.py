@@ -28,21 +28,22 @@ itself, the response ``<search> QUESTION </search>`` | the tool's real observati
 ``<answer> ANSWER </answer>``, written to ``sft.parquet``
 (:mod:`verltool_jax.tasks.demonstrations`).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 from tool_server.retrieval.answers import contains_normalized, normalize_answer
 from tool_server.retrieval.index import RetrievalIndexError, build_command, check_index, read_meta
 from tool_server.retrieval.questions import Question, QuestionError, read_questions
 from verltool_jax.data.readers import write_rows
-from verltool_jax.tasks import TaskFiles
 from verltool_jax.rewards.qa_reward import F1_THRESHOLD_KEY
+from verltool_jax.tasks import TaskFiles
 
 # The Search-R1 instruction, in our own words, with its tags.
 SEARCH_R1_PROMPT = (
@@ -51,7 +52,8 @@ SEARCH_R1_PROMPT = (
     "query </search>; the best matching passages come back between <information> and "
     "</information>. You may search more than once. When you know enough, write only the "
     "final answer between <answer> and </answer>, with no explanation, for example "
-    "<answer> Paris </answer>. Question: ")
+    "<answer> Paris </answer>. Question: "
+)
 # The deep-search instruction: web search plus a Python interpreter.
 DEEP_SEARCH_PROMPT = (
     "Research the question below step by step, reasoning inside <think> and </think>. "
@@ -59,34 +61,44 @@ DEEP_SEARCH_PROMPT = (
     "<information> and </information>. Run Python by writing <python> code </python>; "
     "what it prints comes back to you. Combine facts from several searches if the question "
     "needs several hops. When you are sure, write only the final answer between <answer> "
-    "and </answer>, for example <answer> 1912 </answer>. Question: ")
+    "and </answer>, for example <answer> 1912 </answer>. Question: "
+)
 PROMPTS = {"search_r1": SEARCH_R1_PROMPT, "deep_search": DEEP_SEARCH_PROMPT}
 # Tools that search the local index (web_search only with its default local backend).
 INDEX_TOOLS = ("search_retrieval", "web_search")
 
 
-def make_row(q: Question, prompt: str, split: str, index: int,
-             f1_threshold: float = 0.0) -> dict:
+def make_row(q: Question, prompt: str, split: str, index: int, f1_threshold: float = 0.0) -> dict:
     """The verl-layout row of one question (a Search-R1 row is returned as it was read)."""
     if q.row is not None:
         return q.row
-    extra = {"split": split, "index": index, "id": q.id, "question": q.question,
-             "gold_titles": list(q.gold_titles)}
+    extra = {
+        "split": split,
+        "index": index,
+        "id": q.id,
+        "question": q.question,
+        "gold_titles": list(q.gold_titles),
+    }
     if f1_threshold > 0:
         extra[F1_THRESHOLD_KEY] = float(f1_threshold)
-    return {"prompt": [{"role": "user", "content": prompt + q.question}],
-            "data_source": q.data_source, "ability": "qa",
-            "reward_model": {"style": "rule", "ground_truth": {"target": list(q.answers)}},
-            "extra_info": extra}
+    return {
+        "prompt": [{"role": "user", "content": prompt + q.question}],
+        "data_source": q.data_source,
+        "ability": "qa",
+        "reward_model": {"style": "rule", "ground_truth": {"target": list(q.answers)}},
+        "extra_info": extra,
+    }
 
 
 def read_all(paths: Sequence[str], field: str) -> list[Question]:
     if isinstance(paths, str):
         paths = [paths]
     if not paths:
-        raise QuestionError(f"task.{field} is empty: give question files (NQ-open / HotpotQA "
-                            "JSON(L), Search-R1 parquet), e.g. "
-                            f"--config.task.{field}=path/nq_open_dev.jsonl")
+        raise QuestionError(
+            f"task.{field} is empty: give question files (NQ-open / HotpotQA "
+            "JSON(L), Search-R1 parquet), e.g. "
+            f"--config.task.{field}=path/nq_open_dev.jsonl"
+        )
     out: list[Question] = []
     for p in paths:
         out.extend(read_questions(p))
@@ -96,26 +108,33 @@ def read_all(paths: Sequence[str], field: str) -> list[Question]:
 def load_answerable(path: str) -> set[str]:
     """The question ids of an ``--answerable-out`` JSON file."""
     if not os.path.isfile(path):
-        raise QuestionError(f"task.answerable_ids={path!r} does not exist; write it with "
-                            "`python -m tool_server.retrieval build ... --questions FILES "
-                            "--answerable-out FILE`")
+        raise QuestionError(
+            f"task.answerable_ids={path!r} does not exist; write it with "
+            "`python -m tool_server.retrieval build ... --questions FILES "
+            "--answerable-out FILE`"
+        )
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     if not isinstance(data, dict) or not isinstance(data.get("ids"), list):
-        raise QuestionError(f"task.answerable_ids={path!r}: expected a JSON object with an "
-                            "'ids' list (the output of --answerable-out)")
+        raise QuestionError(
+            f"task.answerable_ids={path!r}: expected a JSON object with an "
+            "'ids' list (the output of --answerable-out)"
+        )
     return {str(i) for i in data["ids"]}
 
 
-def split_questions(train: list[Question], evals: list[Question], num_train: int,
-                    num_eval: int, seed: int) -> tuple[list[Question], list[Question]]:
+def split_questions(
+    train: list[Question], evals: list[Question], num_train: int, num_eval: int, seed: int
+) -> tuple[list[Question], list[Question]]:
     """(train, held-out eval): without eval questions, ``num_eval`` drawn from ``train``
     by ``seed``; no question (by id) in both; ``num_* = 0`` keeps all."""
     rng = random.Random(seed)
     if not evals:
         if num_eval >= len(train):
-            raise QuestionError(f"task.num_eval={num_eval} leaves no training questions out "
-                                f"of {len(train)}; lower it or give task.eval_files")
+            raise QuestionError(
+                f"task.num_eval={num_eval} leaves no training questions out "
+                f"of {len(train)}; lower it or give task.eval_files"
+            )
         order = list(range(len(train)))
         rng.shuffle(order)
         held = set(order[:num_eval])
@@ -136,37 +155,40 @@ def split_questions(train: list[Question], evals: list[Question], num_train: int
 @dataclass(frozen=True)
 class SearchQATask:
     """The ``task`` config section of retrieval QA (``vt_search``, ``vt_deepsearch``)."""
+
     name: str = "search_qa"
-    prompt: str = "search_r1"               # search_r1 | deep_search
-    train_files: tuple[str, ...] = ()       # NQ-open / HotpotQA JSON(L), Search-R1 parquet
-    eval_files: tuple[str, ...] = ()        # empty: num_eval questions held out from train
-    num_train: int = 0                      # 0: all
+    prompt: str = "search_r1"  # search_r1 | deep_search
+    train_files: tuple[str, ...] = ()  # NQ-open / HotpotQA JSON(L), Search-R1 parquet
+    eval_files: tuple[str, ...] = ()  # empty: num_eval questions held out from train
+    num_train: int = 0  # 0: all
     num_eval: int = 200
-    answerable_ids: str = ""                # JSON of `build --answerable-out`: only those
-    corpus_files: tuple[str, ...] = ()      # the corpus the index must have been built from
-    f1_threshold: float = 0.0               # qa_correct: EM or F1 >= this (0: EM only)
-    num_demos: int = 0                      # SFT demonstrations (search, then answer); 0: none
+    answerable_ids: str = ""  # JSON of `build --answerable-out`: only those
+    corpus_files: tuple[str, ...] = ()  # the corpus the index must have been built from
+    f1_threshold: float = 0.0  # qa_correct: EM or F1 >= this (0: EM only)
+    num_demos: int = 0  # SFT demonstrations (search, then answer); 0: none
     seed: int = 0
 
 
-def check_retrieval(config) -> Optional[dict]:
+def check_retrieval(config) -> dict | None:
     """Fail before training if a local-index tool is configured without a usable index:
     ``tool_server.tool_opt.retrieval_index`` unset or missing, or built from another corpus
     than ``task.corpus_files``. Returns the index metadata (None when no tool needs one)."""
     ts = config.tool_server
     opts = dict(ts.tool_opt)
     uses_index = "search_retrieval" in ts.tools or (
-        "web_search" in ts.tools and opts.get("web_search_backend", "local") == "local")
+        "web_search" in ts.tools and opts.get("web_search_backend", "local") == "local"
+    )
     index = opts.get("retrieval_index") or ""
     if not uses_index or (ts.url and not index):
-        return None                     # a running server brings its own index
+        return None  # a running server brings its own index
     corpus = tuple(config.task.corpus_files)
     if not index:
         raise RetrievalIndexError(
             "tool_server.tool_opt.retrieval_index is empty but the tools "
             f"{[t for t in ts.tools if t in INDEX_TOOLS]} search a local index; build one with "
             f"`{build_command('runs/qa_index', 'bm25', ' '.join(corpus) or '<corpus files>')}` "
-            "and pass --config.tool_server.tool_opt.retrieval_index=runs/qa_index")
+            "and pass --config.tool_server.tool_opt.retrieval_index=runs/qa_index"
+        )
     if not corpus:
         return read_meta(index)
     return check_index(index, corpus)
@@ -177,28 +199,37 @@ def search_action(question: str) -> str:
     return f"<search> {' '.join(question.split())} </search>"
 
 
-def answer_from(observation: str, answers: Sequence[str]) -> Optional[str]:
+def answer_from(observation: str, answers: Sequence[str]) -> str | None:
     """``<answer> A </answer>`` for the first gold answer ``A`` that ``observation``
     contains (normalised, whole tokens, as exact match compares); None when it contains
     none: a demonstration never answers from outside its evidence."""
     text = normalize_answer(observation)
-    answer = next((a for a in answers if contains_normalized(text, [normalize_answer(a)])),
-                  None)
+    answer = next((a for a in answers if contains_normalized(text, [normalize_answer(a)])), None)
     return None if answer is None else f"<answer> {answer} </answer>"
 
 
-def demonstrations(config, questions: Sequence[Question], rows: Sequence[dict],
-                   num_demos: int, seed: int) -> list[dict]:
+def demonstrations(
+    config, questions: Sequence[Question], rows: Sequence[dict], num_demos: int, seed: int
+) -> list[dict]:
     """SFT rows for up to ``num_demos`` of ``questions`` (taken in an order shuffled by
     ``seed``, so every question file is represented): search the question, the search
     tool's real answer, :func:`answer_from` it (:mod:`verltool_jax.tasks.demonstrations`)."""
     from verltool_jax.tasks.demonstrations import Proposal, demonstrate
+
     order = list(range(len(questions)))
     random.Random(seed).shuffle(order)
-    return demonstrate(config, [
-        Proposal(rows[i], search_action(questions[i].question),
-                 lambda obs, answers=questions[i].answers: answer_from(obs, answers))
-        for i in order], num_demos)
+    return demonstrate(
+        config,
+        [
+            Proposal(
+                rows[i],
+                search_action(questions[i].question),
+                lambda obs, answers=questions[i].answers: answer_from(obs, answers),
+            )
+            for i in order
+        ],
+        num_demos,
+    )
 
 
 def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
@@ -226,9 +257,12 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     sft = demonstrations(config, train, rows, t.num_demos, t.seed) if t.num_demos else []
     return TaskFiles(
         train=write_rows(rows, out / "train.parquet"),
-        eval=write_rows([make_row(q, prompt, "eval", i, threshold)
-                         for i, q in enumerate(evals)], out / "eval.parquet"),
-        sft=write_rows(sft, out / "sft.parquet") if sft else None)
+        eval=write_rows(
+            [make_row(q, prompt, "eval", i, threshold) for i, q in enumerate(evals)],
+            out / "eval.parquet",
+        ),
+        sft=write_rows(sft, out / "sft.parquet") if sft else None,
+    )
 
 
 TASK_CONFIG = SearchQATask

@@ -33,6 +33,7 @@ on: one user message with the task overview, the engine, the database schema as 
 
     python -m verltool_jax.tasks.spider --spider-dir DIR --out outputs/spider
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,13 +45,13 @@ import re
 import sqlite3
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
 
 from verltool_jax.data.readers import write_rows
-from verltool_jax.tasks import TaskFiles
 from verltool_jax.rewards.sql_tokens import Token, is_kw, tokenize
+from verltool_jax.tasks import TaskFiles
 from verltool_jax.tasks.spider_hardness import hardness
 
 DATA_SOURCE = "spider"
@@ -64,11 +65,12 @@ class SchemaConversionError(ValueError):
 
 # ----------------------------------------------------------------------------- schema
 
+
 @dataclass
 class ConvertedSchema:
-    statements: list[str]                 # sqlite DDL, in order
-    tables: dict[str, list[str]]          # table -> column names
-    notes: list[str] = field(default_factory=list)   # translations applied
+    statements: list[str]  # sqlite DDL, in order
+    tables: dict[str, list[str]]  # table -> column names
+    notes: list[str] = field(default_factory=list)  # translations applied
 
 
 def _split_statements(text: str) -> list[list[Token]]:
@@ -93,7 +95,7 @@ def _render(toks: Sequence[Token]) -> str:
     prev: Token = ("", "")
     for kind, text in toks:
         s = '"' + text.replace('"', '""') + '"' if kind == "ident" else text
-        type_args = (s == "(" and prev[0] == "word" and prev[1].upper() not in _SPACED_BEFORE_PAREN)
+        type_args = s == "(" and prev[0] == "word" and prev[1].upper() not in _SPACED_BEFORE_PAREN
         if out and not (s in (",", ")", ".") or out[-1] in ("(", ".") or type_args):
             out.append(" ")
         out.append(s)
@@ -102,16 +104,33 @@ def _render(toks: Sequence[Token]) -> str:
 
 
 # keywords after which "(" starts a list, not a type's arguments: "KEY (a)", "INT(11)"
-_SPACED_BEFORE_PAREN = {"KEY", "REFERENCES", "UNIQUE", "CHECK", "AND", "OR", "ON", "IN",
-                        "AS", "INDEX", "DEFAULT", "NOT", "EXISTS"}
+_SPACED_BEFORE_PAREN = {
+    "KEY",
+    "REFERENCES",
+    "UNIQUE",
+    "CHECK",
+    "AND",
+    "OR",
+    "ON",
+    "IN",
+    "AS",
+    "INDEX",
+    "DEFAULT",
+    "NOT",
+    "EXISTS",
+}
 
 
 def _strip_qualifier(toks: list[Token]) -> list[Token]:
     """``db.t`` -> ``t`` (an identifier followed by ``.`` and another identifier)."""
     out, k = [], 0
     while k < len(toks):
-        if (k + 2 < len(toks) and toks[k][0] in ("ident", "word") and toks[k + 1] == ("op", ".")
-                and toks[k + 2][0] in ("ident", "word")):
+        if (
+            k + 2 < len(toks)
+            and toks[k][0] in ("ident", "word")
+            and toks[k + 1] == ("op", ".")
+            and toks[k + 2][0] in ("ident", "word")
+        ):
             out.append(toks[k + 2])
             k += 3
         else:
@@ -143,14 +162,24 @@ def _drop_mysql_column_words(item: list[Token], where: str, notes: list[str]) ->
     return out
 
 
-def _create_table(toks: list[Token], stmt_text: str, notes: list[str]
-                  ) -> tuple[str, list[str], list[str]]:
+def _create_table(
+    toks: list[Token], stmt_text: str, notes: list[str]
+) -> tuple[str, list[str], list[str]]:
     """One MySQL CREATE TABLE -> (sqlite CREATE TABLE, [CREATE INDEX ...], columns)."""
     toks = _strip_qualifier(toks)
     k = 2
-    if len(toks) > 5 and is_kw(toks[2], "if") and is_kw(toks[3], "not") and is_kw(toks[4], "exists"):
+    if (
+        len(toks) > 5
+        and is_kw(toks[2], "if")
+        and is_kw(toks[3], "not")
+        and is_kw(toks[4], "exists")
+    ):
         k = 5
-    if k >= len(toks) or toks[k][0] not in ("ident", "word") or toks[k + 1:k + 2] != [("op", "(")]:
+    if (
+        k >= len(toks)
+        or toks[k][0] not in ("ident", "word")
+        or toks[k + 1 : k + 2] != [("op", "(")]
+    ):
         raise SchemaConversionError(f"cannot read the table name of: {stmt_text}")
     table = toks[k][1]
     depth, end = 0, None
@@ -164,12 +193,12 @@ def _create_table(toks: list[Token], stmt_text: str, notes: list[str]
                 break
     if end is None:
         raise SchemaConversionError(f"unbalanced parentheses in: {stmt_text}")
-    tail = toks[end + 1:]
+    tail = toks[end + 1 :]
     if tail:
         notes.append(f"{table}: removed table options {_render(tail)!r}")
     items, cur, depth = [], [], 0
-    for t in toks[k + 2:end]:
-        if t == ("op", "(") :
+    for t in toks[k + 2 : end]:
+        if t == ("op", "("):
             depth += 1
         elif t == ("op", ")"):
             depth -= 1
@@ -183,8 +212,9 @@ def _create_table(toks: list[Token], stmt_text: str, notes: list[str]
     defs, indexes, columns = [], [], []
     for item in items:
         head = item[0]
-        if is_kw(head, "index", "key") or (is_kw(head, "unique", "fulltext") and len(item) > 1
-                                           and is_kw(item[1], "index", "key")):
+        if is_kw(head, "index", "key") or (
+            is_kw(head, "unique", "fulltext") and len(item) > 1 and is_kw(item[1], "index", "key")
+        ):
             unique = is_kw(head, "unique")
             rest = item[2:] if unique else item[1:]
             name = f"idx_{table}_{len(indexes)}"
@@ -192,8 +222,9 @@ def _create_table(toks: list[Token], stmt_text: str, notes: list[str]
                 name = f"{table}_{rest[0][1]}"
                 rest = rest[1:]
             cols = _render(rest)
-            indexes.append(f'CREATE {"UNIQUE " if unique else ""}INDEX "{name}" ON '
-                           f'"{table}" {cols}')
+            indexes.append(
+                f'CREATE {"UNIQUE " if unique else ""}INDEX "{name}" ON "{table}" {cols}'
+            )
             notes.append(f"{table}: inline {_render(item[:2])} -> CREATE INDEX")
         elif is_kw(head, "primary", "foreign", "unique", "constraint", "check"):
             defs.append(_render([_as_ident(t) if t[0] == "ident" else t for t in item]))
@@ -202,8 +233,9 @@ def _create_table(toks: list[Token], stmt_text: str, notes: list[str]
             body = _drop_mysql_column_words(item[1:], f"{table}.{head[1]}", notes)
             defs.append(_render([("ident", head[1])] + body))
         else:
-            raise SchemaConversionError(f"cannot convert the table item {_render(item)!r} "
-                                        f"of: {stmt_text}")
+            raise SchemaConversionError(
+                f"cannot convert the table item {_render(item)!r} of: {stmt_text}"
+            )
     ddl = f'CREATE TABLE "{table}" (\n    ' + ",\n    ".join(defs) + "\n)"
     return ddl, indexes, columns
 
@@ -221,23 +253,25 @@ def convert_schema(text: str) -> ConvertedSchema:
         elif is_kw(toks[0], "set", "use", "lock", "unlock", "drop"):
             out.notes.append(f"skipped MySQL session statement: {stmt_text}")
         else:
-            raise SchemaConversionError(f"unsupported statement (only CREATE TABLE is "
-                                        f"converted): {stmt_text}")
+            raise SchemaConversionError(
+                f"unsupported statement (only CREATE TABLE is converted): {stmt_text}"
+            )
     return out
 
 
 # ----------------------------------------------------------------------------- load
 
+
 @dataclass
 class DatabaseReport:
     db_id: str
-    path: Optional[str] = None
-    rows: dict = field(default_factory=dict)          # table -> inserted rows
+    path: str | None = None
+    rows: dict = field(default_factory=dict)  # table -> inserted rows
     skipped_rows: dict = field(default_factory=dict)  # table -> [count, first error]
     missing_csv: list = field(default_factory=list)
     extra_csv: list = field(default_factory=list)
     notes: list = field(default_factory=list)
-    error: Optional[str] = None
+    error: str | None = None
 
 
 def _affinity(declared: str) -> str:
@@ -273,16 +307,24 @@ def _load_csv(conn: sqlite3.Connection, table: str, path: Path, report: Database
             return
         unknown = [h for h in header if h.lower() not in by_name]
         if unknown:
-            raise SchemaConversionError(f"{path.name}: columns {unknown} are not in table "
-                                        f"{table!r} (columns {[r[1] for r in info]})")
+            raise SchemaConversionError(
+                f"{path.name}: columns {unknown} are not in table "
+                f"{table!r} (columns {[r[1] for r in info]})"
+            )
         cols = [by_name[h.lower()] for h in header]
-        sql = (f'INSERT INTO "{table}" (' + ", ".join('"' + c + '"' for c, _ in cols)
-               + ") VALUES (" + ", ".join("?" * len(cols)) + ")")
+        sql = (
+            f'INSERT INTO "{table}" ('
+            + ", ".join('"' + c + '"' for c, _ in cols)
+            + ") VALUES ("
+            + ", ".join("?" * len(cols))
+            + ")"
+        )
         rows = [tuple(_cell(v, a) for v, (_, a) in zip(r, cols)) for r in reader if r]
     bad = [r for r in rows if len(r) != len(cols)]
     if bad:
-        raise SchemaConversionError(f"{path.name}: a row has {len(bad[0])} fields, the "
-                                    f"header has {len(cols)}")
+        raise SchemaConversionError(
+            f"{path.name}: a row has {len(bad[0])} fields, the header has {len(cols)}"
+        )
     try:
         with conn:
             conn.executemany(sql, rows)
@@ -319,8 +361,9 @@ def build_database(db_dir: str | os.PathLike, out_path: str | os.PathLike) -> Da
                 try:
                     conn.execute(stmt)
                 except sqlite3.Error as e:
-                    raise SchemaConversionError(f"sqlite rejected the converted statement "
-                                                f"({e}): {stmt}") from None
+                    raise SchemaConversionError(
+                        f"sqlite rejected the converted statement ({e}): {stmt}"
+                    ) from None
             csvs = {p.stem.lower(): p for p in sorted((db_dir / "data").glob("*.csv"))}
             tables = {t.lower(): t for t in schema.tables}
             for key, table in tables.items():
@@ -345,14 +388,16 @@ def schema_text(db_path: str | os.PathLike) -> str:
     prompt shows), tables in creation order."""
     conn = sqlite3.connect(f"file:{Path(db_path).resolve()}?mode=ro", uri=True)
     try:
-        rows = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' "
-                            "AND sql IS NOT NULL ORDER BY rowid").fetchall()
+        rows = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL ORDER BY rowid"
+        ).fetchall()
     finally:
         conn.close()
     return "\n\n".join(r[0] + ";" for r in rows)
 
 
 # ----------------------------------------------------------------------------- queries
+
 
 @dataclass(frozen=True)
 class Query:
@@ -363,8 +408,9 @@ class Query:
     index: int
 
 
-def read_queries(spider_dir: str | os.PathLike, splits: Iterable[str] = ("test", "train")
-                 ) -> list[Query]:
+def read_queries(
+    spider_dir: str | os.PathLike, splits: Iterable[str] = ("test", "train")
+) -> list[Query]:
     """The (database, question, sql) rows of the chosen query files."""
     out = []
     for split in splits:
@@ -388,8 +434,13 @@ def translate_gold_sql(sql: str, db_id: str) -> str:
     out, k = [], 0
     while k < len(toks):
         kind, text = toks[k]
-        if (kind in ("ident", "word") and text.lower() == db_id.lower() and k + 2 < len(toks)
-                and toks[k + 1] == ("op", ".") and toks[k + 2][0] in ("ident", "word")):
+        if (
+            kind in ("ident", "word")
+            and text.lower() == db_id.lower()
+            and k + 2 < len(toks)
+            and toks[k + 1] == ("op", ".")
+            and toks[k + 2][0] in ("ident", "word")
+        ):
             k += 2
             continue
         out.append(f"`{text}`" if kind == "ident" else text)
@@ -404,11 +455,13 @@ def tables_read(sql: str, tables: Iterable[str]) -> list[str]:
     return sorted(names[n] for n in seen & set(names))
 
 
-def check_gold(sql: str, db_path: Optional[str], empty_tables: Sequence[str] = (),
-               timeout_s: float = 10.0) -> Optional[str]:
+def check_gold(
+    sql: str, db_path: str | None, empty_tables: Sequence[str] = (), timeout_s: float = 10.0
+) -> str | None:
     """None if the gold SQL runs on the database and reads no table left without data,
     else why not."""
     from verltool_jax.rewards.sql_reward import SQLExecutionError, execute_readonly
+
     if db_path is None:
         return "database not built"
     try:
@@ -422,6 +475,7 @@ def check_gold(sql: str, db_path: Optional[str], empty_tables: Sequence[str] = (
 
 
 # ----------------------------------------------------------------------------- rows
+
 
 def build_prompt(schema: str, question: str, max_turns: int = 5) -> str:
     """The SkyRL-SQL style user message (structure in the module doc)."""
@@ -448,7 +502,8 @@ def build_prompt(schema: str, question: str, max_turns: int = 5) -> str:
         "block; its result (at most 50 rows) or its error comes back inside "
         "<observation>...</observation>.\n"
         "- When no more exploration is needed, or you are out of turns, give the final "
-        "SQL query inside <solution>...</solution>.\n")
+        "SQL query inside <solution>...</solution>.\n"
+    )
 
 
 def make_row(q: Query, db_path: str, schema: str, max_turns: int = 5) -> dict:
@@ -460,8 +515,14 @@ def make_row(q: Query, db_path: str, schema: str, max_turns: int = 5) -> dict:
         "data_source": DATA_SOURCE,
         "ability": "sql",
         "reward_model": {"style": "rule", "ground_truth": gold},
-        "extra_info": {"db_id": q.db_id, "db_path": str(db_path), "question": q.question,
-                       "hardness": hardness(gold), "split": q.split, "index": q.index},
+        "extra_info": {
+            "db_id": q.db_id,
+            "db_path": str(db_path),
+            "question": q.question,
+            "hardness": hardness(gold),
+            "split": q.split,
+            "index": q.index,
+        },
     }
 
 
@@ -469,9 +530,11 @@ def single_table(sql: str) -> bool:
     """True if the query reads one table and has no subquery or set operation."""
     toks = tokenize(sql)
     selects = sum(1 for t in toks if is_kw(t, "select"))
-    return (selects == 1 and not any(is_kw(t, "join", "union", "intersect", "except")
-                                     for t in toks)
-            and not _from_has_comma(toks))
+    return (
+        selects == 1
+        and not any(is_kw(t, "join", "union", "intersect", "except") for t in toks)
+        and not _from_has_comma(toks)
+    )
 
 
 def _from_has_comma(toks: list[Token]) -> bool:
@@ -491,17 +554,19 @@ class PrepareReport:
     databases: list[DatabaseReport]
     queries_total: int = 0
     queries_ok: int = 0
-    failures: list = field(default_factory=list)    # (split, index, db_id, sql, why)
-    rows: dict = field(default_factory=dict)        # split -> number of rows written
-    files: dict = field(default_factory=dict)       # split -> path
+    failures: list = field(default_factory=list)  # (split, index, db_id, sql, why)
+    rows: dict = field(default_factory=dict)  # split -> number of rows written
+    files: dict = field(default_factory=dict)  # split -> path
     row_data: dict = field(default_factory=dict, repr=False)  # split -> rows
     schema_chars: dict = field(default_factory=dict)  # db_id -> length of its prompt schema
     seconds: float = 0.0
 
     def summary(self) -> str:
         built = [d for d in self.databases if d.path]
-        lines = [f"databases: {len(built)}/{len(self.databases)} built",
-                 f"gold queries: {self.queries_ok}/{self.queries_total} run"]
+        lines = [
+            f"databases: {len(built)}/{len(self.databases)} built",
+            f"gold queries: {self.queries_ok}/{self.queries_total} run",
+        ]
         for d in self.databases:
             if d.error:
                 lines.append(f"  FAILED db {d.db_id}: {d.error}")
@@ -517,10 +582,15 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-def prepare(spider_dir: str | os.PathLike, out_dir: str | os.PathLike,
-            splits: Sequence[str] = ("test", "train"), databases: Optional[Sequence[str]] = None,
-            only_single_table: bool = False, max_turns: int = 5,
-            write: bool = True) -> PrepareReport:
+def prepare(
+    spider_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    splits: Sequence[str] = ("test", "train"),
+    databases: Sequence[str] | None = None,
+    only_single_table: bool = False,
+    max_turns: int = 5,
+    write: bool = True,
+) -> PrepareReport:
     """Build the sqlite files under ``<out_dir>/databases``, check every gold query of
     ``splits`` (limited to ``databases`` if given) and write ``<out_dir>/<split>.parquet``
     with one row per query whose gold SQL runs (``only_single_table``: only
@@ -546,12 +616,16 @@ def prepare(spider_dir: str | os.PathLike, out_dir: str | os.PathLike,
         empty[db] = r.missing_csv
         if r.path:
             schemas[db] = schema_text(r.path)
-    report = PrepareReport(reports, queries_total=len(queries),
-                           schema_chars={db: len(text) for db, text in schemas.items()})
+    report = PrepareReport(
+        reports,
+        queries_total=len(queries),
+        schema_chars={db: len(text) for db, text in schemas.items()},
+    )
     rows: dict[str, list[dict]] = {s: [] for s in splits}
     for q in queries:
-        why = check_gold(translate_gold_sql(q.sql, q.db_id), paths.get(q.db_id),
-                         empty.get(q.db_id, ()))
+        why = check_gold(
+            translate_gold_sql(q.sql, q.db_id), paths.get(q.db_id), empty.get(q.db_id, ())
+        )
         if why is not None:
             report.failures.append((q.split, q.index, q.db_id, q.sql, why))
             continue
@@ -571,15 +645,16 @@ def prepare(spider_dir: str | os.PathLike, out_dir: str | os.PathLike,
 @dataclass(frozen=True)
 class SpiderTask:
     """The ``task`` config section of text-to-SQL on Spider (``configs/vt_sql.py``)."""
+
     name: str = "spider"
-    spider_dir: str = ""                   # required: the Spider folder
-    databases: tuple[str, ...] = ()        # empty: every database the query files use
-    single_table: bool = False             # only single-table questions
-    eval_from: str = "test"                # test: Spider dev = eval | pool: mix, hold out
-    num_train: int = 0                     # 0: all usable train questions
-    num_eval: int = 0                      # 0: all usable Spider-dev questions
-    num_demos: int = 0                     # SFT demonstrations (run the gold query); 0: none
-    max_schema_chars: int = 0              # only databases whose schema text is this short; 0: any
+    spider_dir: str = ""  # required: the Spider folder
+    databases: tuple[str, ...] = ()  # empty: every database the query files use
+    single_table: bool = False  # only single-table questions
+    eval_from: str = "test"  # test: Spider dev = eval | pool: mix, hold out
+    num_train: int = 0  # 0: all usable train questions
+    num_eval: int = 0  # 0: all usable Spider-dev questions
+    num_demos: int = 0  # SFT demonstrations (run the gold query); 0: none
+    max_schema_chars: int = 0  # only databases whose schema text is this short; 0: any
     seed: int = 0
 
 
@@ -599,15 +674,26 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     for models with a short context, or a CPU budget, where prompt length is the cost."""
     t = config.task
     if t.max_schema_chars < 0:
-        raise ValueError(f"task.max_schema_chars={t.max_schema_chars} must be >= 0 "
-                         f"(0: databases of any schema size)")
+        raise ValueError(
+            f"task.max_schema_chars={t.max_schema_chars} must be >= 0 "
+            f"(0: databases of any schema size)"
+        )
     if not t.spider_dir:
-        raise ValueError("task.spider_dir is empty: pass the Spider folder "
-                         "(test_queries.csv, train_queries.csv, databases/), e.g. "
-                         "--config.task.spider_dir=/data/spider")
+        raise ValueError(
+            "task.spider_dir is empty: pass the Spider folder "
+            "(test_queries.csv, train_queries.csv, databases/), e.g. "
+            "--config.task.spider_dir=/data/spider"
+        )
     dbs = tuple(t.databases) or None
-    rep = prepare(t.spider_dir, out_dir, ("test", "train"), dbs, bool(t.single_table),
-                  config.rollout.max_turns, write=False)
+    rep = prepare(
+        t.spider_dir,
+        out_dir,
+        ("test", "train"),
+        dbs,
+        bool(t.single_table),
+        config.rollout.max_turns,
+        write=False,
+    )
     out = Path(out_dir)
     rng = random.Random(t.seed)
     if t.eval_from == "test":
@@ -618,35 +704,45 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
         n_eval = t.num_eval or len(rows) // 5
         pools = {"eval": rows[:n_eval], "train": rows[n_eval:]}
     else:
-        raise ValueError(f"task.eval_from must be 'test' (train rows from train_queries.csv, "
-                         f"eval rows from test_queries.csv) or 'pool' (both files mixed, "
-                         f"num_eval held out), got {t.eval_from!r}")
+        raise ValueError(
+            f"task.eval_from must be 'test' (train rows from train_queries.csv, "
+            f"eval rows from test_queries.csv) or 'pool' (both files mixed, "
+            f"num_eval held out), got {t.eval_from!r}"
+        )
     if t.max_schema_chars:
-        pools = {name: [r for r in rows
-                        if rep.schema_chars[r["extra_info"]["db_id"]] <= t.max_schema_chars]
-                 for name, rows in pools.items()}
+        pools = {
+            name: [
+                r for r in rows if rep.schema_chars[r["extra_info"]["db_id"]] <= t.max_schema_chars
+            ]
+            for name, rows in pools.items()
+        }
     files = {}
     for name, limit in (("train", t.num_train), ("eval", t.num_eval)):
         rows = pools[name]
         if limit and limit < len(rows):
             rows = rng.sample(rows, limit)
         if not rows:
-            raise ValueError(f"Spider has no usable {name} question for databases={dbs} "
-                             f"single_table={bool(t.single_table)} eval_from={t.eval_from!r} "
-                             f"max_schema_chars={t.max_schema_chars} "
-                             f"(Spider's train and test databases are disjoint; "
-                             f"eval_from='pool' splits one set of databases):\n{rep.summary()}")
+            raise ValueError(
+                f"Spider has no usable {name} question for databases={dbs} "
+                f"single_table={bool(t.single_table)} eval_from={t.eval_from!r} "
+                f"max_schema_chars={t.max_schema_chars} "
+                f"(Spider's train and test databases are disjoint; "
+                f"eval_from='pool' splits one set of databases):\n{rep.summary()}"
+            )
         files[name] = write_rows(rows, out / f"{name}.parquet")
         pools[name] = rows
     (out / "prepare_report.txt").write_text(rep.summary() + "\n")
     if t.num_demos < 0:
         raise ValueError(f"task.num_demos={t.num_demos} must be >= 0 (0: no demonstrations)")
     sft = demonstrations(config, pools["train"], t.num_demos, t.seed) if t.num_demos else []
-    return TaskFiles(train=files["train"], eval=files["eval"],
-                     sft=write_rows(sft, out / "sft.parquet") if sft else None)
+    return TaskFiles(
+        train=files["train"],
+        eval=files["eval"],
+        sft=write_rows(sft, out / "sft.parquet") if sft else None,
+    )
 
 
-def solution_after(observation: str, gold: str) -> Optional[str]:
+def solution_after(observation: str, gold: str) -> str | None:
     """``<solution>GOLD</solution>`` once the gold query's result came back; None when
     the tool answered with an error (the query did not run there)."""
     if observation.startswith(("SQL error", "Error")):
@@ -659,37 +755,59 @@ def demonstrations(config, rows: Sequence[dict], num_demos: int, seed: int) -> l
     ``seed``): run the gold query with the sql tool, read its real result, give the gold
     query as the solution (:mod:`verltool_jax.tasks.demonstrations`)."""
     from verltool_jax.tasks.demonstrations import Proposal, demonstrate
+
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     proposals = []
     for i in order:
         gold = rows[i]["reward_model"]["ground_truth"]
-        proposals.append(Proposal(rows[i], f"<sql>{gold}</sql>",
-                                  lambda obs, gold=gold: solution_after(obs, gold)))
+        proposals.append(
+            Proposal(
+                rows[i], f"<sql>{gold}</sql>", lambda obs, gold=gold: solution_after(obs, gold)
+            )
+        )
     return demonstrate(config, proposals, num_demos)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--spider-dir", required=True, help="folder with test_queries.csv, "
-                    "train_queries.csv and databases/<db>/{schema.sql,data/*.csv}")
+    ap.add_argument(
+        "--spider-dir",
+        required=True,
+        help="folder with test_queries.csv, "
+        "train_queries.csv and databases/<db>/{schema.sql,data/*.csv}",
+    )
     ap.add_argument("--out", required=True, help="output folder (sqlite files + parquet)")
     ap.add_argument("--splits", default="test,train")
-    ap.add_argument("--databases", default="", help="comma-separated db ids (default: all "
-                    "that the query files use)")
-    ap.add_argument("--single-table", action="store_true", help="rows only for "
-                    "single-table questions")
+    ap.add_argument(
+        "--databases",
+        default="",
+        help="comma-separated db ids (default: all that the query files use)",
+    )
+    ap.add_argument(
+        "--single-table", action="store_true", help="rows only for single-table questions"
+    )
     ap.add_argument("--json", default="", help="also write the report as JSON here")
     args = ap.parse_args(argv)
     dbs = [d for d in args.databases.split(",") if d] or None
-    rep = prepare(args.spider_dir, args.out, [s for s in args.splits.split(",") if s], dbs,
-                  args.single_table)
+    rep = prepare(
+        args.spider_dir, args.out, [s for s in args.splits.split(",") if s], dbs, args.single_table
+    )
     print(rep.summary())
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "queries_total": rep.queries_total, "queries_ok": rep.queries_ok,
-            "failures": rep.failures, "rows": rep.rows, "files": rep.files,
-            "databases": [d.__dict__ for d in rep.databases]}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "queries_total": rep.queries_total,
+                    "queries_ok": rep.queries_ok,
+                    "failures": rep.failures,
+                    "rows": rep.rows,
+                    "files": rep.files,
+                    "databases": [d.__dict__ for d in rep.databases],
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -30,6 +30,7 @@ needs no schema. Where it may differ from Spider: an aggregate nested inside an
 arithmetic SELECT item (``a + max(b)``) is not counted as an aggregated item (Spider
 keeps one aggregate per item, outside the arithmetic).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -127,9 +128,11 @@ def _cond(toks: list[Token]) -> _Cond:
     depths = _depths(toks)
     negated = any(d == 0 and is_kw(t, "not") for t, d in zip(toks, depths))
     like = any(d == 0 and is_kw(t, "like") for t, d in zip(toks, depths))
-    nested = sum(1 for k, (t, d) in enumerate(zip(toks, depths))
-                 if d == 0 and t == ("op", "(") and k + 1 < len(toks)
-                 and is_kw(toks[k + 1], "select"))
+    nested = sum(
+        1
+        for k, (t, d) in enumerate(zip(toks, depths))
+        if d == 0 and t == ("op", "(") and k + 1 < len(toks) and is_kw(toks[k + 1], "select")
+    )
     return _Cond(negated, like, nested)
 
 
@@ -140,9 +143,11 @@ def _starts_with_agg(item: list[Token]) -> bool:
 
 def _agg_calls(item: list[Token]) -> int:
     depths = _depths(item)
-    return sum(1 for k, (t, d) in enumerate(zip(item, depths))
-               if d == 0 and is_kw(t, *AGGREGATES) and k + 1 < len(item)
-               and item[k + 1] == ("op", "("))
+    return sum(
+        1
+        for k, (t, d) in enumerate(zip(item, depths))
+        if d == 0 and is_kw(t, *AGGREGATES) and k + 1 < len(item) and item[k + 1] == ("op", "(")
+    )
 
 
 def _from_parts(toks: list[Token]) -> tuple[int, list[_Cond], list[str]]:
@@ -152,11 +157,12 @@ def _from_parts(toks: list[Token]) -> tuple[int, list[_Cond], list[str]]:
     conns: list[str] = []
     for unit in units:
         depths = _depths(unit)
-        on = next((k for k, (t, d) in enumerate(zip(unit, depths)) if d == 0 and is_kw(t, "on")),
-                  None)
+        on = next(
+            (k for k, (t, d) in enumerate(zip(unit, depths)) if d == 0 and is_kw(t, "on")), None
+        )
         if on is None:
             continue
-        c, n = _conditions(unit[on + 1:])
+        c, n = _conditions(unit[on + 1 :])
         if conds and c:
             conns.append("and")
         conds += c
@@ -168,8 +174,9 @@ def hardness_counts(sql: str) -> HardnessCounts:
     """Spider's three counts for ``sql`` (definitions in the module doc)."""
     toks = [t for t in tokenize(sql) if t != ("op", ";")]
     depths = _depths(toks)
-    cut = next((k for k, (t, d) in enumerate(zip(toks, depths))
-                if d == 0 and is_kw(t, *_COMPOUND)), None)
+    cut = next(
+        (k for k, (t, d) in enumerate(zip(toks, depths)) if d == 0 and is_kw(t, *_COMPOUND)), None
+    )
     compound = 0
     if cut is not None:
         compound = 1
@@ -186,15 +193,24 @@ def hardness_counts(sql: str) -> HardnessCounts:
     order = _split(cl.get("order", []), lambda t: t == ("op", ","))
 
     conds = on_conds + where + having
-    c1 = (bool(where) + bool(group) + bool(order) + ("limit" in cl) + max(n_tables - 1, 0)
-          + (on_conns + where_conns + having_conns).count("or")
-          + sum(c.like for c in conds))
+    c1 = (
+        bool(where)
+        + bool(group)
+        + bool(order)
+        + ("limit" in cl)
+        + max(n_tables - 1, 0)
+        + (on_conns + where_conns + having_conns).count("or")
+        + sum(c.like for c in conds)
+    )
     c2 = sum(c.nested for c in conds) + compound
-    aggs = (sum(_starts_with_agg(s) for s in select)
-            + sum(c.negated for c in where)
-            + sum(_starts_with_agg(g) for g in group)
-            + sum(min(_agg_calls(o), 2) for o in order)
-            + sum(c.negated for c in having) + len(having_conns))
+    aggs = (
+        sum(_starts_with_agg(s) for s in select)
+        + sum(c.negated for c in where)
+        + sum(_starts_with_agg(g) for g in group)
+        + sum(min(_agg_calls(o), 2) for o in order)
+        + sum(c.negated for c in having)
+        + len(having_conns)
+    )
     others = (aggs > 1) + (len(select) > 1) + (len(where) > 1) + (len(group) > 1)
     return HardnessCounts(int(c1), int(c2), int(others))
 
@@ -206,8 +222,11 @@ def level_from_counts(c: HardnessCounts) -> str:
         return "easy"
     if (o <= 2 and c1 <= 1 and c2 == 0) or (c1 <= 2 and o < 2 and c2 == 0):
         return "medium"
-    if ((o > 2 and c1 <= 2 and c2 == 0) or (2 < c1 <= 3 and o <= 2 and c2 == 0)
-            or (c1 <= 1 and o == 0 and c2 <= 1)):
+    if (
+        (o > 2 and c1 <= 2 and c2 == 0)
+        or (2 < c1 <= 3 and o <= 2 and c2 == 0)
+        or (c1 <= 1 and o == 0 and c2 <= 1)
+    ):
         return "hard"
     return "extra"
 

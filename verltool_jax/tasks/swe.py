@@ -39,6 +39,7 @@ make every listed test pass, is rejected with the reason (:class:`TaskRejected`)
 
     python -m verltool_jax.tasks.swe --quixbugs-dir DIR --out outputs/swe [--mutants 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,28 +57,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
 
 from verltool_jax.data.readers import write_rows
 from verltool_jax.tasks import TaskFiles
 
 DATA_SOURCE = "swe"
-SLOW_TEST_TIMEOUT_S = 5           # least per-test limit inside pytest (pytest-timeout)
+SLOW_TEST_TIMEOUT_S = 5  # least per-test limit inside pytest (pytest-timeout)
 CALIBRATION_TEST_TIMEOUT_S = 120  # per-test limit while timing the fixed program
-RUN_TIMEOUT_S = 300.0             # a whole validation run
-SWEBENCH_TEST_TIMEOUT_S = 60      # per-test limit of SWE-bench-style tasks
+RUN_TIMEOUT_S = 300.0  # a whole validation run
+SWEBENCH_TEST_TIMEOUT_S = 60  # per-test limit of SWE-bench-style tasks
 PYTEST_CONFIG_FILES = ("pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 
-QUIXBUGS_CONFTEST = '''import pytest
+QUIXBUGS_CONFTEST = """import pytest
 
 
 def pytest_configure(config):
     # the tests import python_programs.<name> unless use_correct; slow cases are skipped
     pytest.use_correct = False
     pytest.run_slow = False
-'''
+"""
 
 
 class TaskRejected(ValueError):
@@ -89,21 +90,22 @@ class SweTask:
     task_id: str
     repo_path: str
     statement: str
-    test_cmd: str                      # visible: what the agent's run_tests runs
-    hidden_test_cmd: str               # decides the reward
+    test_cmd: str  # visible: what the agent's run_tests runs
+    hidden_test_cmd: str  # decides the reward
     fail_to_pass: list = field(default_factory=list)
     pass_to_pass: list = field(default_factory=list)
-    oracle_path: Optional[str] = None  # folder with the fixed files (relative to the repo)
-    source: str = ""                   # quixbugs | quixbugs-mutant | swebench
+    oracle_path: str | None = None  # folder with the fixed files (relative to the repo)
+    source: str = ""  # quixbugs | quixbugs-mutant | swebench
     meta: dict = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- tests
 
+
 @dataclass
 class TestRun:
-    exit_code: Optional[int]
-    outcomes: dict                     # node id -> PASSED | FAILED | ERROR | SKIPPED
+    exit_code: int | None
+    outcomes: dict  # node id -> PASSED | FAILED | ERROR | SKIPPED
     timed_out: bool
     seconds: float
     output: str
@@ -137,14 +139,21 @@ def pytest_cmd(targets: Sequence[str], per_test_timeout_s: int = SLOW_TEST_TIMEO
 def restore_files_cmd(files: dict[str, bytes], remove: Sequence[str] = ()) -> str:
     """A shell command that deletes ``remove`` and writes ``files`` (relative path ->
     bytes) under the current directory; the contents travel base64-encoded."""
-    blob = base64.b64encode(json.dumps(
-        {"write": {p: base64.b64encode(b).decode() for p, b in sorted(files.items())},
-         "remove": list(remove)}).encode()).decode()
-    code = ("import base64,json,os,pathlib;"
-            f"d=json.loads(base64.b64decode('{blob}'));"
-            "[os.remove(p) for p in d['remove'] if os.path.isfile(p)];"
-            "[(pathlib.Path(p).parent.mkdir(parents=True,exist_ok=True),"
-            "pathlib.Path(p).write_bytes(base64.b64decode(b))) for p,b in d['write'].items()]")
+    blob = base64.b64encode(
+        json.dumps(
+            {
+                "write": {p: base64.b64encode(b).decode() for p, b in sorted(files.items())},
+                "remove": list(remove),
+            }
+        ).encode()
+    ).decode()
+    code = (
+        "import base64,json,os,pathlib;"
+        f"d=json.loads(base64.b64decode('{blob}'));"
+        "[os.remove(p) for p in d['remove'] if os.path.isfile(p)];"
+        "[(pathlib.Path(p).parent.mkdir(parents=True,exist_ok=True),"
+        "pathlib.Path(p).write_bytes(base64.b64decode(b))) for p,b in d['write'].items()]"
+    )
     return f'python -c "{code}"'
 
 
@@ -155,9 +164,15 @@ def run_cmd(cmd: str, cwd: str | os.PathLike, timeout_s: float = RUN_TIMEOUT_S) 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.Popen(["bash", "-c", cmd], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", cmd],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         timed_out = False
@@ -165,12 +180,21 @@ def run_cmd(cmd: str, cwd: str | os.PathLike, timeout_s: float = RUN_TIMEOUT_S) 
         os.killpg(proc.pid, 9)
         out, _ = proc.communicate()
         timed_out = True
-    return TestRun(None if timed_out else proc.returncode, parse_outcomes(out or ""),
-                   timed_out, time.perf_counter() - t0, out or "")
+    return TestRun(
+        None if timed_out else proc.returncode,
+        parse_outcomes(out or ""),
+        timed_out,
+        time.perf_counter() - t0,
+        out or "",
+    )
 
 
-def run_on_copy(repo: str | os.PathLike, cmd: str, overlay: Optional[str | os.PathLike] = None,
-                timeout_s: float = RUN_TIMEOUT_S) -> TestRun:
+def run_on_copy(
+    repo: str | os.PathLike,
+    cmd: str,
+    overlay: str | os.PathLike | None = None,
+    timeout_s: float = RUN_TIMEOUT_S,
+) -> TestRun:
     """Run ``cmd`` on a scratch copy of ``repo`` (with the files of ``overlay`` copied
     over it first, e.g. the oracle fix)."""
     with tempfile.TemporaryDirectory(prefix="swe-check-") as tmp:
@@ -181,8 +205,9 @@ def run_on_copy(repo: str | os.PathLike, cmd: str, overlay: Optional[str | os.Pa
         return run_cmd(cmd, work, timeout_s)
 
 
-def validate_task(task: SweTask, timeout_s: float = RUN_TIMEOUT_S,
-                  after: Optional[TestRun] = None) -> SweTask:
+def validate_task(
+    task: SweTask, timeout_s: float = RUN_TIMEOUT_S, after: TestRun | None = None
+) -> SweTask:
     """Compute (if empty) or check ``fail_to_pass`` / ``pass_to_pass`` by running the
     hidden command before and after the oracle fix (``after``: that run, if done
     already); raise :class:`TaskRejected` if the hidden tests already pass before any
@@ -202,48 +227,65 @@ def validate_task(task: SweTask, timeout_s: float = RUN_TIMEOUT_S,
         task.fail_to_pass = sorted(passing_after - before.passed())
         task.pass_to_pass = sorted(passing_after & before.passed())
     if not task.fail_to_pass or all(before.outcomes.get(t) == "PASSED" for t in task.fail_to_pass):
-        raise TaskRejected(f"{task.task_id}: the hidden tests already pass before any edit "
-                           f"(exit code {before.exit_code})")
+        raise TaskRejected(
+            f"{task.task_id}: the hidden tests already pass before any edit "
+            f"(exit code {before.exit_code})"
+        )
     broken = [t for t in task.fail_to_pass + task.pass_to_pass if t not in passing_after]
     if broken or after.exit_code != 0 or after.timed_out:
-        raise TaskRejected(f"{task.task_id}: the oracle fix leaves tests failing: "
-                           f"{broken[:5]} (exit code {after.exit_code})\n{after.output[-800:]}")
+        raise TaskRejected(
+            f"{task.task_id}: the oracle fix leaves tests failing: "
+            f"{broken[:5]} (exit code {after.exit_code})\n{after.output[-800:]}"
+        )
     task.meta["validate_s"] = round(before.seconds + after.seconds, 3)
     return task
 
 
 # ----------------------------------------------------------------------------- reward
 
+
 def swe_reward_from_result(result: dict, n_expected: int) -> float:
     """1.0 iff the hidden run exited 0, nothing failed or errored, and at least
     ``n_expected`` (= |FAIL_TO_PASS| + |PASS_TO_PASS|) tests passed; else 0.0.
     ``result``: the ``run_tests`` metrics (passed, failed, errors, exit_code, timed_out)."""
-    ok = (result.get("exit_code") == 0 and not result.get("timed_out")
-          and int(result.get("failed", 0)) == 0 and int(result.get("errors", 0)) == 0
-          and int(result.get("passed", 0)) >= max(1, n_expected))
+    ok = (
+        result.get("exit_code") == 0
+        and not result.get("timed_out")
+        and int(result.get("failed", 0)) == 0
+        and int(result.get("errors", 0)) == 0
+        and int(result.get("passed", 0)) >= max(1, n_expected)
+    )
     return 1.0 if ok else 0.0
 
 
 # ----------------------------------------------------------------------------- QuixBugs
+
 
 def quixbugs_programs(quix_dir: str | os.PathLike) -> list[str]:
     """Programs with a buggy version, a corrected version and a pytest file."""
     q = Path(quix_dir)
     out = []
     for test in sorted((q / "python_testcases").glob("test_*.py")):
-        name = test.stem[len("test_"):]
-        if (q / "python_programs" / f"{name}.py").is_file() and \
-                (q / "correct_python_programs" / f"{name}.py").is_file():
+        name = test.stem[len("test_") :]
+        if (q / "python_programs" / f"{name}.py").is_file() and (
+            q / "correct_python_programs" / f"{name}.py"
+        ).is_file():
             out.append(name)
     if not out:
-        raise ValueError(f"no QuixBugs program under {q} (expected python_programs/, "
-                         "correct_python_programs/, python_testcases/test_<name>.py)")
+        raise ValueError(
+            f"no QuixBugs program under {q} (expected python_programs/, "
+            "correct_python_programs/, python_testcases/test_<name>.py)"
+        )
     return out
 
 
 def _quix_test_files(q: Path, name: str) -> dict[str, bytes]:
-    files = {f"python_testcases/test_{name}.py": (q / "python_testcases" / f"test_{name}.py").read_bytes(),
-             "conftest.py": QUIXBUGS_CONFTEST.encode()}
+    files = {
+        f"python_testcases/test_{name}.py": (
+            q / "python_testcases" / f"test_{name}.py"
+        ).read_bytes(),
+        "conftest.py": QUIXBUGS_CONFTEST.encode(),
+    }
     for helper in ("load_testdata.py", "node.py"):
         p = q / "python_testcases" / helper
         if p.is_file():
@@ -259,8 +301,13 @@ def _docstring(source: str) -> str:
         tree = ast.parse(source)
     except SyntaxError:
         return ""
-    texts = [n.value.value for n in tree.body if isinstance(n, ast.Expr)
-             and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
+    texts = [
+        n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Expr)
+        and isinstance(n.value, ast.Constant)
+        and isinstance(n.value.value, str)
+    ]
     return "\n".join(t.strip("\n") for t in texts).strip()
 
 
@@ -270,16 +317,24 @@ def _functions(source: str) -> list[str]:
 
 def quixbugs_statement(name: str, spec: str, functions: Sequence[str]) -> str:
     what = f"`{functions[0]}`" if functions else "the program"
-    return (f"The tests in `python_testcases/test_{name}.py` fail: {what} in "
-            f"`python_programs/{name}.py` has a bug. Find it and fix it by editing "
-            f"`python_programs/{name}.py` only (do not change the tests).\n\n"
-            + (f"What the program should do:\n{spec}\n" if spec else ""))
+    return (
+        f"The tests in `python_testcases/test_{name}.py` fail: {what} in "
+        f"`python_programs/{name}.py` has a bug. Find it and fix it by editing "
+        f"`python_programs/{name}.py` only (do not change the tests).\n\n"
+        + (f"What the program should do:\n{spec}\n" if spec else "")
+    )
 
 
-def write_quixbugs_task(quix_dir: str | os.PathLike, name: str, out_root: str | os.PathLike,
-                        program: Optional[str] = None, task_id: Optional[str] = None,
-                        source: str = "quixbugs", validate: bool = True,
-                        timeout_s: float = RUN_TIMEOUT_S) -> SweTask:
+def write_quixbugs_task(
+    quix_dir: str | os.PathLike,
+    name: str,
+    out_root: str | os.PathLike,
+    program: str | None = None,
+    task_id: str | None = None,
+    source: str = "quixbugs",
+    validate: bool = True,
+    timeout_s: float = RUN_TIMEOUT_S,
+) -> SweTask:
     """One QuixBugs task: the repo with ``program`` (default: the buggy version) as
     ``python_programs/<name>.py``; the oracle is the corrected program. Validated (and
     FAIL_TO_PASS / PASS_TO_PASS computed) unless ``validate=False``."""
@@ -309,18 +364,24 @@ def write_quixbugs_task(quix_dir: str | os.PathLike, name: str, out_root: str | 
         return run, restore_files_cmd(test_files, PYTEST_CONFIG_FILES) + " && " + run
 
     test_cmd, hidden_cmd = commands(SLOW_TEST_TIMEOUT_S)
-    task = SweTask(task_id=task_id, repo_path=str(repo),
-                   statement=quixbugs_statement(name, _docstring(buggy), _functions(correct)),
-                   test_cmd=test_cmd, hidden_test_cmd=hidden_cmd,
-                   oracle_path=str(root / "oracle"), source=source,
-                   meta={"program": name})
+    task = SweTask(
+        task_id=task_id,
+        repo_path=str(repo),
+        statement=quixbugs_statement(name, _docstring(buggy), _functions(correct)),
+        test_cmd=test_cmd,
+        hidden_test_cmd=hidden_cmd,
+        oracle_path=str(root / "oracle"),
+        source=source,
+        meta={"program": name},
+    )
     if validate:
         try:
             # time the fixed program first: the per-test limit is 3x that run's wall time
             # (at least SLOW_TEST_TIMEOUT_S), so a correct but slow test is never cut while
             # a buggy program that never returns is stopped soon
-            after = run_on_copy(repo, commands(CALIBRATION_TEST_TIMEOUT_S)[1], task.oracle_path,
-                                timeout_s)
+            after = run_on_copy(
+                repo, commands(CALIBRATION_TEST_TIMEOUT_S)[1], task.oracle_path, timeout_s
+            )
             per_test = max(SLOW_TEST_TIMEOUT_S, math.ceil(3 * after.seconds))
             task.test_cmd, task.hidden_test_cmd = commands(per_test)
             task.meta["per_test_timeout_s"] = per_test
@@ -334,9 +395,20 @@ def write_quixbugs_task(quix_dir: str | os.PathLike, name: str, out_root: str | 
 
 # ----------------------------------------------------------------------------- mutation
 
-_SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult,
-          ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
-          ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.And: ast.Or, ast.Or: ast.And}
+_SWAPS = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.FloorDiv,
+    ast.FloorDiv: ast.Mult,
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.And: ast.Or,
+    ast.Or: ast.And,
+}
 
 
 def _sites(tree: ast.AST) -> list[tuple[str, int]]:
@@ -387,9 +459,15 @@ def mutants(source: str) -> list[tuple[str, str]]:
     return out
 
 
-def write_mutant_tasks(quix_dir: str | os.PathLike, name: str, out_root: str | os.PathLike,
-                       per_program: int, seed: int = 0, timeout_s: float = 30.0,
-                       max_tries: int = 12) -> tuple[list[SweTask], list[str]]:
+def write_mutant_tasks(
+    quix_dir: str | os.PathLike,
+    name: str,
+    out_root: str | os.PathLike,
+    per_program: int,
+    seed: int = 0,
+    timeout_s: float = 30.0,
+    max_tries: int = 12,
+) -> tuple[list[SweTask], list[str]]:
     """Up to ``per_program`` mutant tasks of program ``name`` (from its corrected
     version), each checked to make at least one test fail; returns (tasks, rejections)."""
     correct = (Path(quix_dir) / "correct_python_programs" / f"{name}.py").read_text()
@@ -400,19 +478,31 @@ def write_mutant_tasks(quix_dir: str | os.PathLike, name: str, out_root: str | o
         if len(tasks) >= per_program:
             break
         try:
-            tasks.append(write_quixbugs_task(quix_dir, name, out_root, program=src,
-                                             task_id=f"{name}__mut{k}", source="quixbugs-mutant",
-                                             timeout_s=timeout_s))
+            tasks.append(
+                write_quixbugs_task(
+                    quix_dir,
+                    name,
+                    out_root,
+                    program=src,
+                    task_id=f"{name}__mut{k}",
+                    source="quixbugs-mutant",
+                    timeout_s=timeout_s,
+                )
+            )
             tasks[-1].meta["mutation"] = desc
         except TaskRejected as e:
             rejected.append(f"{desc}: {str(e).splitlines()[0]}")
     return tasks, rejected
 
 
-def quixbugs_tasks(quix_dir: str | os.PathLike, out_root: str | os.PathLike,
-                   programs: Optional[Sequence[str]] = None, mutants_per_program: int = 0,
-                   seed: int = 0, timeout_s: float = RUN_TIMEOUT_S
-                   ) -> tuple[list[SweTask], list[str]]:
+def quixbugs_tasks(
+    quix_dir: str | os.PathLike,
+    out_root: str | os.PathLike,
+    programs: Sequence[str] | None = None,
+    mutants_per_program: int = 0,
+    seed: int = 0,
+    timeout_s: float = RUN_TIMEOUT_S,
+) -> tuple[list[SweTask], list[str]]:
     """The QuixBugs tasks (plus mutants) of ``programs`` (default: all) -> (tasks,
     rejection reasons)."""
     names = list(programs) if programs else quixbugs_programs(quix_dir)
@@ -431,13 +521,16 @@ def quixbugs_tasks(quix_dir: str | os.PathLike, out_root: str | os.PathLike,
 
 # ----------------------------------------------------------------------------- SWE-bench
 
+
 def _id_list(value, field_name: str, where: str) -> list[str]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            raise ValueError(f"{where}: field {field_name!r} must be a list of test ids "
-                             f"(or its JSON text), got {value[:80]!r}") from None
+            raise ValueError(
+                f"{where}: field {field_name!r} must be a list of test ids "
+                f"(or its JSON text), got {value[:80]!r}"
+            ) from None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"{where}: field {field_name!r} must be a list of test ids")
     return value
@@ -447,18 +540,29 @@ def find_mirror(mirrors: str | os.PathLike, repo: str) -> Path:
     """The local mirror of ``owner/name``: ``<mirrors>/<owner>__<name>`` or
     ``<mirrors>/<owner>/<name>`` (a git repository, bare or not)."""
     owner, _, name = repo.partition("/")
-    for cand in (Path(mirrors) / f"{owner}__{name}", Path(mirrors) / owner / name,
-                 Path(mirrors) / f"{name}.git"):
+    for cand in (
+        Path(mirrors) / f"{owner}__{name}",
+        Path(mirrors) / owner / name,
+        Path(mirrors) / f"{name}.git",
+    ):
         if cand.is_dir():
             return cand
-    raise ValueError(f"no local mirror of {repo!r} under {mirrors} (looked for "
-                     f"{owner}__{name}/ and {owner}/{name}/)")
+    raise ValueError(
+        f"no local mirror of {repo!r} under {mirrors} (looked for "
+        f"{owner}__{name}/ and {owner}/{name}/)"
+    )
 
 
 def read_swebench_jsonl(path: str | os.PathLike) -> list[dict]:
     """The records of a SWE-bench-style JSONL, checked for the required fields."""
-    need = ("repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS",
-            "PASS_TO_PASS")
+    need = (
+        "repo",
+        "base_commit",
+        "problem_statement",
+        "test_patch",
+        "FAIL_TO_PASS",
+        "PASS_TO_PASS",
+    )
     out = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f):
@@ -467,8 +571,10 @@ def read_swebench_jsonl(path: str | os.PathLike) -> list[dict]:
             rec = json.loads(line)
             missing = [k for k in need if k not in rec]
             if missing:
-                raise ValueError(f"{path} line {i + 1}: missing field(s) {missing}; a "
-                                 f"SWE-bench record needs {list(need)}")
+                raise ValueError(
+                    f"{path} line {i + 1}: missing field(s) {missing}; a "
+                    f"SWE-bench record needs {list(need)}"
+                )
             rec["FAIL_TO_PASS"] = _id_list(rec["FAIL_TO_PASS"], "FAIL_TO_PASS", f"{path}:{i + 1}")
             rec["PASS_TO_PASS"] = _id_list(rec["PASS_TO_PASS"], "PASS_TO_PASS", f"{path}:{i + 1}")
             rec.setdefault("instance_id", f"{rec['repo'].replace('/', '__')}-{i}")
@@ -483,8 +589,13 @@ def _git(*args: str, cwd=None) -> str:
     return r.stdout
 
 
-def write_swebench_task(rec: dict, mirrors: str | os.PathLike, out_root: str | os.PathLike,
-                        validate: bool = True, timeout_s: float = RUN_TIMEOUT_S) -> SweTask:
+def write_swebench_task(
+    rec: dict,
+    mirrors: str | os.PathLike,
+    out_root: str | os.PathLike,
+    validate: bool = True,
+    timeout_s: float = RUN_TIMEOUT_S,
+) -> SweTask:
     """Check out ``base_commit`` of the record's mirror as the task repo; the hidden
     command applies ``test_patch`` and runs FAIL_TO_PASS + PASS_TO_PASS; ``patch`` (if
     given) becomes the oracle."""
@@ -501,10 +612,15 @@ def write_swebench_task(rec: dict, mirrors: str | os.PathLike, out_root: str | o
     run = rec.get("test_cmd") or pytest_cmd(tests, SWEBENCH_TEST_TIMEOUT_S)
     patch_file = ".swe_test_patch.diff"
     base = shlex.quote(rec["base_commit"])
-    reset = "".join(f" && (git checkout -q {base} -- {shlex.quote(p)} 2>/dev/null "
-                    f"|| rm -f {shlex.quote(p)})" for p in _patched_paths(rec["test_patch"]))
-    hidden = (restore_files_cmd({patch_file: rec["test_patch"].encode()}, PYTEST_CONFIG_FILES)
-              + reset + f" && git apply {patch_file} && rm -f {patch_file} && {run}")
+    reset = "".join(
+        f" && (git checkout -q {base} -- {shlex.quote(p)} 2>/dev/null || rm -f {shlex.quote(p)})"
+        for p in _patched_paths(rec["test_patch"])
+    )
+    hidden = (
+        restore_files_cmd({patch_file: rec["test_patch"].encode()}, PYTEST_CONFIG_FILES)
+        + reset
+        + f" && git apply {patch_file} && rm -f {patch_file} && {run}"
+    )
     oracle = None
     if rec.get("patch"):
         with tempfile.TemporaryDirectory() as tmp:
@@ -518,12 +634,18 @@ def write_swebench_task(rec: dict, mirrors: str | os.PathLike, out_root: str | o
                 if (work / p).is_file():
                     (oracle / p).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(work / p, oracle / p)
-    task = SweTask(task_id=task_id, repo_path=str(repo), statement=rec["problem_statement"],
-                   test_cmd=rec.get("test_cmd") or pytest_cmd([], SWEBENCH_TEST_TIMEOUT_S),
-                   hidden_test_cmd=hidden,
-                   fail_to_pass=list(rec["FAIL_TO_PASS"]), pass_to_pass=list(rec["PASS_TO_PASS"]),
-                   oracle_path=str(oracle) if oracle else None, source="swebench",
-                   meta={"repo": rec["repo"], "base_commit": rec["base_commit"]})
+    task = SweTask(
+        task_id=task_id,
+        repo_path=str(repo),
+        statement=rec["problem_statement"],
+        test_cmd=rec.get("test_cmd") or pytest_cmd([], SWEBENCH_TEST_TIMEOUT_S),
+        hidden_test_cmd=hidden,
+        fail_to_pass=list(rec["FAIL_TO_PASS"]),
+        pass_to_pass=list(rec["PASS_TO_PASS"]),
+        oracle_path=str(oracle) if oracle else None,
+        source="swebench",
+        meta={"repo": rec["repo"], "base_commit": rec["base_commit"]},
+    )
     if validate:
         try:
             validate_task(task, timeout_s)
@@ -538,9 +660,12 @@ def _patched_paths(diff: str) -> list[str]:
     return sorted({m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", diff, re.M)})
 
 
-def swebench_tasks(jsonl: str | os.PathLike, mirrors: str | os.PathLike,
-                   out_root: str | os.PathLike, validate: bool = True
-                   ) -> tuple[list[SweTask], list[str]]:
+def swebench_tasks(
+    jsonl: str | os.PathLike,
+    mirrors: str | os.PathLike,
+    out_root: str | os.PathLike,
+    validate: bool = True,
+) -> tuple[list[SweTask], list[str]]:
     """Tasks of every record of ``jsonl`` -> (tasks, rejection reasons)."""
     tasks, rejected = [], []
     for rec in read_swebench_jsonl(jsonl):
@@ -560,39 +685,55 @@ TOOLS_TEXT = (
     '"view" | "create" | "str_replace" | "insert", "path": "...", ...}}</tool_call> '
     '(str_replace takes "old_str" and "new_str");\n'
     '- the tests: <tool_call>{"name": "run_tests", "arguments": {}}</tool_call>.\n'
-    "When you are done, answer with <answer>done</answer>.")
+    "When you are done, answer with <answer>done</answer>."
+)
 
 
 def make_row(task: SweTask, split: str = "eval", index: int = 0) -> dict:
     """One verl-layout row: the statement as the prompt, the test commands and the
     workspace source in ``extra_info`` (what the tool server gets)."""
     return {
-        "prompt": [{"role": "system", "content": TOOLS_TEXT},
-                   {"role": "user", "content": task.statement}],
+        "prompt": [
+            {"role": "system", "content": TOOLS_TEXT},
+            {"role": "user", "content": task.statement},
+        ],
         "data_source": DATA_SOURCE,
         "ability": "swe",
-        "reward_model": {"style": "rule",
-                         "ground_truth": {"fail_to_pass": list(task.fail_to_pass),
-                                          "pass_to_pass": list(task.pass_to_pass)}},
-        "extra_info": {"task_id": task.task_id, "repo_path": task.repo_path,
-                       "test_cmd": task.test_cmd, "hidden_test_cmd": task.hidden_test_cmd,
-                       "source": task.source, "split": split, "index": index},
+        "reward_model": {
+            "style": "rule",
+            "ground_truth": {
+                "fail_to_pass": list(task.fail_to_pass),
+                "pass_to_pass": list(task.pass_to_pass),
+            },
+        },
+        "extra_info": {
+            "task_id": task.task_id,
+            "repo_path": task.repo_path,
+            "test_cmd": task.test_cmd,
+            "hidden_test_cmd": task.hidden_test_cmd,
+            "source": task.source,
+            "split": split,
+            "index": index,
+        },
     }
 
 
 def load_tasks(out_root: str | os.PathLike) -> list[SweTask]:
     """The tasks written under ``<out_root>/tasks/*/task.json``."""
-    return [SweTask(**json.loads(p.read_text()))
-            for p in sorted(Path(out_root).glob("tasks/*/task.json"))]
+    return [
+        SweTask(**json.loads(p.read_text()))
+        for p in sorted(Path(out_root).glob("tasks/*/task.json"))
+    ]
 
 
 @dataclass(frozen=True)
 class QuixBugsTask:
     """The ``task`` config section of the SWE family on QuixBugs (``configs/vt_swe.py``)."""
+
     name: str = "quixbugs"
-    quixbugs_dir: str = ""                 # required: the QuixBugs folder
-    programs: tuple[str, ...] = ()         # empty: all 40 programs with pytest files
-    mutants_per_program: int = 3           # train tasks per program
+    quixbugs_dir: str = ""  # required: the QuixBugs folder
+    programs: tuple[str, ...] = ()  # empty: all 40 programs with pytest files
+    mutants_per_program: int = 3  # train tasks per program
     seed: int = 0
 
 
@@ -605,25 +746,31 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     the mutants (or the original bugs when there are none)."""
     t = config.task
     if not t.quixbugs_dir:
-        raise ValueError("task.quixbugs_dir is empty: pass the QuixBugs folder "
-                         "(python_programs/, correct_python_programs/, python_testcases/), "
-                         "e.g. --config.task.quixbugs_dir=/data/quixbugs")
+        raise ValueError(
+            "task.quixbugs_dir is empty: pass the QuixBugs folder "
+            "(python_programs/, correct_python_programs/, python_testcases/), "
+            "e.g. --config.task.quixbugs_dir=/data/quixbugs"
+        )
     out = Path(out_dir)
-    tasks, rejected = quixbugs_tasks(t.quixbugs_dir, out, tuple(t.programs) or None,
-                                     int(t.mutants_per_program), int(t.seed))
+    tasks, rejected = quixbugs_tasks(
+        t.quixbugs_dir, out, tuple(t.programs) or None, int(t.mutants_per_program), int(t.seed)
+    )
     originals = [x for x in tasks if x.source == "quixbugs"]
     mutated = [x for x in tasks if x.source != "quixbugs"] or originals
     if not originals:
         raise ValueError("no usable QuixBugs task:\n" + "\n".join(rejected))
     (out / "rejected.txt").write_text("\n".join(rejected) + "\n")
     return TaskFiles(
-        train=write_rows([make_row(x, "train", i) for i, x in enumerate(mutated)],
-                         out / "train.parquet"),
-        eval=write_rows([make_row(x, "eval", i) for i, x in enumerate(originals)],
-                        out / "eval.parquet"))
+        train=write_rows(
+            [make_row(x, "train", i) for i, x in enumerate(mutated)], out / "train.parquet"
+        ),
+        eval=write_rows(
+            [make_row(x, "eval", i) for i, x in enumerate(originals)], out / "eval.parquet"
+        ),
+    )
 
 
-def main(argv: Optional[Iterable[str]] = None) -> int:
+def main(argv: Iterable[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quixbugs-dir", default="")
     ap.add_argument("--swebench-jsonl", default="")

@@ -8,14 +8,15 @@ would; the hidden tests (:func:`verltool_jax.rollout.final_check.run_hidden_test
 before the trajectory is finished (finishing releases the workspace), as the agent loop
 does for model-driven trajectories.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 from verltool_jax.rewards.swe_reward import swe_reward
 from verltool_jax.rollout.final_check import run_hidden_tests, with_result
@@ -44,8 +45,11 @@ def oracle_actions(task: SweTask) -> list[str]:
         rel = p.relative_to(root).as_posix()
         old = (Path(task.repo_path) / rel).read_text()
         actions.append(tool_call("file_editor", command="view", path=rel))
-        actions.append(tool_call("file_editor", command="str_replace", path=rel,
-                                 old_str=old, new_str=p.read_text()))
+        actions.append(
+            tool_call(
+                "file_editor", command="str_replace", path=rel, old_str=old, new_str=p.read_text()
+            )
+        )
     return actions + [RUN_TESTS, "<answer>done</answer>"]
 
 
@@ -54,8 +58,10 @@ def noop_actions(task: SweTask) -> list[str]:
     return [RUN_TESTS, "<answer>done</answer>"]
 
 
-POLICIES: dict[str, Callable[[SweTask], list[str]]] = {"oracle": oracle_actions,
-                                                       "noop": noop_actions}
+POLICIES: dict[str, Callable[[SweTask], list[str]]] = {
+    "oracle": oracle_actions,
+    "noop": noop_actions,
+}
 
 
 @dataclass
@@ -72,7 +78,7 @@ class Episode:
     termination: str = ""
     observations: list = field(default_factory=list)
     tool_latencies: list = field(default_factory=list)
-    reward: Optional[float] = None
+    reward: float | None = None
     wall_time_s: float = 0.0
 
     @property
@@ -89,8 +95,7 @@ class Episode:
         return swe_task_costs(self)["sandbox_s"]
 
 
-async def run_episode(client, task: SweTask, actions: list[str], trajectory_id: str
-                      ) -> Episode:
+async def run_episode(client, task: SweTask, actions: list[str], trajectory_id: str) -> Episode:
     """Send ``actions`` (turn texts) for ``task``; a turn without a tool call ends the
     episode ("eos"); then run the hidden tests, score, and finish the trajectory."""
     row = make_row(task)
@@ -115,8 +120,7 @@ async def run_episode(client, task: SweTask, actions: list[str], trajectory_id: 
         ep.data = with_result(row, await run_hidden_tests(client, trajectory_id, extra))
     finally:
         await client.finish(trajectory_id)
-    ep.reward = swe_reward("", row["reward_model"]["ground_truth"],
-                           ep.data["extra_info"]).score
+    ep.reward = swe_reward("", row["reward_model"]["ground_truth"], ep.data["extra_info"]).score
     ep.wall_time_s = time.perf_counter() - t0
     return ep
 

@@ -10,13 +10,14 @@ demonstrations come from the training split::
     <python>print(A * B)</python>  |  obs_template.format(obs=PRODUCT)  |  <answer>PRODUCT</answer><eos>
         trained (loss 1)           |         observation (loss 0)        |      trained (loss 1)
 """
+
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from verltool_jax.data.readers import write_rows
 from verltool_jax.rollout.config import OBS_TEMPLATE_RESULT
@@ -34,8 +35,10 @@ def question(a: int, b: int) -> str:
 def make_row(a: int, b: int, index: int, split: str) -> dict:
     """One verl-layout row asking for ``a * b``."""
     return {
-        "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
-                   {"role": "user", "content": question(a, b)}],
+        "prompt": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": question(a, b)},
+        ],
         "data_source": DATA_SOURCE,
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(a * b)},
@@ -43,32 +46,36 @@ def make_row(a: int, b: int, index: int, split: str) -> dict:
     }
 
 
-def demonstration_segments(a: int, b: int, obs_template: str = DEFAULT_OBS_TEMPLATE
-                           ) -> list[dict]:
+def demonstration_segments(a: int, b: int, obs_template: str = DEFAULT_OBS_TEMPLATE) -> list[dict]:
     """The demonstrated response: action, observation (no loss), answer."""
     if obs_template.count("{obs}") != 1:
         raise ValueError(f"obs_template must contain '{{obs}}' once, got {obs_template!r}")
     product = str(a * b)
-    return [{"text": f"<python>print({a} * {b})</python>", "loss": True},
-            # exactly what the python tool returns for print(): the value and a newline
-            {"text": obs_template.format(obs=product + "\n"), "loss": False},
-            {"text": f"<answer>{product}</answer>", "loss": True}]
+    return [
+        {"text": f"<python>print({a} * {b})</python>", "loss": True},
+        # exactly what the python tool returns for print(): the value and a newline
+        {"text": obs_template.format(obs=product + "\n"), "loss": False},
+        {"text": f"<answer>{product}</answer>", "loss": True},
+    ]
 
 
-def sample_pairs(n: int, digits: Sequence[int], rng: random.Random,
-                 exclude: set = frozenset()) -> list[tuple[int, int]]:
+def sample_pairs(
+    n: int, digits: Sequence[int], rng: random.Random, exclude: set = frozenset()
+) -> list[tuple[int, int]]:
     """``n`` distinct (a, b) pairs, each factor with a digit count drawn from ``digits``."""
     if n < 0 or not digits or any(d < 1 for d in digits):
         raise ValueError(f"need n >= 0 and digits >= 1, got n={n}, digits={tuple(digits)}")
     capacity = sum((9 * 10 ** (d - 1)) for d in digits) ** 2
     if n + len(exclude) > capacity // 2:
-        raise ValueError(f"cannot draw {n} distinct pairs with digits={tuple(digits)}; "
-                         "use more digits or fewer problems")
+        raise ValueError(
+            f"cannot draw {n} distinct pairs with digits={tuple(digits)}; "
+            "use more digits or fewer problems"
+        )
     out: list[tuple[int, int]] = []
     seen = set(exclude)
     while len(out) < n:
         da, db = rng.choice(digits), rng.choice(digits)
-        pair = (rng.randint(10 ** (da - 1), 10 ** da - 1), rng.randint(10 ** (db - 1), 10 ** db - 1))
+        pair = (rng.randint(10 ** (da - 1), 10**da - 1), rng.randint(10 ** (db - 1), 10**db - 1))
         if pair not in seen:
             seen.add(pair)
             out.append(pair)
@@ -78,21 +85,29 @@ def sample_pairs(n: int, digits: Sequence[int], rng: random.Random,
 @dataclass(frozen=True)
 class TinyMathTask:
     """The ``task`` config section of tiny_math."""
+
     name: str = "tiny_math"
-    digits: tuple[int, ...] = (4,)      # factor sizes; (4,): 4-digit x 4-digit
+    digits: tuple[int, ...] = (4,)  # factor sizes; (4,): 4-digit x 4-digit
     num_train: int = 2000
     num_eval: int = 200
-    num_demos: int = 256                # SFT demonstrations
+    num_demos: int = 256  # SFT demonstrations
     seed: int = 1234
 
 
-def generate(num_train: int, num_eval: int, num_demos: int, digits: Sequence[int] = (4,),
-             seed: int = 0, obs_template: str = DEFAULT_OBS_TEMPLATE
-             ) -> tuple[list[dict], list[dict], list[dict]]:
+def generate(
+    num_train: int,
+    num_eval: int,
+    num_demos: int,
+    digits: Sequence[int] = (4,),
+    seed: int = 0,
+    obs_template: str = DEFAULT_OBS_TEMPLATE,
+) -> tuple[list[dict], list[dict], list[dict]]:
     """(train rows, held-out eval rows, SFT rows); deterministic in ``seed``."""
     if num_demos > num_train:
-        raise ValueError(f"num_demos={num_demos} must be <= num_train={num_train} "
-                         "(demonstrations are drawn from the training split)")
+        raise ValueError(
+            f"num_demos={num_demos} must be <= num_train={num_train} "
+            "(demonstrations are drawn from the training split)"
+        )
     rng = random.Random(seed)
     eval_pairs = sample_pairs(num_eval, digits, rng)
     train_pairs = sample_pairs(num_train, digits, rng, exclude=set(eval_pairs))
@@ -105,22 +120,37 @@ def generate(num_train: int, num_eval: int, num_demos: int, digits: Sequence[int
     return train, evals, sft
 
 
-def write_task(out_dir: str | os.PathLike, num_train: int, num_eval: int, num_demos: int,
-               digits: Sequence[int] = (4,), seed: int = 0,
-               obs_template: str = DEFAULT_OBS_TEMPLATE) -> TaskFiles:
+def write_task(
+    out_dir: str | os.PathLike,
+    num_train: int,
+    num_eval: int,
+    num_demos: int,
+    digits: Sequence[int] = (4,),
+    seed: int = 0,
+    obs_template: str = DEFAULT_OBS_TEMPLATE,
+) -> TaskFiles:
     """Generate the task and write ``train/eval/sft.parquet`` under ``out_dir``."""
     train, evals, sft = generate(num_train, num_eval, num_demos, digits, seed, obs_template)
     out = Path(out_dir)
-    return TaskFiles(train=write_rows(train, out / "train.parquet"),
-                     eval=write_rows(evals, out / "eval.parquet"),
-                     sft=write_rows(sft, out / "sft.parquet"))
+    return TaskFiles(
+        train=write_rows(train, out / "train.parquet"),
+        eval=write_rows(evals, out / "eval.parquet"),
+        sft=write_rows(sft, out / "sft.parquet"),
+    )
 
 
 def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     """``write_task`` with the sizes of ``config.task`` and ``config.rollout.obs_template``."""
     t = config.task
-    return write_task(out_dir, t.num_train, t.num_eval, t.num_demos, tuple(t.digits), t.seed,
-                      config.rollout.obs_template)
+    return write_task(
+        out_dir,
+        t.num_train,
+        t.num_eval,
+        t.num_demos,
+        tuple(t.digits),
+        t.seed,
+        config.rollout.obs_template,
+    )
 
 
 TASK_CONFIG = TinyMathTask

@@ -5,6 +5,7 @@ went down for good (the last good checkpoint is kept; fix it and rerun the same 
 resume), 130 interrupted (SIGINT/SIGTERM; the checkpoint is saved and the same command
 resumes), 1 any other failure.
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,9 +27,10 @@ def main(argv=None) -> int:
     from verltool_jax.train.console import run_logged
     from verltool_jax.train.health import DependencyDown
     from verltool_jax.train.trainer import train
+
     try:
         result = run_logged(cl.config, lambda: train(cl.config))
-    except DependencyDown:          # run_logged has printed the reason on the console
+    except DependencyDown:  # run_logged has printed the reason on the console
         return EXIT_DEPENDENCY_DOWN
     return EXIT_INTERRUPTED if result.summary.get("interrupted") else 0
 
@@ -41,6 +43,7 @@ def prepare_vision_language_sampler(rc) -> None:
     if rc.sampler.backend == "jax" or not is_vision_language(rc):
         return
     from verltool_jax.samplers.torchvision_cpu import TorchvisionUnavailableError, enable
+
     try:
         enable()
     except TorchvisionUnavailableError:
@@ -52,7 +55,9 @@ def is_vision_language(rc) -> bool:
     checkpoint folder whose config.json names a VL model type)."""
     import json
     from pathlib import Path
+
     from verltool_jax.models.config import VL_MODEL_TYPES
+
     if rc.model.family in VL_MODEL_TYPES:
         return True
     cfg = Path(rc.model.path) / "config.json" if rc.model.path else None
@@ -64,5 +69,6 @@ def is_vision_language(rc) -> bool:
 
 if __name__ == "__main__":
     from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+
     reexec_with_malloc_tuning()
     sys.exit(main())

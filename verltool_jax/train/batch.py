@@ -36,17 +36,29 @@ model predicts *at* position t, i.e. ``targets = input_ids[:, 1:]`` (see
 :func:`shift_targets`), which is exactly what ``token_logprobs(model, input_ids,
 attention_mask, targets)`` returns at position t.
 """
+
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-REQUIRED_KEYS = ("input_ids", "attention_mask", "loss_mask", "advantages", "old_logprobs",
-                 "sampler_logprobs")
-IMAGE_KEYS = ("positions", "image_pixels", "image_patch_positions", "image_full_groups",
-              "image_window_groups")
+REQUIRED_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "loss_mask",
+    "advantages",
+    "old_logprobs",
+    "sampler_logprobs",
+)
+IMAGE_KEYS = (
+    "positions",
+    "image_pixels",
+    "image_patch_positions",
+    "image_full_groups",
+    "image_window_groups",
+)
 OPTIONAL_KEYS = ("ref_logprobs",) + IMAGE_KEYS
 
 
@@ -72,34 +84,42 @@ def bucket_length(n: int, multiple: int = 1) -> int:
     return _round_up(n, g)
 
 
-def image_rows(ids: np.ndarray, attn: np.ndarray, row_images: Sequence[Sequence], config
-               ) -> dict[str, np.ndarray]:
+def image_rows(
+    ids: np.ndarray, attn: np.ndarray, row_images: Sequence[Sequence], config
+) -> dict[str, np.ndarray]:
     """The image keys of the train batch (module docstring) for right-padded ``ids``/``attn``
     and each row's ``ImageInput`` list (``models.image_inputs``). Shapes are bucketed to
     powers of two so few compilations serve every batch."""
     from verltool_jax.models.image_inputs import stack_images
     from verltool_jax.models.vision import _pad_groups, _pow2, image_batch
     from verltool_jax.models.vision_language import mrope_positions
+
     v = config.vision
-    m2 = v.spatial_merge_size ** 2
+    m2 = v.spatial_merge_size**2
     B = ids.shape[0]
     per_row, pos = [], np.zeros(ids.shape + (3,), np.int32)
     for b in range(B):
         pv, grid = stack_images(row_images[b])
-        pos[b] = mrope_positions(ids[b:b + 1], attn[b:b + 1], grid, config)[0][0]
+        pos[b] = mrope_positions(ids[b : b + 1], attn[b : b + 1], grid, config)[0][0]
         per_row.append(None if pv is None else image_batch(pv, grid, v))
     real = [r for r in per_row if r is not None]
     if not real:
         raise ValueError("image_rows: no row has images")
     N = m2 * _pow2(max(r.pixel_values.shape[0] for r in real) // m2)
-    dims = {k: (_pow2(max(getattr(r, k).shape[0] for r in real)),
-                _pow2(max(getattr(r, k).shape[1] for r in real)))
-            for k in ("full_groups", "window_groups")}
-    out = {"positions": pos,
-           "image_pixels": np.zeros((B, N, v.patch_dim), np.float32),
-           "image_patch_positions": np.zeros((B, N, 2), np.int32),
-           "image_full_groups": np.full((B,) + dims["full_groups"], -1, np.int32),
-           "image_window_groups": np.full((B,) + dims["window_groups"], -1, np.int32)}
+    dims = {
+        k: (
+            _pow2(max(getattr(r, k).shape[0] for r in real)),
+            _pow2(max(getattr(r, k).shape[1] for r in real)),
+        )
+        for k in ("full_groups", "window_groups")
+    }
+    out = {
+        "positions": pos,
+        "image_pixels": np.zeros((B, N, v.patch_dim), np.float32),
+        "image_patch_positions": np.zeros((B, N, 2), np.int32),
+        "image_full_groups": np.full((B,) + dims["full_groups"], -1, np.int32),
+        "image_window_groups": np.full((B,) + dims["window_groups"], -1, np.int32),
+    }
     for b, r in enumerate(per_row):
         if r is None:
             continue
@@ -107,8 +127,9 @@ def image_rows(ids: np.ndarray, attn: np.ndarray, row_images: Sequence[Sequence]
         out["image_pixels"][b, :n] = np.asarray(r.pixel_values)
         out["image_patch_positions"][b, :n] = np.asarray(r.patch_positions)
         out["image_full_groups"][b] = _pad_groups(np.asarray(r.full_groups), *dims["full_groups"])
-        out["image_window_groups"][b] = _pad_groups(np.asarray(r.window_groups),
-                                                    *dims["window_groups"])
+        out["image_window_groups"][b] = _pad_groups(
+            np.asarray(r.window_groups), *dims["window_groups"]
+        )
     return out
 
 
@@ -118,13 +139,23 @@ def row_images_of(batch: dict):
     if "image_pixels" not in batch:
         return None, None
     from verltool_jax.models.vision import ImageBatch
+
     return batch["positions"], ImageBatch(
-        pixel_values=batch["image_pixels"], patch_positions=batch["image_patch_positions"],
-        full_groups=batch["image_full_groups"], window_groups=batch["image_window_groups"])
+        pixel_values=batch["image_pixels"],
+        patch_positions=batch["image_patch_positions"],
+        full_groups=batch["image_full_groups"],
+        window_groups=batch["image_window_groups"],
+    )
 
 
-def batch_from_trajectories(trajs: Sequence, advantages, pad_id: int, max_len: int,
-                            pad_to_multiple: int = 1, model_config=None) -> dict[str, np.ndarray]:
+def batch_from_trajectories(
+    trajs: Sequence,
+    advantages,
+    pad_id: int,
+    max_len: int,
+    pad_to_multiple: int = 1,
+    model_config=None,
+) -> dict[str, np.ndarray]:
     """Build the train batch (module docstring) from ``Trajectory`` records.
 
     Trajectories with ``images`` add the image keys (``model_config``, the vision-language
@@ -143,11 +174,13 @@ def batch_from_trajectories(trajs: Sequence, advantages, pad_id: int, max_len: i
         raise ValueError("batch_from_trajectories needs at least one trajectory")
     adv = np.asarray(advantages, dtype=np.float32)
     if adv.shape != (len(trajs),):
-        raise ValueError(f"advantages must have shape ({len(trajs)},) (one per trajectory), "
-                         f"got {adv.shape}")
+        raise ValueError(
+            f"advantages must have shape ({len(trajs)},) (one per trajectory), got {adv.shape}"
+        )
     if pad_to_multiple < 1 or max_len < 2:
-        raise ValueError(f"need pad_to_multiple >= 1 and max_len >= 2, got "
-                         f"{pad_to_multiple}, {max_len}")
+        raise ValueError(
+            f"need pad_to_multiple >= 1 and max_len >= 2, got {pad_to_multiple}, {max_len}"
+        )
     lengths = []
     for tr in trajs:
         tr.check()
@@ -155,8 +188,10 @@ def batch_from_trajectories(trajs: Sequence, advantages, pad_id: int, max_len: i
         if len(tr.prompt_ids) == 0:
             raise ValueError(f"trajectory {tr.trajectory_id!r} has an empty prompt_ids")
         if n > max_len:
-            raise ValueError(f"trajectory {tr.trajectory_id!r} has {n} tokens > max_len="
-                             f"{max_len}; raise max_len or cap the rollout length")
+            raise ValueError(
+                f"trajectory {tr.trajectory_id!r} has {n} tokens > max_len="
+                f"{max_len}; raise max_len or cap the rollout length"
+            )
         lengths.append(n)
     T = min(bucket_length(max(lengths), pad_to_multiple), max_len)
     B = len(trajs)
@@ -166,23 +201,39 @@ def batch_from_trajectories(trajs: Sequence, advantages, pad_id: int, max_len: i
     slp = np.zeros((B, T), np.float32)
     for b, tr in enumerate(trajs):
         p, r = len(tr.prompt_ids), len(tr.response_ids)
-        ids[b, :p + r] = np.asarray(list(tr.prompt_ids) + list(tr.response_ids), np.int32)
-        attn[b, :p + r] = 1
+        ids[b, : p + r] = np.asarray(list(tr.prompt_ids) + list(tr.response_ids), np.int32)
+        attn[b, : p + r] = 1
         # response token j sits at position p + j; it is the target of position p + j - 1
-        lmask[b, p - 1:p - 1 + r] = np.asarray(tr.loss_mask, np.float32)
-        slp[b, p - 1:p - 1 + r] = np.asarray(tr.logprobs, np.float32) * lmask[b, p - 1:p - 1 + r]
-    out = {"input_ids": ids, "attention_mask": attn, "loss_mask": lmask, "advantages": adv,
-           "old_logprobs": slp.copy(), "sampler_logprobs": slp}
+        lmask[b, p - 1 : p - 1 + r] = np.asarray(tr.loss_mask, np.float32)
+        slp[b, p - 1 : p - 1 + r] = (
+            np.asarray(tr.logprobs, np.float32) * lmask[b, p - 1 : p - 1 + r]
+        )
+    out = {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "loss_mask": lmask,
+        "advantages": adv,
+        "old_logprobs": slp.copy(),
+        "sampler_logprobs": slp,
+    }
     with_images = [tr for tr in trajs if getattr(tr, "images", None)]
     if with_images:
         model_config = model_config or with_images[0].images[0].image.config
         if model_config is None or not getattr(model_config, "is_vision_language", False):
             bad = next(tr.trajectory_id for tr in trajs if getattr(tr, "images", None))
-            raise ValueError(f"trajectory {bad!r} carries images but the policy is not a "
-                             "vision-language model (pass model_config= of a Qwen2.5-VL / "
-                             "Qwen2-VL policy)")
-        out.update(image_rows(ids, attn, [[im.image for im in getattr(tr, "images", [])]
-                                          for tr in trajs], model_config))
+            raise ValueError(
+                f"trajectory {bad!r} carries images but the policy is not a "
+                "vision-language model (pass model_config= of a Qwen2.5-VL / "
+                "Qwen2-VL policy)"
+            )
+        out.update(
+            image_rows(
+                ids,
+                attn,
+                [[im.image for im in getattr(tr, "images", [])] for tr in trajs],
+                model_config,
+            )
+        )
     return out
 
 
@@ -195,12 +246,13 @@ def observation_targets(trajs: Sequence, T: int) -> np.ndarray:
     for b, tr in enumerate(trajs):
         p, r = len(tr.prompt_ids), len(tr.response_ids)
         n = max(0, min(r, T - p + 1))
-        out[b, p - 1:p - 1 + n] = 1.0 - np.asarray(tr.loss_mask[:n], np.float32)
+        out[b, p - 1 : p - 1 + n] = 1.0 - np.asarray(tr.loss_mask[:n], np.float32)
     return out
 
 
-def include_observations(batch: dict, obs_targets: np.ndarray,
-                         behaviour_logprobs: Optional[np.ndarray]) -> dict:
+def include_observations(
+    batch: dict, obs_targets: np.ndarray, behaviour_logprobs: np.ndarray | None
+) -> dict:
     """The batch with the observation tokens trained on as if sampled (the ablation of
     the observation mask; by default the framework never does this).
 
@@ -213,8 +265,9 @@ def include_observations(batch: dict, obs_targets: np.ndarray,
     """
     obs = np.asarray(obs_targets, np.float32)
     if obs.shape != batch["loss_mask"].shape:
-        raise ValueError(f"obs_targets has shape {obs.shape}, the batch's loss_mask "
-                         f"{batch['loss_mask'].shape}")
+        raise ValueError(
+            f"obs_targets has shape {obs.shape}, the batch's loss_mask {batch['loss_mask'].shape}"
+        )
     out = dict(batch)
     out["loss_mask"] = np.maximum(batch["loss_mask"], obs)
     if behaviour_logprobs is None:
@@ -229,16 +282,20 @@ def check_batch(batch: dict) -> tuple[int, int]:
     """Validate keys and shapes of a train batch; returns ``(B, T)``. ValueError names the key."""
     missing = [k for k in REQUIRED_KEYS if k not in batch]
     if missing:
-        raise ValueError(f"train batch is missing {missing}; build it with "
-                         f"batch_from_trajectories (keys: {list(REQUIRED_KEYS)})")
+        raise ValueError(
+            f"train batch is missing {missing}; build it with "
+            f"batch_from_trajectories (keys: {list(REQUIRED_KEYS)})"
+        )
     unknown = sorted(set(batch) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
     if unknown:
         raise ValueError(f"train batch has unknown keys {unknown}")
     B, T = batch["input_ids"].shape
     present = [k for k in IMAGE_KEYS if k in batch]
     if present and len(present) != len(IMAGE_KEYS):
-        raise ValueError(f"train batch has image keys {present} but not all of "
-                         f"{list(IMAGE_KEYS)}; build it with batch_from_trajectories")
+        raise ValueError(
+            f"train batch has image keys {present} but not all of "
+            f"{list(IMAGE_KEYS)}; build it with batch_from_trajectories"
+        )
     for k in REQUIRED_KEYS + OPTIONAL_KEYS:
         if k not in batch:
             continue
@@ -247,6 +304,7 @@ def check_batch(batch: dict) -> tuple[int, int]:
         else:
             want = (B,) if k == "advantages" and batch[k].ndim == 1 else (B, T)
         if tuple(batch[k].shape) != want:
-            raise ValueError(f"train batch[{k!r}] has shape {tuple(batch[k].shape)}, "
-                             f"expected {want}")
+            raise ValueError(
+                f"train batch[{k!r}] has shape {tuple(batch[k].shape)}, expected {want}"
+            )
     return B, T

@@ -7,15 +7,17 @@ reward workers, the tool server it launched, the writer) on the way out, also on
 The sampler starts on the first :meth:`Run.open_sampler` (after any SFT warm start, so
 the engines never compete with it for the CPU).
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from verltool_jax.run_config import RunConfig, run_config_from_dict
 
@@ -30,33 +32,50 @@ def prepare_model_dir(rc: RunConfig, out_dir: Path) -> Path:
     ``model.tiny`` and a tokenizer trained on our own text, built once into
     ``<out_dir>/init_model`` (reused on resume)."""
     from verltool_jax.models.resolve import is_hf_checkpoint, resolve_model_path
+
     if rc.model.path:
         return resolve_model_path(rc.model.path, rc.model.cache_dir or None)
     path = out_dir / "init_model"
     if is_hf_checkpoint(path):
         return path
     from verltool_jax.models.tiny import build_tiny_hf, build_tiny_vl_hf, mrope_sections
+
     t = rc.model.tiny
     log.info("building a tiny %s model in %s", rc.model.family, path)
     if rc.model.family == "qwen2_5_vl":
         sec = mrope_sections(t.hidden_size // t.num_heads)
-        build_tiny_vl_hf(path, vocab_size=t.vocab_size, seed=t.seed, hidden_size=t.hidden_size,
-                         num_layers=t.num_layers, num_heads=t.num_heads,
-                         num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
-                         mrope_section=sec,
-                         max_position_embeddings=max(rc.model.max_seq_len,
-                                                     rc.sampler.max_model_len))
+        build_tiny_vl_hf(
+            path,
+            vocab_size=t.vocab_size,
+            seed=t.seed,
+            hidden_size=t.hidden_size,
+            num_layers=t.num_layers,
+            num_heads=t.num_heads,
+            num_kv_heads=t.num_kv_heads,
+            intermediate_size=t.intermediate_size,
+            mrope_section=sec,
+            max_position_embeddings=max(rc.model.max_seq_len, rc.sampler.max_model_len),
+        )
         return path
-    build_tiny_hf(path, family=rc.model.family, vocab_size=t.vocab_size, seed=t.seed,
-                  hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
-                  num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
-                  intermediate_size=t.intermediate_size,
-                  max_position_embeddings=max(rc.model.max_seq_len, rc.sampler.max_model_len))
+    build_tiny_hf(
+        path,
+        family=rc.model.family,
+        vocab_size=t.vocab_size,
+        seed=t.seed,
+        hidden_size=t.hidden_size,
+        num_layers=t.num_layers,
+        num_heads=t.num_heads,
+        num_kv_heads=t.num_kv_heads,
+        head_dim=t.head_dim,
+        intermediate_size=t.intermediate_size,
+        max_position_embeddings=max(rc.model.max_seq_len, rc.sampler.max_model_len),
+    )
     return path
 
 
 def load_tokenizer(rc: RunConfig, model_dir: Path):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(rc.model.tokenizer_path or str(model_dir))
 
 
@@ -66,15 +85,20 @@ def prepare_task_files(rc: RunConfig, out_dir: Path) -> dict:
     files = {"train": rc.data.train_files, "eval": rc.data.eval_files, "sft": rc.sft.files}
     if rc.task is not None:
         from verltool_jax.tasks import prepare_task
+
         tf = prepare_task(rc, out_dir / "data")
         sft = tf.sft
         evals = tf.eval if isinstance(tf.eval, tuple) else (tf.eval,)
-        files = {"train": files["train"] or (str(tf.train),),
-                 "eval": files["eval"] or tuple(str(p) for p in evals),
-                 "sft": files["sft"] or ((str(sft),) if sft else ())}
+        files = {
+            "train": files["train"] or (str(tf.train),),
+            "eval": files["eval"] or tuple(str(p) for p in evals),
+            "sft": files["sft"] or ((str(sft),) if sft else ()),
+        }
     if not files["train"] and rc.stage == "rl":
-        raise ValueError("no training data: set data.train_files (parquet/JSONL in the verl "
-                         "layout) or task.name to a known task")
+        raise ValueError(
+            "no training data: set data.train_files (parquet/JSONL in the verl "
+            "layout) or task.name to a known task"
+        )
     if (rc.stage == "sft" or rc.sft.steps > 0) and not files["sft"]:
         raise ValueError("SFT needs demonstrations: set sft.files (or sft.steps=0)")
     return files
@@ -88,8 +112,10 @@ def trainer_devices(rc: RunConfig, devices: list) -> list:
         return list(devices)
     bad = [i for i in idx if i >= len(devices)]
     if bad:
-        raise ValueError(f"placement.trainer_devices={idx} names devices {bad}, this process "
-                         f"sees {len(devices)}; fix the indices")
+        raise ValueError(
+            f"placement.trainer_devices={idx} names devices {bad}, this process "
+            f"sees {len(devices)}; fix the indices"
+        )
     return [devices[i] for i in idx]
 
 
@@ -101,15 +127,18 @@ def engine_device_env(rc: RunConfig, engine: int) -> dict:
     if p.mode != "disjoint":
         return {}
     if rc.sampler.num_engines != len(p.sampler_devices):
-        raise ValueError(f"placement.mode='disjoint' runs one engine per sampler device: "
-                         f"sampler.num_engines={rc.sampler.num_engines} but "
-                         f"placement.sampler_devices={p.sampler_devices}; make them agree")
+        raise ValueError(
+            f"placement.mode='disjoint' runs one engine per sampler device: "
+            f"sampler.num_engines={rc.sampler.num_engines} but "
+            f"placement.sampler_devices={p.sampler_devices}; make them agree"
+        )
     return {"CUDA_VISIBLE_DEVICES": str(p.sampler_devices[engine])}
 
 
 @contextlib.contextmanager
 def _env(values: dict) -> Iterator[None]:
     import os
+
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -130,13 +159,16 @@ def trainer_mesh(rc: RunConfig):
     import numpy as np
 
     from verltool_jax.sharding import make_mesh
+
     shape = list(rc.mesh_shape)
     devices = trainer_devices(rc, jax.devices())
     if -1 not in shape:
         if int(np.prod(shape)) > len(devices):
-            raise ValueError(f"mesh_shape={tuple(shape)} needs {int(np.prod(shape))} devices, "
-                             f"this process sees {len(devices)}")
-        devices = devices[:int(np.prod(shape))]
+            raise ValueError(
+                f"mesh_shape={tuple(shape)} needs {int(np.prod(shape))} devices, "
+                f"this process sees {len(devices)}"
+            )
+        devices = devices[: int(np.prod(shape))]
     if len(devices) == 1:
         return None
     mesh = make_mesh(shape, devices=devices)
@@ -144,8 +176,10 @@ def trainer_mesh(rc: RunConfig):
     for name in ("mini_batch_size", "micro_batch_size"):
         v = getattr(rc.algo, name)
         if v is not None and v % split:
-            raise ValueError(f"algo.{name}={v} must be a multiple of data * fsdp = {split} "
-                             f"(mesh_shape={rc.mesh_shape}); change one of them")
+            raise ValueError(
+                f"algo.{name}={v} must be a multiple of data * fsdp = {split} "
+                f"(mesh_shape={rc.mesh_shape}); change one of them"
+            )
     return mesh
 
 
@@ -153,11 +187,13 @@ def sampler_backend(rc: RunConfig) -> tuple[str, str]:
     """``(backend, why)``: ``rc.sampler.backend`` with "auto" resolved for this machine
     (``samplers.factory.choose_backend``)."""
     from verltool_jax.samplers.factory import accelerator, choose_backend, vllm_available
-    return choose_backend(rc.sampler.backend, vllm_installed=vllm_available(),
-                          platform=accelerator())
+
+    return choose_backend(
+        rc.sampler.backend, vllm_installed=vllm_available(), platform=accelerator()
+    )
 
 
-def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: Optional[bool] = None):
+def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | None = None):
     """The sampler of ``rc.sampler`` placed per ``rc.placement``: ``num_engines`` in-process
     vLLM engines or JAX samplers on the checkpoint ``model_dir`` (none with
     ``placement.mode='remote'``), plus one remote sampler per ``placement.sampler_urls``
@@ -168,38 +204,49 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: Optional[b
     placement); None: it does in the asynchronous rollout mode (evaluation passes False)."""
     from verltool_jax.samplers.factory import make_sampler as make_backend
     from verltool_jax.train.console import console
+
     s = rc.sampler
     backend, why = sampler_backend(rc)
     print(f"[trainer] sampler backend: {backend} ({why})", file=console(), flush=True)
     engines = []
     if rc.placement.sampler_urls:
         from verltool_jax.samplers.remote_vllm import RemoteVLLMSampler
-        engines += [RemoteVLLMSampler(u, model_path=str(model_dir), dtype=s.dtype)
-                    for u in rc.placement.sampler_urls]
+
+        engines += [
+            RemoteVLLMSampler(u, model_path=str(model_dir), dtype=s.dtype)
+            for u in rc.placement.sampler_urls
+        ]
     for i in range(0 if rc.placement.mode == "remote" else s.num_engines):
         if backend == "vllm":
-            kw = dict(max_model_len=s.max_model_len, dtype=s.dtype, seed=s.seed + i,
-                      gpu_memory_utilization=s.gpu_memory_utilization,
-                      enforce_eager=s.enforce_eager,
-                      trainer_overlaps=(rc.rollout.mode == "async" if trainer_overlaps is None
-                                        else trainer_overlaps))
+            kw = dict(
+                max_model_len=s.max_model_len,
+                dtype=s.dtype,
+                seed=s.seed + i,
+                gpu_memory_utilization=s.gpu_memory_utilization,
+                enforce_eager=s.enforce_eager,
+                trainer_overlaps=(
+                    rc.rollout.mode == "async" if trainer_overlaps is None else trainer_overlaps
+                ),
+            )
         else:
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
         with _env(engine_device_env(rc, i)):
-            engines.append(make_backend(model_dir, backend=backend, name=f"{backend}{i}",
-                                        **kw))
+            engines.append(make_backend(model_dir, backend=backend, name=f"{backend}{i}", **kw))
         if getattr(engines[-1], "placement", None) is not None:
-            print(f"[trainer] vLLM CPU placement: {engines[-1].placement.reason}",
-                  file=console(), flush=True)
+            print(
+                f"[trainer] vLLM CPU placement: {engines[-1].placement.reason}",
+                file=console(),
+                flush=True,
+            )
     if len(engines) == 1:
         return engines[0]
     from verltool_jax.samplers.pool import SamplerPool
+
     return SamplerPool(engines)
 
 
 @contextlib.contextmanager
-def tool_server(rc: RunConfig, out: Optional[Path] = None
-                ) -> Iterator[tuple[str, Optional[Any]]]:
+def tool_server(rc: RunConfig, out: Path | None = None) -> Iterator[tuple[str, Any | None]]:
     """``(url, process)``: ``tool_server.url`` with no process if set, else a server we
     launch (a real subprocess, a :class:`~tool_server.launcher.ToolServerProcess` that
     can be restarted) with ``tool_server.tools`` and the ``tool_server.tool_opt`` options
@@ -211,12 +258,18 @@ def tool_server(rc: RunConfig, out: Optional[Path] = None
         yield ts.url, None
         return
     from tool_server.launcher import ToolServerProcess
+
     tool_opt = {k: v for k, v in ts.tool_opt.items() if v not in (None, "")}
-    if out is not None and "web_search" in ts.tools and "web_search_cache" not in tool_opt \
-            and not os.environ.get("VERLTOOL_WEB_SEARCH_CACHE"):
+    if (
+        out is not None
+        and "web_search" in ts.tools
+        and "web_search_cache" not in tool_opt
+        and not os.environ.get("VERLTOOL_WEB_SEARCH_CACHE")
+    ):
         tool_opt["web_search_cache"] = str(Path(out).resolve() / "web_search_cache.sqlite")
-    with ToolServerProcess(list(ts.tools), timeout=ts.timeout_s,
-                           max_concurrency=ts.max_concurrency, tool_opt=tool_opt) as proc:
+    with ToolServerProcess(
+        list(ts.tools), timeout=ts.timeout_s, max_concurrency=ts.max_concurrency, tool_opt=tool_opt
+    ) as proc:
         log.info("tool server with %s at %s", ",".join(ts.tools), proc.url)
         yield proc.url, proc
 
@@ -224,6 +277,7 @@ def tool_server(rc: RunConfig, out: Optional[Path] = None
 def hf_export(model, tokenizer, path: Path) -> Path:
     """Write the policy as an HF checkpoint (+ tokenizer) that transformers/vLLM load."""
     from verltool_jax.models.hf_io import save_hf
+
     save_hf(model, path, tokenizer=tokenizer)
     return path
 
@@ -245,6 +299,7 @@ class NullWriter:
 @dataclass
 class Run:
     """One run's components (see :func:`build_run`)."""
+
     config: RunConfig
     out: Path
     model_dir: Path
@@ -255,41 +310,50 @@ class Run:
     writer: Any
     reward_pool: Any
     tool_url: str
-    tool_process: Optional[Any] = None      # the server we started (restartable), if any
+    tool_process: Any | None = None  # the server we started (restartable), if any
     eval_items: list = field(default_factory=list)
-    mesh: Optional[Any] = None
-    image_processor: Optional[Any] = None       # vision-language policies: ImageProcessor
-    sampler: Optional[Any] = None
+    mesh: Any | None = None
+    image_processor: Any | None = None  # vision-language policies: ImageProcessor
+    sampler: Any | None = None
 
-    def open_sampler(self, *, trainer_overlaps: Optional[bool] = None):
+    def open_sampler(self, *, trainer_overlaps: bool | None = None):
         """Start the sampler (once) and return it (``trainer_overlaps``: ``make_sampler``)."""
         if self.sampler is None:
-            self.sampler = make_sampler(self.config, self.model_dir,
-                                        trainer_overlaps=trainer_overlaps)
+            self.sampler = make_sampler(
+                self.config, self.model_dir, trainer_overlaps=trainer_overlaps
+            )
         return self.sampler
 
     def prompt_pipeline(self):
         """The training prompts (a grain pipeline, shuffled by ``data.seed``) or None."""
         from verltool_jax.data.pipeline import PromptPipeline
+
         c = self.config
         if not self.files["train"]:
             return None
-        return PromptPipeline.from_files(self.files["train"], self.tokenizer, fmt=c.data.format,
-                                         seed=c.data.seed, shuffle=c.data.shuffle,
-                                         max_prompt_tokens=c.rollout.max_prompt_tokens,
-                                         image_processor=self.image_processor)
+        return PromptPipeline.from_files(
+            self.files["train"],
+            self.tokenizer,
+            fmt=c.data.format,
+            seed=c.data.seed,
+            shuffle=c.data.shuffle,
+            max_prompt_tokens=c.rollout.max_prompt_tokens,
+            image_processor=self.image_processor,
+        )
 
 
 @contextlib.contextmanager
-def build_run(config: Any, *, out_dir: Optional[Path] = None,
-              write_metrics: bool = True) -> Iterator[Run]:
+def build_run(
+    config: Any, *, out_dir: Path | None = None, write_metrics: bool = True
+) -> Iterator[Run]:
     """Everything a run needs, from a ``ConfigDict`` (validated here) or a RunConfig."""
     from verltool_jax.data.pipeline import PromptPipeline
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.reporting.metrics_writer import MetricsWriter
     from verltool_jax.rewards.compute import RewardPool
-    from verltool_jax.train.evaluate import prompt_items
     from verltool_jax.train import multihost
+    from verltool_jax.train.evaluate import prompt_items
+
     raw = None if isinstance(config, RunConfig) else config
     rc = config if isinstance(config, RunConfig) else run_config_from_dict(config)
     out = Path(out_dir or rc.trainer.out_dir)
@@ -310,32 +374,55 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
     if primary:
         multihost.barrier("build_run:prepared")
     tokenizer = load_tokenizer(rc, model_dir)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
-        else tokenizer.eos_token_id
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
     mesh = trainer_mesh(rc)
-    model = load_hf(model_dir, mesh=mesh, dtype=rc.model.dtype,
-                    param_dtype=rc.model.param_dtype, remat_policy=rc.model.remat_policy,
-                    scan_layers=rc.model.scan_layers)
+    model = load_hf(
+        model_dir,
+        mesh=mesh,
+        dtype=rc.model.dtype,
+        param_dtype=rc.model.param_dtype,
+        remat_policy=rc.model.remat_policy,
+        scan_layers=rc.model.scan_layers,
+    )
     if rc.model.lora_rank:
         from verltool_jax.models.lora import with_lora
-        model = with_lora(model, rc.model.lora_rank, rc.model.lora_alpha,
-                          rc.model.lora_targets, rc.model.lora_last_layers, seed=rc.trainer.seed)
+
+        model = with_lora(
+            model,
+            rc.model.lora_rank,
+            rc.model.lora_alpha,
+            rc.model.lora_targets,
+            rc.model.lora_last_layers,
+            seed=rc.trainer.seed,
+        )
     image_processor = None
     if model.config.is_vision_language:
         from verltool_jax.models.image_inputs import ImageProcessor
+
         image_processor = ImageProcessor(model.config)
     eval_items = []
-    if files["eval"] and rc.data.max_eval_examples:     # 0: no held-out evaluation
-        pipe = PromptPipeline.from_files(files["eval"], tokenizer, fmt=rc.data.format,
-                                         shuffle=False, num_epochs=1,
-                                         max_prompt_tokens=rc.rollout.max_prompt_tokens,
-                                         image_processor=image_processor)
+    if files["eval"] and rc.data.max_eval_examples:  # 0: no held-out evaluation
+        pipe = PromptPipeline.from_files(
+            files["eval"],
+            tokenizer,
+            fmt=rc.data.format,
+            shuffle=False,
+            num_epochs=1,
+            max_prompt_tokens=rc.rollout.max_prompt_tokens,
+            image_processor=image_processor,
+        )
         eval_items = prompt_items(pipe.next_batch(rc.data.max_eval_examples), "eval")
     lg = rc.logging
     if primary:
-        writer = MetricsWriter(out, tensorboard=lg.tensorboard and write_metrics,
-                               wandb=lg.wandb and write_metrics, wandb_project=lg.wandb_project,
-                               config=json.loads(raw.to_json()) if raw is not None else None)
+        writer = MetricsWriter(
+            out,
+            tensorboard=lg.tensorboard and write_metrics,
+            wandb=lg.wandb and write_metrics,
+            wandb_project=lg.wandb_project,
+            config=json.loads(raw.to_json()) if raw is not None else None,
+        )
     else:
         writer = NullWriter(out)
     with contextlib.ExitStack() as stack:
@@ -343,13 +430,26 @@ def build_run(config: Any, *, out_dir: Optional[Path] = None,
         reward_pool = RewardPool.from_config(rc.reward)
         stack.callback(reward_pool.close)
         url, tool_process = stack.enter_context(tool_server(rc, out))
-        run = Run(config=rc, out=out, model_dir=model_dir, tokenizer=tokenizer, pad_id=pad_id,
-                  files=files, model=model, writer=writer, reward_pool=reward_pool,
-                  tool_url=url, tool_process=tool_process, eval_items=eval_items, mesh=mesh,
-                  image_processor=image_processor)
+        run = Run(
+            config=rc,
+            out=out,
+            model_dir=model_dir,
+            tokenizer=tokenizer,
+            pad_id=pad_id,
+            files=files,
+            model=model,
+            writer=writer,
+            reward_pool=reward_pool,
+            tool_url=url,
+            tool_process=tool_process,
+            eval_items=eval_items,
+            mesh=mesh,
+            image_processor=image_processor,
+        )
 
         def close_sampler():
             if run.sampler is not None:
                 run.sampler.close()
+
         stack.callback(close_sampler)
         yield run

@@ -11,10 +11,10 @@ A checkpoint at step s (= ``int(state.step)``) holds two items:
 needs a template ``TrainState`` (built the same way as at the start of a run); arrays are
 restored with the template's shapes, dtypes and shardings.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import jax
 import orbax.checkpoint as ocp
@@ -36,8 +36,13 @@ class Checkpointer:
     ``wait()`` blocks until pending asynchronous saves are on disk; ``close()``.
     """
 
-    def __init__(self, directory: str | os.PathLike, save_every: int = 1, keep: int = 2,
-                 async_save: bool = True):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        save_every: int = 1,
+        keep: int = 2,
+        async_save: bool = True,
+    ):
         if save_every < 1:
             raise ValueError(f"trainer.ckpt_every must be >= 1, got {save_every}")
         if keep < 1:
@@ -45,42 +50,54 @@ class Checkpointer:
         self.directory = os.path.abspath(os.fspath(directory))
         self.save_every = save_every
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, save_interval_steps=1,
-            enable_async_checkpointing=async_save, create=True)
-        self._mngr = ocp.CheckpointManager(self.directory, options=options,
-                                           item_names=("state", "data"))
+            max_to_keep=keep,
+            save_interval_steps=1,
+            enable_async_checkpointing=async_save,
+            create=True,
+        )
+        self._mngr = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "data")
+        )
 
-    def maybe_save(self, state: TrainState, data_state: Optional[dict] = None,
-                   force: bool = False) -> bool:
+    def maybe_save(
+        self, state: TrainState, data_state: dict | None = None, force: bool = False
+    ) -> bool:
         """Save ``state`` (+ ``data_state``) if its step is due (or ``force``); True if saved."""
         step = int(jax.device_get(state.step))
         if not force and step % self.save_every:
             return False
-        args = ocp.args.Composite(state=ocp.args.StandardSave(_state_tree(state)),
-                                  data=ocp.args.JsonSave(dict(data_state or {})))
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(_state_tree(state)),
+            data=ocp.args.JsonSave(dict(data_state or {})),
+        )
         return bool(self._mngr.save(step, args=args, force=force))
 
-    def latest_step(self) -> Optional[int]:
+    def latest_step(self) -> int | None:
         return self._mngr.latest_step()
 
     def all_steps(self) -> list[int]:
         return list(self._mngr.all_steps())
 
-    def restore(self, template: TrainState, step: Optional[int] = None
-                ) -> tuple[TrainState, dict]:
+    def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict]:
         """Restore step ``step`` (default: latest) into the structure of ``template``."""
         self.wait()
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _state_tree(template))
-        out = self._mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+        out = self._mngr.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()
+            ),
+        )
         tree = out["state"]
         missing = set(_state_tree(template)) - set(tree)
         if missing:
-            raise ValueError(f"checkpoint step {step} lacks {sorted(missing)}; was it saved "
-                             f"from a TrainState with the same fields (with_reference)?")
+            raise ValueError(
+                f"checkpoint step {step} lacks {sorted(missing)}; was it saved "
+                f"from a TrainState with the same fields (with_reference)?"
+            )
         return template.replace(**tree), dict(out["data"] or {})
 
     def wait(self) -> None:

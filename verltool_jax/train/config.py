@@ -4,11 +4,13 @@
 an ml_collections ``ConfigDict`` / dict (either the ``algo`` section or a whole
 experiment config holding one). Its defaults are the run defaults (``run_config``).
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from verltool_jax.algos.advantages import ADVANTAGES
 from verltool_jax.algos.kl import KL_ESTIMATORS
@@ -32,41 +34,45 @@ class AlgoConfig:
     ``min(exp(old - sampler), tis_cap)``, so it only acts with ``"recompute"``: with the
     sampler's logprobs as ``old`` the weight is 1 on every token.
     """
-    adv_estimator: str = "grpo"             # grpo | drgrpo | rloo
-    policy_loss: str = "ppo"                # ppo (= grpo / dapo / vanilla) | gspo
+
+    adv_estimator: str = "grpo"  # grpo | drgrpo | rloo
+    policy_loss: str = "ppo"  # ppo (= grpo / dapo / vanilla) | gspo
     clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28           # DAPO clip-higher (0.2: symmetric PPO clip)
-    dual_clip_c: Optional[float] = 3.0      # None disables the dual clip
+    clip_ratio_high: float = 0.28  # DAPO clip-higher (0.2: symmetric PPO clip)
+    dual_clip_c: float | None = 3.0  # None disables the dual clip
     loss_agg_mode: str = "token-mean"
-    loss_norm_constant: Optional[float] = None
-    tis_cap: Optional[float] = 2.0          # truncated IS weight cap vs sampler; 0/None = off
-    kl_coef: float = 0.0                    # KL loss against the reference policy
+    loss_norm_constant: float | None = None
+    tis_cap: float | None = 2.0  # truncated IS weight cap vs sampler; 0/None = off
+    kl_coef: float = 0.0  # KL loss against the reference policy
     kl_estimator: str = "k3"
-    entropy_coef: float = 0.0               # entropy bonus: loss -= coef * entropy
-    temperature: float = 1.0                # sampling temperature (logprobs of logits / T)
+    entropy_coef: float = 0.0  # entropy bonus: loss -= coef * entropy
+    temperature: float = 1.0  # sampling temperature (logprobs of logits / T)
     ppo_epochs: int = 1
-    mini_batch_size: Optional[int] = 64     # trajectories per optimizer update
-    micro_batch_size: Optional[int] = 16    # trajectories per forward/backward pass
-    old_logprobs: str = "sampler"           # sampler | recompute (before the update)
-    logprob_chunk_size: Optional[int] = None
-    dynamic_sampling: bool = False          # DAPO: drop groups with all-equal rewards
+    mini_batch_size: int | None = 64  # trajectories per optimizer update
+    micro_batch_size: int | None = 16  # trajectories per forward/backward pass
+    old_logprobs: str = "sampler"  # sampler | recompute (before the update)
+    logprob_chunk_size: int | None = None
+    dynamic_sampling: bool = False  # DAPO: drop groups with all-equal rewards
     # batches in a row with no group left before the run stops (0: no limit; verl's
     # algorithm.filter_groups.max_num_gen_batches)
     dynamic_sampling_max_batches: int = 0
-    overlong_buffer_len: int = 0            # DAPO overlong penalty (0 = off)
+    overlong_buffer_len: int = 0  # DAPO overlong penalty (0 = off)
     overlong_penalty_factor: float = 1.0
 
     def __post_init__(self):
         ADVANTAGES.get(self.adv_estimator)
         POLICY_LOSSES.get(self.policy_loss)
         KL_ESTIMATORS.get(self.kl_estimator)
-        self.policy_loss_config()            # validates clip / agg fields
+        self.policy_loss_config()  # validates clip / agg fields
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
-            raise ValueError(f"algo.old_logprobs must be one of {OLD_LOGPROB_SOURCES}, "
-                             f"got {self.old_logprobs!r}")
+            raise ValueError(
+                f"algo.old_logprobs must be one of {OLD_LOGPROB_SOURCES}, got {self.old_logprobs!r}"
+            )
         if int(self.dynamic_sampling_max_batches) < 0:
-            raise ValueError(f"algo.dynamic_sampling_max_batches must be >= 0 (0: no limit), "
-                             f"got {self.dynamic_sampling_max_batches}")
+            raise ValueError(
+                f"algo.dynamic_sampling_max_batches must be >= 0 (0: no limit), "
+                f"got {self.dynamic_sampling_max_batches}"
+            )
         for name in ("ppo_epochs",):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
@@ -81,13 +87,18 @@ class AlgoConfig:
         if self.tis_cap is not None and self.tis_cap < 0:
             raise ValueError(f"algo.tis_cap must be > 0 (0 or None disables), got {self.tis_cap}")
         if self.dual_clip_c is not None and self.dual_clip_c < 0:
-            raise ValueError(f"algo.dual_clip_c must be > 1 (0 or None disables), "
-                             f"got {self.dual_clip_c}")
+            raise ValueError(
+                f"algo.dual_clip_c must be > 1 (0 or None disables), got {self.dual_clip_c}"
+            )
 
     def policy_loss_config(self) -> PolicyLossConfig:
-        return PolicyLossConfig(self.clip_ratio_low, self.clip_ratio_high,
-                                self.dual_clip_c or None, self.loss_agg_mode,
-                                self.loss_norm_constant)
+        return PolicyLossConfig(
+            self.clip_ratio_low,
+            self.clip_ratio_high,
+            self.dual_clip_c or None,
+            self.loss_agg_mode,
+            self.loss_norm_constant,
+        )
 
     @property
     def reads_behaviour_logprobs(self) -> bool:
@@ -101,11 +112,14 @@ class AlgoConfig:
         mini = self.mini_batch_size or batch_size
         micro = self.micro_batch_size or mini
         if batch_size % mini:
-            raise ValueError(f"batch size {batch_size} is not a multiple of "
-                             f"algo.mini_batch_size={mini}; pad the batch or change it")
+            raise ValueError(
+                f"batch size {batch_size} is not a multiple of "
+                f"algo.mini_batch_size={mini}; pad the batch or change it"
+            )
         if mini % micro:
-            raise ValueError(f"algo.mini_batch_size={mini} is not a multiple of "
-                             f"algo.micro_batch_size={micro}")
+            raise ValueError(
+                f"algo.mini_batch_size={mini} is not a multiple of algo.micro_batch_size={micro}"
+            )
         return batch_size // mini, mini // micro, micro
 
 
@@ -115,10 +129,13 @@ FIELDS = tuple(f.name for f in dataclasses.fields(AlgoConfig))
 def algo_choices() -> dict[str, tuple[str, ...]]:
     """Allowed names of the registry-backed ``algo`` fields (aliases included)."""
     from verltool_jax.algos.aggregation import AGGREGATIONS
-    return {"adv_estimator": tuple(ADVANTAGES.names()),
-            "policy_loss": tuple(POLICY_LOSSES.names()),
-            "kl_estimator": tuple(KL_ESTIMATORS.names()),
-            "loss_agg_mode": tuple(AGGREGATIONS.names())}
+
+    return {
+        "adv_estimator": tuple(ADVANTAGES.names()),
+        "policy_loss": tuple(POLICY_LOSSES.names()),
+        "kl_estimator": tuple(KL_ESTIMATORS.names()),
+        "loss_agg_mode": tuple(AGGREGATIONS.names()),
+    }
 
 
 def algo_config(cfg: Any = None, **overrides) -> AlgoConfig:

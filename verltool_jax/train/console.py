@@ -6,6 +6,7 @@ console says where that file is, and shows its last lines when the run fails.
 :func:`console` is the stream the trainer prints to: the real terminal while
 :func:`run_logged` redirects file descriptors 1 and 2 to the log, else ``sys.stdout``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,12 +14,13 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, Optional, TextIO, TypeVar
+from typing import TextIO, TypeVar
 
 T = TypeVar("T")
 
-_console: Optional[TextIO] = None
+_console: TextIO | None = None
 TAIL_LINES = 40
 
 
@@ -39,8 +41,12 @@ def library_output_to(log_path: Path) -> Iterator[TextIO]:
     log_file = open(log_path, "a", buffering=1)
     os.dup2(log_file.fileno(), 1)
     os.dup2(log_file.fileno(), 2)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
     _console = term
     try:
         yield term
@@ -81,7 +87,10 @@ def run_logged(config, fn: Callable[[], T]) -> T:
             return fn()
         except BaseException as e:
             if not isinstance(e, SystemExit):
-                traceback.print_exc()          # into the log, with the rest
-                print(f"[trainer] failed: {type(e).__name__}: {e}\n--- last lines of "
-                      f"{log_path} ---\n{tail(log_path)}\n---", file=term)
+                traceback.print_exc()  # into the log, with the rest
+                print(
+                    f"[trainer] failed: {type(e).__name__}: {e}\n--- last lines of "
+                    f"{log_path} ---\n{tail(log_path)}\n---",
+                    file=term,
+                )
             raise

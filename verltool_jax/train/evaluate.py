@@ -1,17 +1,19 @@
 """Held-out evaluation: one greedy trajectory per prompt through the real tool server,
 scored by the reward registry. Used by the trainer (after SFT, every ``eval_every``
 steps, at the end) and by ``python -m verltool_jax.eval``."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from verltool_jax.rewards.compute import RewardPool, assign_rewards
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.trajectory import Trajectory
-from verltool_jax.rewards.compute import RewardPool, assign_rewards
 
 
 def prompt_item(example: Any, prefix: str) -> PromptItem:
@@ -29,38 +31,68 @@ def summarize(trajs: Sequence[Trajectory], prefix: str) -> dict:
         return {}
     r = np.array([t.reward or 0.0 for t in trajs], np.float64)
     acc = np.array([t.reward_info.get("acc", 0.0) for t in trajs], np.float64)
-    out = {f"{prefix}/reward": float(r.mean()), f"{prefix}/acc": float(acc.mean()),
-           f"{prefix}/tool_calls": float(np.mean([t.tool_calls for t in trajs])),
-           f"{prefix}/invalid_tool_calls": float(np.mean([t.invalid_tool_calls for t in trajs])),
-           f"{prefix}/turns": float(np.mean([t.num_turns for t in trajs])),
-           f"{prefix}/response_len": float(np.mean([len(t.response_ids) for t in trajs])),
-           f"{prefix}/num": len(trajs)}
+    out = {
+        f"{prefix}/reward": float(r.mean()),
+        f"{prefix}/acc": float(acc.mean()),
+        f"{prefix}/tool_calls": float(np.mean([t.tool_calls for t in trajs])),
+        f"{prefix}/invalid_tool_calls": float(np.mean([t.invalid_tool_calls for t in trajs])),
+        f"{prefix}/turns": float(np.mean([t.num_turns for t in trajs])),
+        f"{prefix}/response_len": float(np.mean([len(t.response_ids) for t in trajs])),
+        f"{prefix}/num": len(trajs),
+    }
     for reason in sorted({t.termination for t in trajs}):
         out[f"{prefix}/term_{reason}"] = sum(t.termination == reason for t in trajs) / len(trajs)
     return out
 
 
-async def rollout_scored(sampler, items: Sequence[PromptItem], tool_client, tokenizer,
-                         rollout_cfg: RolloutConfig, reward_pool: RewardPool,
-                         n_samples: int = 1, temperature: float = 0.0,
-                         image_processor: Any = None) -> list[list[Trajectory]]:
+async def rollout_scored(
+    sampler,
+    items: Sequence[PromptItem],
+    tool_client,
+    tokenizer,
+    rollout_cfg: RolloutConfig,
+    reward_pool: RewardPool,
+    n_samples: int = 1,
+    temperature: float = 0.0,
+    image_processor: Any = None,
+) -> list[list[Trajectory]]:
     """Every item rolled out ``n_samples`` times at ``temperature`` (0: greedy; top-p 1,
     no top-k) and scored; returns the groups in item order. ``image_processor``: a
     vision-language policy's (prompts / observations with images)."""
     cfg = dataclasses.replace(rollout_cfg, temperature=temperature, top_p=1.0, top_k=-1)
-    groups = await run_rollout(list(items), n_samples, sampler, tool_client, tokenizer, cfg,
-                               image_processor=image_processor)
+    groups = await run_rollout(
+        list(items),
+        n_samples,
+        sampler,
+        tool_client,
+        tokenizer,
+        cfg,
+        image_processor=image_processor,
+    )
     trajs = [t for g in groups for t in g]
     assign_rewards(trajs, await reward_pool.score_async(trajs, tokenizer))
     return groups
 
 
-async def evaluate(sampler, items: Sequence[PromptItem], tool_client, tokenizer,
-                   rollout_cfg: RolloutConfig, reward_pool: RewardPool,
-                   prefix: str = "eval", image_processor: Any = None
-                   ) -> tuple[dict, list[Trajectory]]:
+async def evaluate(
+    sampler,
+    items: Sequence[PromptItem],
+    tool_client,
+    tokenizer,
+    rollout_cfg: RolloutConfig,
+    reward_pool: RewardPool,
+    prefix: str = "eval",
+    image_processor: Any = None,
+) -> tuple[dict, list[Trajectory]]:
     """Greedy (temperature 0) rollout of every item once; returns (metrics, trajectories)."""
-    groups = await rollout_scored(sampler, items, tool_client, tokenizer, rollout_cfg,
-                                  reward_pool, image_processor=image_processor)
+    groups = await rollout_scored(
+        sampler,
+        items,
+        tool_client,
+        tokenizer,
+        rollout_cfg,
+        reward_pool,
+        image_processor=image_processor,
+    )
     trajs = [g[0] for g in groups]
     return summarize(trajs, prefix), trajs

@@ -19,6 +19,7 @@ reward pool.
 Failed trajectories of a batch under the threshold are left out of the update (their
 reward says nothing about the policy).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,9 @@ import collections
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from verltool_jax.rollout.trajectory import Trajectory
 
@@ -56,8 +58,7 @@ def http_healthy(url: str, timeout_s: float = 2.0) -> bool:
     if "," in url:
         return any(http_healthy(u, timeout_s) for u in url.split(",") if u.strip())
     try:
-        with urllib.request.urlopen(url.strip().rstrip("/") + "/health",
-                                    timeout=timeout_s) as r:
+        with urllib.request.urlopen(url.strip().rstrip("/") + "/health", timeout=timeout_s) as r:
             return r.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -70,9 +71,16 @@ class ToolServerGuard:
     (restartable), or None for an external server at ``url``.
     """
 
-    def __init__(self, url: str, process: Any = None, *, max_restarts: int = 3,
-                 down_grace_s: float = 30.0, say: Callable[[str], None] = print,
-                 probe_every_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        url: str,
+        process: Any = None,
+        *,
+        max_restarts: int = 3,
+        down_grace_s: float = 30.0,
+        say: Callable[[str], None] = print,
+        probe_every_s: float = 0.5,
+    ) -> None:
         self.url = url
         self.process = process
         self.max_restarts = max_restarts
@@ -80,9 +88,9 @@ class ToolServerGuard:
         self.probe_every_s = probe_every_s
         self.say = say
         self.restarts = 0
-        self.down: Optional[str] = None        # why the server is down for good
+        self.down: str | None = None  # why the server is down for good
         self._clients: list = []
-        self._lock: Optional[asyncio.Lock] = None
+        self._lock: asyncio.Lock | None = None
 
     def watch(self, client: Any) -> Any:
         """Route ``client``'s unreachable-server failures here; return it."""
@@ -96,7 +104,7 @@ class ToolServerGuard:
     async def recover(self) -> bool:
         """Bring the server back if we can; True if it answers ``/health`` again."""
         self._lock = self._lock or asyncio.Lock()
-        async with self._lock:              # one restart for all the calls that failed
+        async with self._lock:  # one restart for all the calls that failed
             if self.down is not None:
                 return False
             if await self.healthy():
@@ -107,38 +115,46 @@ class ToolServerGuard:
 
     async def _restart(self) -> bool:
         if self.restarts >= self.max_restarts:
-            self.down = (f"the tool server the trainer started died again after "
-                         f"{self.restarts} restarts (tool_server.max_restarts="
-                         f"{self.max_restarts}); see run.log for its last output")
+            self.down = (
+                f"the tool server the trainer started died again after "
+                f"{self.restarts} restarts (tool_server.max_restarts="
+                f"{self.max_restarts}); see run.log for its last output"
+            )
             return False
         old = self.process.pid
         self.restarts += 1
         try:
             url = await asyncio.to_thread(self.process.restart)
-        except Exception as e:  # noqa: BLE001  reported as the reason it is down
+        except Exception as e:
             self.down = f"the tool server the trainer started died and did not restart: {e}"
             return False
         if url != self.url:
             self.url = url
             for c in self._clients:
                 c.url = url.rstrip("/")
-        self.say(f"[health] the tool server (pid {old}) died; restarted it as pid "
-                 f"{self.process.pid} at {url} (restart {self.restarts}/{self.max_restarts}); "
-                 "the tool calls in flight are retried")
+        self.say(
+            f"[health] the tool server (pid {old}) died; restarted it as pid "
+            f"{self.process.pid} at {url} (restart {self.restarts}/{self.max_restarts}); "
+            "the tool calls in flight are retried"
+        )
         return True
 
     async def _wait_for_external(self) -> bool:
-        self.say(f"[health] the tool server at {self.url} does not answer; waiting up to "
-                 f"{self.down_grace_s:g}s for it (tool_server.down_grace_s)")
+        self.say(
+            f"[health] the tool server at {self.url} does not answer; waiting up to "
+            f"{self.down_grace_s:g}s for it (tool_server.down_grace_s)"
+        )
         deadline = time.monotonic() + self.down_grace_s
         while time.monotonic() < deadline:
             await asyncio.sleep(self.probe_every_s)
             if await self.healthy():
                 self.say(f"[health] the tool server at {self.url} is back")
                 return True
-        self.down = (f"the tool server at {self.url} (tool_server.url) has been unreachable "
-                     f"for more than tool_server.down_grace_s={self.down_grace_s:g}s; start it "
-                     "again, then rerun the same command to resume from the last checkpoint")
+        self.down = (
+            f"the tool server at {self.url} (tool_server.url) has been unreachable "
+            f"for more than tool_server.down_grace_s={self.down_grace_s:g}s; start it "
+            "again, then rerun the same command to resume from the last checkpoint"
+        )
         return False
 
     async def ensure(self) -> None:
@@ -159,10 +175,11 @@ def sampler_alive(sampler: Any) -> bool:
 @dataclass
 class BatchHealth:
     """One training batch's failures: how many, the fraction, the commonest reasons."""
+
     failed: int
     total: int
     rate: float
-    reasons: list = field(default_factory=list)    # [(reason, count)], commonest first
+    reasons: list = field(default_factory=list)  # [(reason, count)], commonest first
 
     def describe(self) -> str:
         top = "; ".join(f"{n}x {r[:200]}" for r, n in self.reasons[:3])
@@ -181,9 +198,16 @@ class HealthMonitor:
     """Decides whether a batch may be trained on, and stops the run when a dependency
     is down for good (see the module doc)."""
 
-    def __init__(self, tool: ToolServerGuard, sampler: Callable[[], Any], reward_pool: Any,
-                 *, max_error_rate: float, max_skipped_steps: int,
-                 say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        tool: ToolServerGuard,
+        sampler: Callable[[], Any],
+        reward_pool: Any,
+        *,
+        max_error_rate: float,
+        max_skipped_steps: int,
+        say: Callable[[str], None] = print,
+    ) -> None:
         self.tool = tool
         self.sampler = sampler
         self.reward_pool = reward_pool
@@ -205,29 +229,39 @@ class HealthMonitor:
         if h.rate <= self.max_error_rate:
             self.skipped_in_a_row = 0
             return True
-        why = (f"step {step + 1}: {h.describe()}, more than trainer.max_error_rate="
-               f"{self.max_error_rate:g}")
+        why = (
+            f"step {step + 1}: {h.describe()}, more than trainer.max_error_rate="
+            f"{self.max_error_rate:g}"
+        )
         await self.check_dependencies(why + "; the batch was not trained on")
         self.skipped += 1
         self.skipped_in_a_row += 1
         if self.skipped_in_a_row > self.max_skipped_steps:
-            raise DependencyDown(f"{self.skipped_in_a_row} batches in a row failed ({why}); "
-                                 f"stopping after trainer.max_skipped_steps="
-                                 f"{self.max_skipped_steps}. The last good checkpoint is kept")
-        self.say(f"[health] {why}: not training on it, not checkpointing "
-                 f"({self.skipped_in_a_row}/{self.max_skipped_steps} skipped in a row)")
+            raise DependencyDown(
+                f"{self.skipped_in_a_row} batches in a row failed ({why}); "
+                f"stopping after trainer.max_skipped_steps="
+                f"{self.max_skipped_steps}. The last good checkpoint is kept"
+            )
+        self.say(
+            f"[health] {why}: not training on it, not checkpointing "
+            f"({self.skipped_in_a_row}/{self.max_skipped_steps} skipped in a row)"
+        )
         return False
 
     async def check_dependencies(self, why: str) -> None:
         """After failures (``why``): raise :class:`DependencyDown` if the sampler is dead
         or the tool server is down for good."""
         if not sampler_alive(self.sampler()):
-            raise DependencyDown(f"the sampler died ({why}). See run.log for the engine's "
-                                 "last output, then rerun the same command to resume from "
-                                 "the last checkpoint")
+            raise DependencyDown(
+                f"the sampler died ({why}). See run.log for the engine's "
+                "last output, then rerun the same command to resume from "
+                "the last checkpoint"
+            )
         await self.tool.ensure()
 
     def metrics(self) -> dict:
-        return {"health/skipped_steps": self.skipped,
-                "health/tool_server_restarts": self.tool.restarts,
-                "health/reward_pool_restarts": getattr(self.reward_pool, "restarts", 0)}
+        return {
+            "health/skipped_steps": self.skipped,
+            "health/tool_server_restarts": self.tool.restarts,
+            "health/reward_pool_restarts": getattr(self.reward_pool, "restarts", 0),
+        }

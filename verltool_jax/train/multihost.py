@@ -34,10 +34,12 @@ Every function here is a no-op (or the trivial answer) in a single-process run, 
 therefore behaves exactly as before. Collectives (every ``gather_*``, :func:`all_true`,
 :func:`barrier`) must be called by every process in the same order.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -48,6 +50,7 @@ def start(env=None) -> bool:
     & co., see ``sharding.distributed_init_kwargs``), once; must run before anything
     touches a device. Returns True in a multi-process run."""
     from verltool_jax.sharding import distributed_init_kwargs, init_distributed
+
     if distributed_init_kwargs(env) is None:
         return False
     if not jax.distributed.is_initialized():
@@ -73,19 +76,21 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
-def check_batch_groups(batch_groups: int, count: Optional[int] = None) -> int:
+def check_batch_groups(batch_groups: int, count: int | None = None) -> int:
     """The number of groups each process rolls out per step: ``batch_groups / count``.
     ValueError naming the field and the fix when it does not divide."""
     count = process_count() if count is None else count
     if batch_groups % count:
-        raise ValueError(f"trainer.batch_groups={batch_groups} is the global number of "
-                         f"prompt groups per step and must be a multiple of the number of "
-                         f"processes ({count}); set trainer.batch_groups to a multiple of "
-                         f"{count}, or change the number of processes")
+        raise ValueError(
+            f"trainer.batch_groups={batch_groups} is the global number of "
+            f"prompt groups per step and must be a multiple of the number of "
+            f"processes ({count}); set trainer.batch_groups to a multiple of "
+            f"{count}, or change the number of processes"
+        )
     return batch_groups // count
 
 
-def my_share(position: int, index: Optional[int] = None, count: Optional[int] = None) -> bool:
+def my_share(position: int, index: int | None = None, count: int | None = None) -> bool:
     """Whether the prompt at ``position`` of the shared stream is this process's (strided)."""
     index = process_index() if index is None else index
     count = process_count() if count is None else count
@@ -96,11 +101,13 @@ def barrier(name: str) -> None:
     """Wait until every process reaches the barrier ``name`` (nothing with one process)."""
     if is_multi():
         from jax.experimental import multihost_utils
+
         multihost_utils.sync_global_devices(name)
 
 
 def _allgather_np(x: np.ndarray) -> np.ndarray:
     from jax.experimental import multihost_utils
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=False))
 
 
@@ -130,7 +137,7 @@ def gather_json(obj: Any) -> list:
     data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
     n = int(gather_ints([data.size]).max())
     buf = np.zeros(n, np.uint8)
-    buf[:data.size] = data
+    buf[: data.size] = data
     out = []
     for row in _allgather_np(buf):
         raw = bytes(row).rstrip(b"\0")
@@ -147,16 +154,21 @@ def gather_groups(groups: Sequence[list]) -> list[list]:
     Trajectories with images are refused (multi-host vision-language training is not
     supported)."""
     from verltool_jax.rollout.trajectory import Trajectory
+
     groups = [list(g) for g in groups]
     if not is_multi():
         return groups
     if any(getattr(t, "images", None) for g in groups for t in g):
-        raise ValueError("multi-host training of vision-language policies (trajectories with "
-                         "images) is not supported; run one process")
+        raise ValueError(
+            "multi-host training of vision-language policies (trajectories with "
+            "images) is not supported; run one process"
+        )
     me = process_index()
     every = gather_json([[t.to_json() for t in g] for g in groups])
-    per_proc = [groups if p == me else [[Trajectory.from_json(d) for d in g] for g in gs]
-                for p, gs in enumerate(every)]
+    per_proc = [
+        groups if p == me else [[Trajectory.from_json(d) for d in g] for g in gs]
+        for p, gs in enumerate(every)
+    ]
     out = []
     for j in range(max(len(g) for g in per_proc)):
         for gs in per_proc:
@@ -172,6 +184,7 @@ def local_copy(tree: Any) -> Any:
     if not is_multi():
         return tree
     from jax.experimental import multihost_utils
+
     host = multihost_utils.process_allgather(tree, tiled=True)
     return jax.device_put(host, jax.local_devices()[0])
 
@@ -181,6 +194,7 @@ def to_host(tree: Any) -> Any:
     if not is_multi():
         return jax.device_get(tree)
     from jax.experimental import multihost_utils
+
     return multihost_utils.process_allgather(tree, tiled=True)
 
 
@@ -190,7 +204,9 @@ def globalize(tree: Any, mesh) -> Any:
     process or no mesh."""
     if not is_multi() or mesh is None:
         return tree
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
     rep = NamedSharding(mesh, P())
 
     def one(x):
@@ -198,6 +214,7 @@ def globalize(tree: Any, mesh) -> Any:
         if isinstance(s, NamedSharding) and s.mesh == mesh:
             return x
         return jax.device_put(np.asarray(x), rep)
+
     return jax.tree.map(one, tree)
 
 
@@ -210,14 +227,18 @@ def check_supported(rc, mesh) -> None:
     check_batch_groups(rc.trainer.batch_groups)
     procs = set() if mesh is None else {d.process_index for d in mesh.devices.flat}
     if procs != set(range(process_count())):
-        raise ValueError(f"with {process_count()} processes the trainer mesh must hold "
-                         f"devices of every process, but mesh_shape={tuple(rc.mesh_shape)} "
-                         f"(placement.trainer_devices={tuple(rc.placement.trainer_devices)}) "
-                         f"gives a mesh on processes {sorted(procs)}; use mesh_shape with "
-                         f"-1 (e.g. (1, -1, 1)) and no trainer_devices")
+        raise ValueError(
+            f"with {process_count()} processes the trainer mesh must hold "
+            f"devices of every process, but mesh_shape={tuple(rc.mesh_shape)} "
+            f"(placement.trainer_devices={tuple(rc.placement.trainer_devices)}) "
+            f"gives a mesh on processes {sorted(procs)}; use mesh_shape with "
+            f"-1 (e.g. (1, -1, 1)) and no trainer_devices"
+        )
     if not rc.rollout.mask_observations:
-        raise ValueError("rollout.mask_observations=False (the observation-mask ablation) is "
-                         "not supported with several processes; run it on one process")
+        raise ValueError(
+            "rollout.mask_observations=False (the observation-mask ablation) is "
+            "not supported with several processes; run it on one process"
+        )
 
 
 def data_state(mine: dict) -> dict:
@@ -225,8 +246,7 @@ def data_state(mine: dict) -> dict:
     ``mine`` under ``processes`` (process order) plus ``process_count`` (a collective)."""
     if not is_multi():
         return mine
-    return {"processes": gather_json(mine), "process_count": process_count(),
-            "sft_done": True}
+    return {"processes": gather_json(mine), "process_count": process_count(), "sft_done": True}
 
 
 def my_data_state(saved: dict) -> dict:
@@ -235,14 +255,17 @@ def my_data_state(saved: dict) -> dict:
     n, me = process_count(), process_index()
     if "processes" not in saved:
         if n > 1 and (saved.get("prompts") is not None or saved.get("replay")):
-            raise ValueError(f"the checkpoint was written by one process; resuming it with "
-                             f"{n} processes would change every process's prompt share; "
-                             f"resume with one process (or start a new trainer.out_dir)")
+            raise ValueError(
+                f"the checkpoint was written by one process; resuming it with "
+                f"{n} processes would change every process's prompt share; "
+                f"resume with one process (or start a new trainer.out_dir)"
+            )
         return saved
     parts = saved["processes"]
     if len(parts) != n:
-        raise ValueError(f"the checkpoint was written by {len(parts)} processes, this run has "
-                         f"{n}; resume with {len(parts)} processes (JAX_NUM_PROCESSES) or "
-                         f"start a new trainer.out_dir")
+        raise ValueError(
+            f"the checkpoint was written by {len(parts)} processes, this run has "
+            f"{n}; resume with {len(parts)} processes (JAX_NUM_PROCESSES) or "
+            f"start a new trainer.out_dir"
+        )
     return dict(parts[me])
-

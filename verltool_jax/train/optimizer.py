@@ -8,12 +8,14 @@ Learning rate at optimizer update s (counted per optimizer update, i.e. per mini
 with W = ``warmup_steps``, S = ``total_steps``, m = ``min_lr_ratio``. Gradients are
 clipped to global norm ``max_grad_norm`` before AdamW (decoupled weight decay).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import optax
@@ -24,30 +26,35 @@ SCHEDULES = ("constant", "cosine", "linear")
 @dataclass(frozen=True)
 class OptimConfig:
     """Config section ``optimizer`` (``configs/base.py``)."""
-    name: str = "adamw"              # only adamw
+
+    name: str = "adamw"  # only adamw
     lr: float = 1e-6
     warmup_steps: int = 0
     total_steps: int = 1000
-    schedule: str = "constant"       # constant | cosine | linear
+    schedule: str = "constant"  # constant | cosine | linear
     min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
-    max_grad_norm: float = 1.0       # <= 0 disables clipping
+    max_grad_norm: float = 1.0  # <= 0 disables clipping
 
     def __post_init__(self):
         if self.name != "adamw":
             raise ValueError(f"optimizer.name must be 'adamw', got {self.name!r}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"optimizer.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+            raise ValueError(
+                f"optimizer.schedule must be one of {SCHEDULES}, got {self.schedule!r}"
+            )
         if self.lr <= 0:
             raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0 or self.total_steps < 1:
             raise ValueError("optimizer.warmup_steps must be >= 0 and optimizer.total_steps >= 1")
         if self.schedule != "constant" and self.total_steps <= self.warmup_steps:
-            raise ValueError(f"optimizer.total_steps ({self.total_steps}) must exceed "
-                             f"optimizer.warmup_steps ({self.warmup_steps}) for a decaying schedule")
+            raise ValueError(
+                f"optimizer.total_steps ({self.total_steps}) must exceed "
+                f"optimizer.warmup_steps ({self.warmup_steps}) for a decaying schedule"
+            )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
@@ -90,6 +97,7 @@ def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
             else:
                 after = lr * (1.0 - (1.0 - m) * p)
         return jnp.where(s < W, warm, after)
+
     return schedule
 
 
@@ -99,6 +107,9 @@ def make_optimizer(cfg: Any = None) -> optax.GradientTransformation:
     parts = []
     if cfg.max_grad_norm and cfg.max_grad_norm > 0:
         parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
-    parts.append(optax.adamw(lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                             weight_decay=cfg.weight_decay))
+    parts.append(
+        optax.adamw(
+            lr_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
+    )
     return optax.chain(*parts)

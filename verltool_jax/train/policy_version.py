@@ -7,12 +7,13 @@ trajectory queue, so a group is never labelled with a version its sampler did no
 Every push is measured: :meth:`sync_metrics` gives the bytes (the payload per engine, as
 the sampler reports it in ``last_sync["sync_bytes"]``) and wall seconds of the last one.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, Optional
+from typing import Any
 
 from verltool_jax.rollout.queue import TrajectoryQueue
 
@@ -22,10 +23,10 @@ log = logging.getLogger("verltool_jax.train")
 class PolicyPublisher:
     """Moves sampler(s) and queue to a new policy version together."""
 
-    def __init__(self, sampler: Any, queue: Optional[TrajectoryQueue] = None):
+    def __init__(self, sampler: Any, queue: TrajectoryQueue | None = None):
         self.sampler = sampler
         self.queue = queue
-        self.version: Optional[int] = None
+        self.version: int | None = None
         self.last_sync_s = 0.0
         self.last_sync_bytes = 0
         self.syncs = 0
@@ -53,13 +54,21 @@ class PolicyPublisher:
         self.last_sync_bytes = int(getattr(self.sampler, "last_sync", {}).get("sync_bytes", 0))
         self.syncs += 1
         self.version = version
-        log.info("weight sync %d -> version %d: %.1f MB in %.3f s (%.2f GB/s)", self.syncs,
-                 version, self.last_sync_bytes / 1e6, self.last_sync_s,
-                 self.last_sync_bytes / max(self.last_sync_s, 1e-9) / 1e9)
+        log.info(
+            "weight sync %d -> version %d: %.1f MB in %.3f s (%.2f GB/s)",
+            self.syncs,
+            version,
+            self.last_sync_bytes / 1e6,
+            self.last_sync_s,
+            self.last_sync_bytes / max(self.last_sync_s, 1e-9) / 1e9,
+        )
 
     def sync_metrics(self) -> dict:
         """Bytes, seconds and GB/s of the last push (``reporting.names.SYNC_*``)."""
         from verltool_jax.reporting import names
-        return {names.SYNC_BYTES: float(self.last_sync_bytes),
-                names.SYNC_SECONDS: self.last_sync_s,
-                names.SYNC_GBPS: self.last_sync_bytes / max(self.last_sync_s, 1e-9) / 1e9}
+
+        return {
+            names.SYNC_BYTES: float(self.last_sync_bytes),
+            names.SYNC_SECONDS: self.last_sync_s,
+            names.SYNC_GBPS: self.last_sync_bytes / max(self.last_sync_s, 1e-9) / 1e9,
+        }

@@ -13,9 +13,10 @@ the trainable part only; the train steps differentiate with respect to it alone
 (:meth:`split_trainable` / :meth:`join`), so frozen weights cost no weight gradients and
 the backward pass stops below the lowest trainable layer.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,27 +31,39 @@ class TrainState:
     opt_state: Any
     step: jax.Array
     rng: jax.Array
-    ref_params: Optional[Any] = None
+    ref_params: Any | None = None
     trainable: Any = struct.field(pytree_node=False, default=nnx.Param)
 
     @classmethod
-    def create(cls, model: nnx.Module, optimizer: optax.GradientTransformation,
-               seed: int = 0, with_reference: bool = False) -> "TrainState":
+    def create(
+        cls,
+        model: nnx.Module,
+        optimizer: optax.GradientTransformation,
+        seed: int = 0,
+        with_reference: bool = False,
+    ) -> TrainState:
         """Split ``model`` into ``(graphdef, params)`` and initialise the optimizer on the
         trainable params (all, or the LoRA adapters when the model has them).
 
         ``with_reference``: keep a frozen copy of the initial params as the KL reference.
         """
         from verltool_jax.models.lora import trainable_filter
+
         graphdef, params = nnx.split(model, nnx.Param)
         trainable = trainable_filter(getattr(model, "config", None))
         ref = jax.tree.map(jnp.copy, params) if with_reference else None
-        state = cls(graphdef=graphdef, params=params, opt_state=None,
-                    step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(seed),
-                    ref_params=ref, trainable=trainable)
+        state = cls(
+            graphdef=graphdef,
+            params=params,
+            opt_state=None,
+            step=jnp.zeros((), jnp.int32),
+            rng=jax.random.PRNGKey(seed),
+            ref_params=ref,
+            trainable=trainable,
+        )
         return state.replace(opt_state=optimizer.init(state.split_trainable()[0]))
 
-    def split_trainable(self, params: Optional[Any] = None) -> tuple[Any, Any]:
+    def split_trainable(self, params: Any | None = None) -> tuple[Any, Any]:
         """``(trainable, frozen)`` parts of ``params`` (default: the current ones); the
         frozen part is empty when everything trains."""
         p = self.params if params is None else params
@@ -62,13 +75,14 @@ class TrainState:
         """The full param state from the two parts of :meth:`split_trainable`."""
         return trainable if frozen is None else nnx.merge_state(trainable, frozen)
 
-    def model(self, params: Optional[Any] = None) -> nnx.Module:
+    def model(self, params: Any | None = None) -> nnx.Module:
         """The NNX module with ``params`` (default: the current ones) merged in."""
         return nnx.merge(self.graphdef, self.params if params is None else params)
 
     def sampler_params(self) -> Any:
         """The params the samplers serve: LoRA adapters folded into their kernels."""
         from verltool_jax.models.lora import fold_lora
+
         if self.trainable is nnx.Param:
             return self.params
         return fold_lora(self.params, self.graphdef_config().lora_scale)

@@ -24,15 +24,18 @@ With a ``mesh`` the step is jitted with the batch split over ``(data, fsdp)``, t
 kept in the shardings it arrives in (``verltool_jax.sharding.shard_state``), and the
 state buffers donated.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from verltool_jax.algos.aggregation import aggregate, normaliser_for
 from verltool_jax.algos.kl import get_kl_fn
@@ -46,6 +49,7 @@ LogprobFn = Callable[..., Any]
 
 def _default_logprob_fn() -> LogprobFn:
     from verltool_jax.models.logprobs import token_logprobs
+
     return token_logprobs
 
 
@@ -84,8 +88,15 @@ def _mean_metrics(metrics: dict) -> dict:
     return out
 
 
-def compute_logprobs(graphdef, params, batch: dict, cfg: AlgoConfig,
-                     logprob_fn: LogprobFn, chunk: int, return_entropy: bool = False):
+def compute_logprobs(
+    graphdef,
+    params,
+    batch: dict,
+    cfg: AlgoConfig,
+    logprob_fn: LogprobFn,
+    chunk: int,
+    return_entropy: bool = False,
+):
     """Target-aligned logprobs [B,T] of ``batch`` under ``params`` (and entropy if asked),
     computed ``chunk`` rows at a time (``lax.map``), float32."""
     ids, attn = batch["input_ids"], batch["attention_mask"]
@@ -102,14 +113,16 @@ def compute_logprobs(graphdef, params, batch: dict, cfg: AlgoConfig,
         i, a, im = xs
         model = nnx.merge(graphdef, params)
         extra = {}
-        if im:          # a vision-language batch: each row's images travel with the row
+        if im:  # a vision-language batch: each row's images travel with the row
             extra["positions"], extra["row_images"] = row_images_of(im)
         return logprob_fn(model, i, a, shift_targets(i), **kw, **extra)
 
     if chunk >= B:
         return one((ids, attn, imgs))
+
     def split(x):
         return x.reshape((B // chunk, chunk) + x.shape[1:])
+
     out = jax.lax.map(one, (split(ids), split(attn), jax.tree.map(split, imgs)))
     return jax.tree.map(lambda y: y.reshape((B,) + y.shape[2:]), out)
 
@@ -122,8 +135,15 @@ def make_loss_fn(cfg: AlgoConfig, graphdef, logprob_fn: LogprobFn):
     want_entropy = cfg.entropy_coef > 0
 
     def loss_fn(params, mb: dict, norm):
-        out = compute_logprobs(graphdef, params, mb, cfg, logprob_fn, chunk=mb["input_ids"].shape[0],
-                               return_entropy=want_entropy)
+        out = compute_logprobs(
+            graphdef,
+            params,
+            mb,
+            cfg,
+            logprob_fn,
+            chunk=mb["input_ids"].shape[0],
+            return_entropy=want_entropy,
+        )
         logp, ent = out if want_entropy else (out, None)
         mask = mb["loss_mask"].astype(jnp.float32)
         old = mb["old_logprobs"]
@@ -148,9 +168,14 @@ def _select(ok, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
-def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformation,
-                    mesh: Optional[jax.sharding.Mesh] = None,
-                    logprob_fn: Optional[LogprobFn] = None, donate: bool = True):
+def make_train_step(
+    config: Any,
+    graphdef,
+    optimizer: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh | None = None,
+    logprob_fn: LogprobFn | None = None,
+    donate: bool = True,
+):
     """Build ``train_step(state: TrainState, batch: dict) -> (TrainState, metrics)``.
 
     ``config``: an :class:`AlgoConfig`, or a ConfigDict/dict (the ``algo`` section or a
@@ -168,22 +193,26 @@ def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformati
     def step(state: TrainState, batch: dict):
         # Gradients of the trainable part only (all params, or the LoRA adapters).
         grad_fn = jax.value_and_grad(
-            lambda tp, frozen, mb, norm: loss_fn(state.join(tp, frozen), mb, norm),
-            has_aux=True)
+            lambda tp, frozen, mb, norm: loss_fn(state.join(tp, frozen), mb, norm), has_aux=True
+        )
         B, T = check_batch(batch)
         n_mini, n_micro, micro = cfg.split_sizes(B)
         batch = {k: jnp.asarray(v) for k, v in batch.items()}
         batch["advantages"] = batch["advantages"].astype(jnp.float32)
         if cfg.old_logprobs == "recompute":
             batch["old_logprobs"] = jax.lax.stop_gradient(
-                compute_logprobs(graphdef, state.params, batch, cfg, logprob_fn, micro))
+                compute_logprobs(graphdef, state.params, batch, cfg, logprob_fn, micro)
+            )
         if cfg.kl_coef > 0:
             if "ref_logprobs" not in batch:
                 if state.ref_params is None:
-                    raise ValueError("algo.kl_coef > 0 needs batch['ref_logprobs'] or a "
-                                     "TrainState created with with_reference=True")
+                    raise ValueError(
+                        "algo.kl_coef > 0 needs batch['ref_logprobs'] or a "
+                        "TrainState created with with_reference=True"
+                    )
                 batch["ref_logprobs"] = jax.lax.stop_gradient(
-                    compute_logprobs(graphdef, state.ref_params, batch, cfg, logprob_fn, micro))
+                    compute_logprobs(graphdef, state.ref_params, batch, cfg, logprob_fn, micro)
+                )
         else:
             batch.pop("ref_logprobs", None)
         minis = jax.tree.map(lambda x: _split(x, n_mini, n_micro, micro), batch)
@@ -214,10 +243,10 @@ def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformati
             return jax.lax.scan(update, carry, minis)
 
         (params, opt_state), metrics = jax.lax.scan(
-            epoch, (state.params, state.opt_state), None, length=cfg.ppo_epochs)
+            epoch, (state.params, state.opt_state), None, length=cfg.ppo_epochs
+        )
         rng, _ = jax.random.split(state.rng)
-        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1,
-                                  rng=rng)
+        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
         return new_state, _mean_metrics(metrics)
 
     donate_args = (0,) if donate else ()
@@ -235,19 +264,26 @@ def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformati
 
     def sharded_step(state: TrainState, batch: dict):
         from verltool_jax.sharding import batch_sharding
+
         key = (jax.tree.structure(state), tuple(sorted(batch)))
         if key not in compiled:
             state_sh = jax.tree.map(leaf_sharding, state)
             batch_sh = {k: batch_sharding(mesh, jnp.ndim(v)) for k, v in batch.items()}
-            compiled[key] = jax.jit(step, in_shardings=(state_sh, batch_sh),
-                                    out_shardings=(state_sh, replicated),
-                                    donate_argnums=donate_args)
+            compiled[key] = jax.jit(
+                step,
+                in_shardings=(state_sh, batch_sh),
+                out_shardings=(state_sh, replicated),
+                donate_argnums=donate_args,
+            )
         if jax.process_count() > 1:
             # Several processes: every process holds the whole (same) host batch and
             # places its own rows (jit would not place host arrays across processes).
-            batch = {k: v if isinstance(v, jax.Array) else
-                     jax.device_put(v, batch_sharding(mesh, jnp.ndim(v)))
-                     for k, v in batch.items()}
+            batch = {
+                k: v
+                if isinstance(v, jax.Array)
+                else jax.device_put(v, batch_sharding(mesh, jnp.ndim(v)))
+                for k, v in batch.items()
+            }
         with jax.set_mesh(mesh):
             return compiled[key](state, batch)
 
@@ -257,4 +293,5 @@ def make_train_step(config: Any, graphdef, optimizer: optax.GradientTransformati
 def shard_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
     """Place every array of ``batch`` with its batch dimension over ``(data, fsdp)``."""
     from verltool_jax.sharding import batch_sharding
+
     return {k: jax.device_put(v, batch_sharding(mesh, jnp.ndim(v))) for k, v in batch.items()}

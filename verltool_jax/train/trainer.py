@@ -34,6 +34,7 @@ Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves, and stops without t
 evaluation (exit 130); a later run with the same ``trainer.out_dir`` resumes exactly
 (params, optimizer, step, rng, the data position including prompts in flight).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,7 +43,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import numpy as np
@@ -62,13 +63,22 @@ from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.run_config import RunConfig
 from verltool_jax.tools_client import ToolClient
 from verltool_jax.train import build, multihost
-from verltool_jax.train.batch import (batch_from_trajectories, include_observations,
-                                      observation_targets, row_images_of, shift_targets)
+from verltool_jax.train.batch import (
+    batch_from_trajectories,
+    include_observations,
+    observation_targets,
+    row_images_of,
+    shift_targets,
+)
 from verltool_jax.train.checkpoint import Checkpointer
 from verltool_jax.train.console import console
 from verltool_jax.train.evaluate import evaluate, prompt_item, summarize
-from verltool_jax.train.health import (HealthMonitor, ToolServerGuard, batch_health,
-                                       trajectory_failed)
+from verltool_jax.train.health import (
+    HealthMonitor,
+    ToolServerGuard,
+    batch_health,
+    trajectory_failed,
+)
 from verltool_jax.train.optimizer import make_optimizer
 from verltool_jax.train.policy_version import PolicyPublisher
 from verltool_jax.train.sft import run_sft
@@ -77,15 +87,16 @@ from verltool_jax.train.step import make_train_step
 
 log = logging.getLogger("verltool_jax.train")
 
-PAD_MULTIPLE = 16     # sequence lengths are padded to a multiple of this (few jit shapes)
+PAD_MULTIPLE = 16  # sequence lengths are padded to a multiple of this (few jit shapes)
 
 
 @dataclass
 class TrainResult:
     """What :func:`train` returns: the summary written to ``summary.json``, the final
     train state, and the policy version the samplers serve."""
+
     summary: dict
-    state: Optional[TrainState]      # None when stopped during the SFT warm start
+    state: TrainState | None  # None when stopped during the SFT warm start
     policy_version: int
 
 
@@ -103,12 +114,15 @@ class StopFlag:
             if self.set:
                 raise KeyboardInterrupt
             self.set = True
-            self._say(f"[trainer] signal {signum}: finishing the current step, saving, "
-                      "stopping (Ctrl-C again to abort)")
+            self._say(
+                f"[trainer] signal {signum}: finishing the current step, saving, "
+                "stopping (Ctrl-C again to abort)"
+            )
+
         try:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._saved[sig] = signal.signal(sig, handler)
-        except ValueError:       # not in the main thread (e.g. under a test runner thread)
+        except ValueError:  # not in the main thread (e.g. under a test runner thread)
             pass
 
     def agreed(self) -> bool:
@@ -125,8 +139,9 @@ class StopFlag:
         self._saved = {}
 
 
-def sampler_parity(model, trajs: list[Trajectory], version: int, temperature: float,
-                   pad_id: int, max_len: int) -> dict:
+def sampler_parity(
+    model, trajs: list[Trajectory], version: int, temperature: float, pad_id: int, max_len: int
+) -> dict:
     """|trainer - sampler| logprob over the tokens that ``version`` sampled: the mean and
     max absolute difference of the trainer's logprobs (params of ``version``) of each
     trajectory's sampled tokens and the sampler's own."""
@@ -134,10 +149,18 @@ def sampler_parity(model, trajs: list[Trajectory], version: int, temperature: fl
     if not trajs:
         return {}
     b = batch_from_trajectories(trajs, [0.0] * len(trajs), pad_id, max_len, PAD_MULTIPLE)
-    positions, row_images = row_images_of(b)        # the images the sampler saw, if any
+    positions, row_images = row_images_of(b)  # the images the sampler saw, if any
     kw = {} if row_images is None else {"positions": positions, "row_images": row_images}
-    lp = np.asarray(token_logprobs(model, b["input_ids"], b["attention_mask"],
-                                   shift_targets(b["input_ids"]), temperature=temperature, **kw))
+    lp = np.asarray(
+        token_logprobs(
+            model,
+            b["input_ids"],
+            b["attention_mask"],
+            shift_targets(b["input_ids"]),
+            temperature=temperature,
+            **kw,
+        )
+    )
     diffs = []
     for i, t in enumerate(trajs):
         p = len(t.prompt_ids)
@@ -147,8 +170,11 @@ def sampler_parity(model, trajs: list[Trajectory], version: int, temperature: fl
     if not diffs:
         return {}
     d = np.asarray(diffs)
-    return {"sync/logprob_diff_mean": float(d.mean()), "sync/logprob_diff_max": float(d.max()),
-            "sync/parity_tokens": int(d.size)}
+    return {
+        "sync/logprob_diff_mean": float(d.mean()),
+        "sync/logprob_diff_max": float(d.max()),
+        "sync/parity_tokens": int(d.size),
+    }
 
 
 def advantages_for(rc: RunConfig, trajs: list[Trajectory]) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -159,9 +185,12 @@ def advantages_for(rc: RunConfig, trajs: list[Trajectory]) -> tuple[np.ndarray, 
     gids = [t.group_id for t in trajs]
     m = {}
     if algo.overlong_buffer_len > 0:
-        pen = overlong_penalty([len(t.response_ids) for t in trajs],
-                               rc.rollout.max_response_tokens, algo.overlong_buffer_len,
-                               algo.overlong_penalty_factor)
+        pen = overlong_penalty(
+            [len(t.response_ids) for t in trajs],
+            rc.rollout.max_response_tokens,
+            algo.overlong_buffer_len,
+            algo.overlong_penalty_factor,
+        )
         rewards = rewards + pen
         m["reward/overlong_penalty"] = float(pen.mean())
     keep = np.ones(len(trajs), bool)
@@ -171,8 +200,9 @@ def advantages_for(rc: RunConfig, trajs: list[Trajectory]) -> tuple[np.ndarray, 
     return compute_advantages(algo.adv_estimator, rewards, gids), keep, m
 
 
-def train_on(rc: RunConfig, state: TrainState, train_step, trajs: list[Trajectory],
-             pad_id: int) -> tuple[TrainState, dict]:
+def train_on(
+    rc: RunConfig, state: TrainState, train_step, trajs: list[Trajectory], pad_id: int
+) -> tuple[TrainState, dict]:
     """Advantages, the padded batch and one jitted train step (runs in a worker thread).
     Failed trajectories (rollout error, killed reward) are left out."""
     trajs = [t for t in trajs if not trajectory_failed(t)]
@@ -185,8 +215,13 @@ def train_on(rc: RunConfig, state: TrainState, train_step, trajs: list[Trajector
     # The step needs a multiple of the mini-batch; pad with zero-advantage copies whose
     # loss mask is zeroed, so they contribute nothing.
     pad = (-len(use)) % mb
-    batch = batch_from_trajectories(use + use[:pad], np.concatenate([adv, adv[:pad] * 0]),
-                                    pad_id, rc.model.max_seq_len, PAD_MULTIPLE)
+    batch = batch_from_trajectories(
+        use + use[:pad],
+        np.concatenate([adv, adv[:pad] * 0]),
+        pad_id,
+        rc.model.max_seq_len,
+        PAD_MULTIPLE,
+    )
     obs_trained = 0
     if not rc.rollout.mask_observations:
         # The observation-mask ablation: tool tokens are trained on, with the trainer's
@@ -198,33 +233,48 @@ def train_on(rc: RunConfig, state: TrainState, train_step, trajs: list[Trajector
             algo = rc.algo_for_run()
             lp = None
             if algo.reads_behaviour_logprobs:
-                lp = np.asarray(token_logprobs(
-                    state.model(), batch["input_ids"], batch["attention_mask"],
-                    shift_targets(batch["input_ids"]), temperature=algo.temperature))
+                lp = np.asarray(
+                    token_logprobs(
+                        state.model(),
+                        batch["input_ids"],
+                        batch["attention_mask"],
+                        shift_targets(batch["input_ids"]),
+                        temperature=algo.temperature,
+                    )
+                )
             batch = include_observations(batch, obs, lp)
-            obs_trained = int(obs[:len(use)].sum())
+            obs_trained = int(obs[: len(use)].sum())
     if pad:
-        batch["loss_mask"][len(use):] = 0.0
+        batch["loss_mask"][len(use) :] = 0.0
     state, metrics = train_step(state, batch)
     metrics = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
-    metrics.update({"batch/size": len(use), "batch/seq_len": int(batch["input_ids"].shape[1]),
-                    "batch/adv_abs_mean": float(np.abs(adv).mean()),
-                    "batch/observation_tokens_trained": obs_trained})
+    metrics.update(
+        {
+            "batch/size": len(use),
+            "batch/seq_len": int(batch["input_ids"].shape[1]),
+            "batch/adv_abs_mean": float(np.abs(adv).mean()),
+            "batch/observation_tokens_trained": obs_trained,
+        }
+    )
     return state, dict(m, **metrics)
 
 
 def rollout_metrics(trajs: list[Trajectory], version: int) -> dict:
     stats = summarize(trajs, "rollout")
-    stats.update({
-        names.REWARD: stats["rollout/reward"], names.ACC: stats["rollout/acc"],
-        "rollout/staleness_mean": float(np.mean([version - t.min_version for t in trajs
-                                                 if t.min_version >= 0] or [0])),
-        "rollout/errors": sum(t.termination == "error" for t in trajs),
-    })
+    stats.update(
+        {
+            names.REWARD: stats["rollout/reward"],
+            names.ACC: stats["rollout/acc"],
+            "rollout/staleness_mean": float(
+                np.mean([version - t.min_version for t in trajs if t.min_version >= 0] or [0])
+            ),
+            "rollout/errors": sum(t.termination == "error" for t in trajs),
+        }
+    )
     return stats
 
 
-def _fmt(x: Optional[float]) -> str:
+def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
@@ -258,13 +308,18 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
 
         def new_state(model) -> TrainState:
             return multihost.globalize(
-                TrainState.create(model, optimizer, seed=rc.trainer.seed,
-                                  with_reference=algo.kl_coef > 0), run.mesh)
+                TrainState.create(
+                    model, optimizer, seed=rc.trainer.seed, with_reference=algo.kl_coef > 0
+                ),
+                run.mesh,
+            )
 
         # ckpt_every = 0: only the final save (forced at the end, and on Ctrl-C).
-        ckpt = Checkpointer(run.out / "checkpoints",
-                            save_every=rc.trainer.ckpt_every or rc.trainer.steps + 1,
-                            keep=rc.trainer.keep_ckpts)
+        ckpt = Checkpointer(
+            run.out / "checkpoints",
+            save_every=rc.trainer.ckpt_every or rc.trainer.steps + 1,
+            keep=rc.trainer.keep_ckpts,
+        )
         prompts = run.prompt_pipeline()
         latest = ckpt.latest_step() if rc.checkpoint.resume else None
         resume_data: dict = {}
@@ -280,13 +335,20 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
                 if stop.set:
                     # An unfinished warm start is not kept (no checkpoint: a resumed run
                     # would skip it); the same command runs it again from the start.
-                    result = {"eval_before": None, "eval_after": None, "steps": 0,
-                              "interrupted": True, "sft_interrupted": True,
-                              "wall_s": time.perf_counter() - t_start}
+                    result = {
+                        "eval_before": None,
+                        "eval_after": None,
+                        "steps": 0,
+                        "interrupted": True,
+                        "sft_interrupted": True,
+                        "wall_s": time.perf_counter() - t_start,
+                    }
                     if multihost.is_primary():
                         (run.out / "summary.json").write_text(json.dumps(result, indent=2))
-                    say("[trainer] interrupted during the SFT warm start; nothing saved; "
-                        "run the same command to start it again")
+                    say(
+                        "[trainer] interrupted during the SFT warm start; nothing saved; "
+                        "run the same command to start it again"
+                    )
                     return TrainResult(result, None, 0)
             state = new_state(run.model)
         # The JAX sampler serves the trainer's own param buffers (no copy), so they must
@@ -297,35 +359,49 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             # run resumed without one): no sampler is started (a vLLM engine takes a
             # minute and gigabytes).
             say("[trainer] no RL step to run and no held-out set: no sampler started")
-            result = {"eval_before": None, "eval_after": None, "steps": step,
-                      "interrupted": stop.set}
+            result = {
+                "eval_before": None,
+                "eval_after": None,
+                "steps": step,
+                "interrupted": stop.set,
+            }
             last_trajs, eval_trajs, version = [], [], step
         else:
-            train_step = make_train_step(algo, state.graphdef, optimizer, mesh=run.mesh,
-                                         donate=build.sampler_backend(rc)[0] != "jax")
+            train_step = make_train_step(
+                algo,
+                state.graphdef,
+                optimizer,
+                mesh=run.mesh,
+                donate=build.sampler_backend(rc)[0] != "jax",
+            )
             publisher = PolicyPublisher(run.open_sampler())
             publisher.publish_now(multihost.local_copy(state.sampler_params()), step)
-            loop = RLLoop(run, algo, state, train_step, publisher, ckpt, prompts,
-                          resume_data, stop, say)
+            loop = RLLoop(
+                run, algo, state, train_step, publisher, ckpt, prompts, resume_data, stop, say
+            )
             result = asyncio.run(loop.run())
             state, last_trajs, eval_trajs = loop.state, loop.last_trajs, loop.eval_trajs
             version = publisher.version
         if multihost.is_primary():
             finish_reports(run, last_trajs, eval_trajs, say)
         if rc.checkpoint.export_hf:
-            params = multihost.to_host(state.params)      # every process takes part
+            params = multihost.to_host(state.params)  # every process takes part
             if multihost.is_primary():
                 build.hf_export(state.model(params), run.tokenizer, run.out / "hf_model")
     result["wall_s"] = time.perf_counter() - t_start
     if multihost.is_primary():
         (run.out / "summary.json").write_text(json.dumps(result, indent=2))
     if result["interrupted"]:
-        say(f"[trainer] interrupted at step {result['steps']} after {result['wall_s']:.0f}s; "
-            f"checkpoint saved in {run.out}; run the same command to resume")
+        say(
+            f"[trainer] interrupted at step {result['steps']} after {result['wall_s']:.0f}s; "
+            f"checkpoint saved in {run.out}; run the same command to resume"
+        )
     else:
-        say(f"[trainer] done in {result['wall_s']:.0f}s: held-out accuracy "
+        say(
+            f"[trainer] done in {result['wall_s']:.0f}s: held-out accuracy "
             f"{_fmt(result['eval_before'])} -> {_fmt(result['eval_after'])} "
-            f"after {result['steps']} RL steps; outputs in {run.out}")
+            f"after {result['steps']} RL steps; outputs in {run.out}"
+        )
     return TrainResult(result, state, version)
 
 
@@ -333,23 +409,32 @@ class RLLoop:
     """The asynchronous part of a run: evaluation and the RL step loop. Holds only what
     changes step to step (the train state); everything else is the run's."""
 
-    def __init__(self, run, algo, state, train_step, publisher, ckpt, prompts, resume_data,
-                 stop, say):
+    def __init__(
+        self, run, algo, state, train_step, publisher, ckpt, prompts, resume_data, stop, say
+    ):
         self.run_, self.rc, self.algo = run, run.config, algo
         self.state, self.train_step, self.publisher = state, train_step, publisher
         self.ckpt, self.prompts, self.resume_data = ckpt, prompts, resume_data
         self.stop, self.say = stop, say
         self.last_trajs: list[Trajectory] = []
-        self.uninformative = 0        # batches in a row that dynamic sampling dropped whole
+        self.uninformative = 0  # batches in a row that dynamic sampling dropped whole
         self.eval_trajs: list[Trajectory] = []
         ts = self.rc.tool_server
-        self.tool_guard = ToolServerGuard(run.tool_url, run.tool_process,
-                                          max_restarts=ts.max_restarts,
-                                          down_grace_s=ts.down_grace_s, say=say)
-        self.health = HealthMonitor(self.tool_guard, lambda: run.sampler, run.reward_pool,
-                                    max_error_rate=self.rc.trainer.max_error_rate,
-                                    max_skipped_steps=self.rc.trainer.max_skipped_steps,
-                                    say=say)
+        self.tool_guard = ToolServerGuard(
+            run.tool_url,
+            run.tool_process,
+            max_restarts=ts.max_restarts,
+            down_grace_s=ts.down_grace_s,
+            say=say,
+        )
+        self.health = HealthMonitor(
+            self.tool_guard,
+            lambda: run.sampler,
+            run.reward_pool,
+            max_error_rate=self.rc.trainer.max_error_rate,
+            max_skipped_steps=self.rc.trainer.max_skipped_steps,
+            say=say,
+        )
 
     @property
     def step(self) -> int:
@@ -362,10 +447,16 @@ class RLLoop:
         t0 = time.perf_counter()
         # Several processes: each evaluates its strided share of the items, the results
         # are gathered (in item order) and the metrics taken over all of them.
-        items = run.eval_items[multihost.process_index()::multihost.process_count()]
-        m, trajs = await evaluate(run.sampler, items, client, run.tokenizer,
-                                  self.rc.rollout.rollout_config(), run.reward_pool,
-                                  image_processor=run.image_processor)
+        items = run.eval_items[multihost.process_index() :: multihost.process_count()]
+        m, trajs = await evaluate(
+            run.sampler,
+            items,
+            client,
+            run.tokenizer,
+            self.rc.rollout.rollout_config(),
+            run.reward_pool,
+            image_processor=run.image_processor,
+        )
         if multihost.is_multi():
             gathered = await asyncio.to_thread(multihost.gather_groups, [[t] for t in trajs])
             trajs = [g[0] for g in gathered]
@@ -376,18 +467,20 @@ class RLLoop:
             await self.health.check_dependencies(f"evaluation {tag}: {h.describe()}")
         m["eval/failed"] = h.failed
         run.writer.write(self.step, m)
-        self.say(f"[eval:{tag}] step {self.step}: held-out accuracy {m['eval/acc']:.3f} "
-                 f"(reward {m['eval/reward']:.3f}, tool calls {m['eval/tool_calls']:.2f}, "
-                 f"n={m['eval/num']}, {m['time/eval_s']:.1f}s"
-                 + (f", {h.failed} FAILED: {h.describe()})" if h.failed else ")"))
+        self.say(
+            f"[eval:{tag}] step {self.step}: held-out accuracy {m['eval/acc']:.3f} "
+            f"(reward {m['eval/reward']:.3f}, tool calls {m['eval/tool_calls']:.2f}, "
+            f"n={m['eval/num']}, {m['time/eval_s']:.1f}s"
+            + (f", {h.failed} FAILED: {h.describe()})" if h.failed else ")")
+        )
         self.eval_trajs = trajs
         return m
 
     async def run(self) -> dict:
         rc = self.rc
         async with self.tool_guard.watch(
-                ToolClient(self.run_.tool_url, timeout_s=rc.tool_server.timeout_s + 30)) \
-                as client:
+            ToolClient(self.run_.tool_url, timeout_s=rc.tool_server.timeout_s + 30)
+        ) as client:
             start = self.step
             before = await self.evaluate(client, "start" if start else "after-sft")
             if rc.stage == "rl" and start < rc.trainer.steps:
@@ -402,8 +495,12 @@ class RLLoop:
                 after = before
             else:
                 after = await self.evaluate(client, "final")
-        return {"eval_before": before.get("eval/acc"), "eval_after": after.get("eval/acc"),
-                "steps": self.step, "interrupted": self.stop.set}
+        return {
+            "eval_before": before.get("eval/acc"),
+            "eval_after": after.get("eval/acc"),
+            "steps": self.step,
+            "interrupted": self.stop.set,
+        }
 
     async def rl(self, client) -> None:
         rc, run = self.rc, self.run_
@@ -413,29 +510,47 @@ class RLLoop:
         # index; the position is the pipeline's count of prompts handed out, which its
         # state saves, so a resumed process keeps its share).
         tag = f"p{multihost.process_index()}" if multihost.is_multi() else ""
-        replay = [(i, prompt_item(e, prefix=f"{tag}r-"))
-                  for i, e in ((i, self.prompts.example_at(i))
-                               for i in self.resume_data.get("replay", [])) if e is not None]
+        replay = [
+            (i, prompt_item(e, prefix=f"{tag}r-"))
+            for i, e in (
+                (i, self.prompts.example_at(i)) for i in self.resume_data.get("replay", [])
+            )
+            if e is not None
+        ]
         serial = iter(range(1, 1 << 62))
-        fresh = ((e.index, prompt_item(e, prefix=f"{tag}s{next(serial)}-"))
-                 for e in self.prompts
-                 if not tag or multihost.my_share(self.prompts.consumed - 1))
+        fresh = (
+            (e.index, prompt_item(e, prefix=f"{tag}s{next(serial)}-"))
+            for e in self.prompts
+            if not tag or multihost.my_share(self.prompts.consumed - 1)
+        )
         groups_per_step = multihost.check_batch_groups(rc.trainer.batch_groups)
         queue = None
         if rc.rollout.mode == "async":
-            queue = TrajectoryQueue(max_groups=max(4, 4 * rc.trainer.batch_groups),
-                                    max_staleness=rc.rollout.max_staleness,
-                                    groups_per_batch=groups_per_step,
-                                    start_version=self.step)
+            queue = TrajectoryQueue(
+                max_groups=max(4, 4 * rc.trainer.batch_groups),
+                max_staleness=rc.rollout.max_staleness,
+                groups_per_batch=groups_per_step,
+                start_version=self.step,
+            )
             self.publisher.queue = queue
-        producer = RolloutProducer(fresh, n_samples=rc.rollout.n_samples, sampler=run.sampler,
-                                   tool_client=client, tokenizer=run.tokenizer,
-                                   cfg=rc.rollout.rollout_config(), queue=queue, replay=replay,
-                                   image_processor=run.image_processor)
+        producer = RolloutProducer(
+            fresh,
+            n_samples=rc.rollout.n_samples,
+            sampler=run.sampler,
+            tool_client=client,
+            tokenizer=run.tokenizer,
+            cfg=rc.rollout.rollout_config(),
+            queue=queue,
+            replay=replay,
+            image_processor=run.image_processor,
+        )
         producing = asyncio.create_task(producer.run()) if queue is not None else None
-        bar = ProgressBar(rc.trainer.steps, initial=self.step,
-                          enabled=rc.logging.progress_bar and multihost.is_primary(),
-                          file=console())
+        bar = ProgressBar(
+            rc.trainer.steps,
+            initial=self.step,
+            enabled=rc.logging.progress_bar and multihost.is_primary(),
+            file=console(),
+        )
         t_last = time.perf_counter()
         try:
             while self.step < rc.trainer.steps and not self.stopping():
@@ -452,12 +567,12 @@ class RLLoop:
                 # trains on the same global batch (each places its own rows).
                 groups = await asyncio.to_thread(multihost.gather_groups, groups)
                 if not await self.health.admit([t for g in groups for t in g], self.step):
-                    continue                  # not trained on, not checkpointed
+                    continue  # not trained on, not checkpointed
                 metrics = await self.rl_step(groups, t_wait, t_reward, t_last)
                 metrics.update(reward_terms)
                 if metrics.get("batch/skipped"):
                     self.nothing_to_train(producer)
-                    continue                  # not a step: sample another batch
+                    continue  # not a step: sample another batch
                 metrics["batch/uninformative_batches"] = self.uninformative
                 self.uninformative = 0
                 metrics[names.TIME_STEP] = time.perf_counter() - t_last
@@ -470,8 +585,11 @@ class RLLoop:
                 line = bar.update(self.step, metrics)
                 if not rc.logging.progress_bar:
                     self.say(line)
-                if rc.trainer.eval_every and self.step % rc.trainer.eval_every == 0 \
-                        and self.step < rc.trainer.steps:
+                if (
+                    rc.trainer.eval_every
+                    and self.step % rc.trainer.eval_every == 0
+                    and self.step < rc.trainer.steps
+                ):
                     await self.evaluate(client, f"step{self.step}")
                 self.ckpt.maybe_save(self.state, self.data_state(producer))
         finally:
@@ -494,7 +612,7 @@ class RLLoop:
         assign_rewards(trajs, await run.reward_pool.score_async(trajs, run.tokenizer))
         terms = {}
         curiosity = curiosity_settings(self.rc.reward)
-        if curiosity is not None:           # group terms: every group is whole here
+        if curiosity is not None:  # group terms: every group is whole here
             terms = add_curiosity_terms(groups, curiosity)
         return time.perf_counter() - t0, terms
 
@@ -510,9 +628,11 @@ class RLLoop:
         stops with an error)."""
         self.uninformative += 1
         limit = self.rc.algo.dynamic_sampling_max_batches
-        self.say(f"[trainer] step {self.step + 1}: no group in the batch has mixed rewards "
-                 f"(dynamic sampling): sampling another ({self.uninformative} in a row"
-                 + (f", at most {limit})" if limit else ")"))
+        self.say(
+            f"[trainer] step {self.step + 1}: no group in the batch has mixed rewards "
+            f"(dynamic sampling): sampling another ({self.uninformative} in a row"
+            + (f", at most {limit})" if limit else ")")
+        )
         if limit and self.uninformative >= limit:
             self.ckpt.maybe_save(self.state, self.data_state(producer), force=True)
             raise RuntimeError(
@@ -520,32 +640,44 @@ class RLLoop:
                 f"mixed rewards (algo.dynamic_sampling_max_batches={limit}); the training "
                 f"problems are too hard (or too easy) for this policy: choose easier data, "
                 f"more samples per prompt (rollout.n_samples), or raise the limit (0: none). "
-                f"The state at step {self.step} is saved in {self.ckpt.directory}")
+                f"The state at step {self.step} is saved in {self.ckpt.directory}"
+            )
 
     def data_state(self, producer: RolloutProducer) -> dict:
         """The data position to checkpoint: the pipeline plus prompts started but not yet
         trained on (they are rolled out again first on resume). Several processes: every
         process's position, under ``processes`` in process order (a collective)."""
-        mine = {"prompts": self.prompts.get_state(),
-                "replay": sorted(set(producer.in_flight_keys())), "sft_done": True}
+        mine = {
+            "prompts": self.prompts.get_state(),
+            "replay": sorted(set(producer.in_flight_keys())),
+            "sft_done": True,
+        }
         return multihost.data_state(mine)
 
-    async def rl_step(self, groups: list[list[Trajectory]], t_wait: float, t_reward: float,
-                      t_last: float) -> dict:
+    async def rl_step(
+        self, groups: list[list[Trajectory]], t_wait: float, t_reward: float, t_last: float
+    ) -> dict:
         rc, run = self.rc, self.run_
         trajs = [t for g in groups for t in g]
         version = self.step
         parity: dict = {}
         if rc.trainer.parity_every and version % rc.trainer.parity_every == 0:
-            parity = await asyncio.to_thread(sampler_parity, self.state.model(), trajs,
-                                             version, self.algo.temperature, run.pad_id,
-                                             rc.model.max_seq_len)
+            parity = await asyncio.to_thread(
+                sampler_parity,
+                self.state.model(),
+                trajs,
+                version,
+                self.algo.temperature,
+                run.pad_id,
+                rc.model.max_seq_len,
+            )
         t1 = time.perf_counter()
-        self.state, metrics = await asyncio.to_thread(train_on, rc, self.state,
-                                                      self.train_step, trajs, run.pad_id)
+        self.state, metrics = await asyncio.to_thread(
+            train_on, rc, self.state, self.train_step, trajs, run.pad_id
+        )
         t_train = time.perf_counter() - t1
         if metrics.get("batch/skipped"):
-            return metrics                # the policy did not change: nothing to publish
+            return metrics  # the policy did not change: nothing to publish
         params = await asyncio.to_thread(multihost.local_copy, self.state.sampler_params())
         t_sync = await self.publisher.publish(params, self.step)
         self.last_trajs = trajs
@@ -555,10 +687,16 @@ class RLLoop:
         metrics.update(rollout_metrics(trajs, version))
         metrics.update(parity)
         metrics.update(self.publisher.sync_metrics())
-        metrics.update({names.TIME_ROLLOUT_WAIT: t_wait, names.TIME_TRAIN: t_train,
-                        names.TIME_SYNC: t_sync, "time/reward_s": t_reward,
-                        "policy/version": self.publisher.version,
-                        names.TOKENS_PER_S: sampled / max(1e-9, time.perf_counter() - t_last)})
+        metrics.update(
+            {
+                names.TIME_ROLLOUT_WAIT: t_wait,
+                names.TIME_TRAIN: t_train,
+                names.TIME_SYNC: t_sync,
+                "time/reward_s": t_reward,
+                "policy/version": self.publisher.version,
+                names.TOKENS_PER_S: sampled / max(1e-9, time.perf_counter() - t_last),
+            }
+        )
         return metrics
 
 
@@ -583,13 +721,15 @@ def finish_reports(run, last_trajs: list, eval_trajs: list, say) -> None:
     run.writer.close()
     if rc.logging.plot:
         try:
-            plot_metrics(run.writer.jsonl_path, run.out / "metrics.png",
-                         title=rc.trainer.out_dir)
-        except ValueError as e:       # nothing to plot yet (e.g. zero RL steps)
+            plot_metrics(run.writer.jsonl_path, run.out / "metrics.png", title=rc.trainer.out_dir)
+        except ValueError as e:  # nothing to plot yet (e.g. zero RL steps)
             say(f"[trainer] no plot: {e}")
     k = rc.logging.report_trajectories
     trajs = list(eval_trajs)[:k] + list(last_trajs)[:k]
     if trajs:
-        write_trajectory_report(trajs, run.out / "trajectories.html",
-                                title=f"{rc.trainer.out_dir}: held-out (greedy) and last "
-                                      "training batch", tokenizer=run.tokenizer)
+        write_trajectory_report(
+            trajs,
+            run.out / "trajectories.html",
+            title=f"{rc.trainer.out_dir}: held-out (greedy) and last training batch",
+            tokenizer=run.tokenizer,
+        )
