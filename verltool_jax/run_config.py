@@ -361,6 +361,29 @@ class DataSection(Checked):
 
 
 @dataclass(frozen=True)
+class CurriculumSection(Checked):
+    """A difficulty curriculum over labelled training rows
+    (:mod:`verltool_jax.data.curriculum`): per group (a dataset), the level rises when the
+    mean pass rate of its last ``window`` prompt groups is >= ``raise_above`` and falls when
+    it is <= ``lower_below``."""
+
+    enabled: bool = False
+    start_level: int = spec(0, check=at_least(0))
+    min_level: int = spec(0, check=at_least(0))
+    window: int = spec(8, check=at_least(1))  # prompt groups per dataset in the pass rate
+    raise_above: float = spec(0.75, check=(lambda v: 0 <= v <= 1, "in [0, 1]"))
+    lower_below: float = spec(0.25, check=(lambda v: 0 <= v <= 1, "in [0, 1]"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lower_below >= self.raise_above:
+            raise ValueError(
+                f"curriculum.lower_below ({self.lower_below}) must be below "
+                f"curriculum.raise_above ({self.raise_above})"
+            )
+
+
+@dataclass(frozen=True)
 class TrainerSection(Checked):
     steps: int = spec(100, check=at_least(0))
     batch_groups: int = spec(8, check=at_least(1))  # prompt groups per step
@@ -369,6 +392,10 @@ class TrainerSection(Checked):
     keep_ckpts: int = spec(2, check=at_least(1))
     eval_every: int = spec(0, check=at_least(0, "0: only at the end"))
     parity_every: int = spec(1, check=at_least(0, "0: off"))  # sampler-vs-trainer logprobs
+    # warn when more than no_signal_frac of the groups had equal rewards (no gradient) in
+    # no_signal_steps steps in a row (0: never)
+    no_signal_steps: int = spec(5, check=at_least(0, "0: off"))
+    no_signal_frac: float = spec(0.5, check=in_unit_interval())
     # A batch with a larger fraction of failed trajectories (rollout error, killed reward)
     # is not trained on and not checkpointed; more than max_skipped_steps such batches in
     # a row stop the run (see train/health.py).
@@ -436,6 +463,7 @@ class RunConfig(Checked):
     tool_server: ToolServerSection = spec(default_factory=ToolServerSection)
     reward: RewardSection = spec(default_factory=RewardSection)
     data: DataSection = spec(default_factory=DataSection)
+    curriculum: CurriculumSection = spec(default_factory=CurriculumSection)
     trainer: TrainerSection = spec(default_factory=TrainerSection)
     checkpoint: CheckpointSection = spec(default_factory=CheckpointSection)
     sft: SFTSection = spec(default_factory=SFTSection)

@@ -12,3 +12,4 @@ SYNC_BYTES = "weight_sync/bytes"  # payload bytes of the last push (per engine)
 SYNC_SECONDS = "weight_sync/seconds"  # wall seconds of the last push (all engines)
 SYNC_GBPS = "weight_sync/gb_per_s"  # SYNC_BYTES / SYNC_SECONDS / 1e9
 TIME_STEP = "time/step_s"
+NO_SIGNAL_FRAC = "signal/no_signal_frac"  # groups whose rewards are all equal / groups

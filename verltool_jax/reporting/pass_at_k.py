@@ -35,8 +35,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def set_name_of(traj: Any) -> str:
-    """The test set a trajectory's row belongs to: its ``data_source`` (else ``unknown``)."""
-    return str((getattr(traj, "data", None) or {}).get("data_source") or "unknown")
+    """The test set a trajectory's row belongs to: the row's ``extra_info["set"]`` if it
+    names one (e.g. a difficulty level), else its ``data_source`` (else ``unknown``)."""
+    row = getattr(traj, "data", None) or {}
+    named = (row.get("extra_info") or {}).get("set")
+    return str(named or row.get("data_source") or "unknown")
 
 
 def is_correct(traj: Any) -> bool:

@@ -25,7 +25,10 @@ def series(records: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
 def plot_metrics(
     jsonl_path: str | os.PathLike, png_path: str | os.PathLike, title: str = ""
 ) -> Path:
-    """Write a PNG with two panels: mean reward, and train / eval accuracy, per step.
+    """Write a PNG of one run per step: mean reward; train / held-out accuracy; the
+    learning signal (the fraction of groups with equal rewards, i.e. no gradient, and the
+    fractions of groups that failed / solved every sample); and, with a curriculum, each
+    dataset's difficulty level.
 
     Raises ValueError if the file has no reward or accuracy values to plot.
     """
@@ -43,7 +46,19 @@ def plot_metrics(
         raise ValueError(
             f"{jsonl_path}: no {names.REWARD!r}, {names.ACC!r} or {names.EVAL_ACC!r} values to plot"
         )
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    signal = [
+        (names.NO_SIGNAL_FRAC, "no signal (equal rewards)"),
+        ("signal/pass_rate_0", "all failed"),
+        ("signal/pass_rate_100", "all solved"),
+    ]
+    if series(records, names.NO_SIGNAL_FRAC)[0]:
+        panels.append(("fraction of groups", signal))
+    levels = sorted(
+        {k for r in records for k in r if k.startswith("curriculum/") and k.endswith("/level")}
+    )
+    if levels:
+        panels.append(("difficulty level", [(k, k.split("/")[1]) for k in levels]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
     for ax, (ylabel, keys) in zip(axes, panels):
         for key, label in keys:
             xs, ys = series(records, key)
@@ -53,8 +68,8 @@ def plot_metrics(
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend()
-        if ylabel == "accuracy":
+            ax.legend(fontsize=8)
+        if ylabel in ("accuracy", "fraction of groups"):
             ax.set_ylim(-0.02, 1.02)
     fig.suptitle(title or Path(jsonl_path).parent.name)
     fig.tight_layout()

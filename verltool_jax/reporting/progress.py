@@ -27,6 +27,8 @@ def format_progress(step: int, total: int | None, metrics: Mapping[str, float]) 
         parts.append(f"acc {metrics[names.ACC]:.3f}")
     if metrics.get(names.EVAL_ACC) is not None:
         parts.append(f"eval-acc {metrics[names.EVAL_ACC]:.3f}")
+    if metrics.get(names.NO_SIGNAL_FRAC) is not None:
+        parts.append(f"no-signal {metrics[names.NO_SIGNAL_FRAC]:.2f}")
     if metrics.get(names.TOKENS_PER_S) is not None:
         parts.append(f"{_si(metrics[names.TOKENS_PER_S])} tok/s")
     times = [

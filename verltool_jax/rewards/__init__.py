@@ -6,7 +6,14 @@ shaping (format penalty, tool-use term). ``RewardPool`` / ``compute_rewards`` sc
 batches in worker processes with a per-item timeout.
 """
 
-from verltool_jax.rewards import math_reward, qa_reward, sql_reward, swe_reward, visual_reward  # noqa: F401  (register)
+from verltool_jax.rewards import (  # noqa: F401  (register)
+    math_reward,
+    qa_reward,
+    reasoning_gym_reward,
+    sql_reward,
+    swe_reward,
+    visual_reward,
+)
 from verltool_jax.rewards.answer_extraction import extract_answer, last_boxed
 from verltool_jax.rewards.base import (
     DATA_SOURCES,

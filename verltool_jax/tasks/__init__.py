@@ -40,6 +40,7 @@ BUILTIN = {
     "spider": "spider",
     "quixbugs": "swe",
     "easy_vqa": "easy_vqa",
+    "reasoning_gym": "reasoning_gym",
 }
 
 

@@ -54,17 +54,25 @@ DEFAULT_OBS_TEMPLATE = "<result>\n{obs}\n</result>"
 _ANNOTATION_RE = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
 
 
-def system_prompt(obs_template: str = DEFAULT_OBS_TEMPLATE) -> str:
-    """The instructions: python tool syntax, where its output appears, the answer format."""
+def python_tool_prompt(obs_template: str, lead: str, answer: str) -> str:
+    """Instructions for a task solved with the python tool: ``lead`` (what to do), the
+    python tool's syntax, where its output appears (from ``obs_template``), and the answer
+    format ``<answer>...</answer>`` holding ``answer``."""
     if obs_template.count("{obs}") != 1:
         raise ValueError(f"obs_template must contain '{{obs}}' once, got {obs_template!r}")
     before, after = (s.strip() for s in obs_template.split("{obs}"))
     shown = f"{before}...{after}" if before or after else "the next message"
     return (
-        "Solve the math problem. You may run Python to calculate: write the code inside "
+        f"{lead} You may run Python to calculate: write the code inside "
         "<python>...</python> and print() the values you need; what it prints comes back "
-        f"as {shown}. Give the final answer as <answer>...</answer> (a number or "
-        "expression; \\boxed{...} also works)."
+        f"as {shown}. Give the final answer as <answer>...</answer> ({answer})."
+    )
+
+
+def system_prompt(obs_template: str = DEFAULT_OBS_TEMPLATE) -> str:
+    """The instructions: python tool syntax, where its output appears, the answer format."""
+    return python_tool_prompt(
+        obs_template, "Solve the math problem.", "a number or expression; \\boxed{...} also works"
     )
 
 

@@ -325,12 +325,24 @@ class Run:
         return self.sampler
 
     def prompt_pipeline(self):
-        """The training prompts (a grain pipeline, shuffled by ``data.seed``) or None."""
+        """The training prompts (a grain pipeline, shuffled by ``data.seed``; with
+        ``curriculum.enabled`` a :class:`~verltool_jax.data.curriculum.CurriculumPrompts`)
+        or None."""
         from verltool_jax.data.pipeline import PromptPipeline
 
         c = self.config
         if not self.files["train"]:
             return None
+        if c.curriculum.enabled:
+            from verltool_jax.data.curriculum import CurriculumPrompts
+            from verltool_jax.data.pipeline import _prompt_transform
+            from verltool_jax.data.readers import read_files
+
+            transform = _prompt_transform(
+                self.tokenizer, c.rollout.max_prompt_tokens, "drop", self.image_processor
+            )
+            rows = read_files(self.files["train"], c.data.format)
+            return CurriculumPrompts(rows, transform, c.curriculum, seed=c.data.seed)
         return PromptPipeline.from_files(
             self.files["train"],
             self.tokenizer,

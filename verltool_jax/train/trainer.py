@@ -53,6 +53,7 @@ from verltool_jax.algos.dapo import informative_groups, overlong_penalty
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.reporting import names
 from verltool_jax.reporting.html_report import write_trajectory_report
+from verltool_jax.reporting.learning_signal import NoSignalWatch, signal_metrics
 from verltool_jax.reporting.plots import plot_metrics
 from verltool_jax.reporting.progress import ProgressBar
 from verltool_jax.rewards.compute import assign_rewards
@@ -207,6 +208,14 @@ def train_on(
     Failed trajectories (rollout error, killed reward) are left out."""
     trajs = [t for t in trajs if not trajectory_failed(t)]
     adv, keep, m = advantages_for(rc, trajs)
+    m.update(
+        signal_metrics(
+            [t.reward or 0.0 for t in trajs],
+            [t.group_id for t in trajs],
+            [t.reward_info.get("acc", 0.0) for t in trajs],
+            adv[keep] if keep.any() else [],
+        )
+    )
     if not keep.any():
         return state, dict(m, **{"batch/skipped": 1.0})
     use = [t for t, k in zip(trajs, keep) if k]
@@ -418,6 +427,9 @@ class RLLoop:
         self.stop, self.say = stop, say
         self.last_trajs: list[Trajectory] = []
         self.uninformative = 0  # batches in a row that dynamic sampling dropped whole
+        self.signal_watch = NoSignalWatch(
+            self.rc.trainer.no_signal_steps, self.rc.trainer.no_signal_frac
+        )
         self.eval_trajs: list[Trajectory] = []
         ts = self.rc.tool_server
         self.tool_guard = ToolServerGuard(
@@ -563,6 +575,8 @@ class RLLoop:
                 t_wait = time.perf_counter() - t0
                 producer.consumed(groups)
                 t_reward, reward_terms = await self.score(groups)
+                if hasattr(self.prompts, "observe"):  # a curriculum: levels follow pass rates
+                    reward_terms.update(self.prompts.observe(groups))
                 # Several processes: every process gets every process's scored groups and
                 # trains on the same global batch (each places its own rows).
                 groups = await asyncio.to_thread(multihost.gather_groups, groups)
@@ -580,6 +594,9 @@ class RLLoop:
                 if queue is not None:
                     metrics.update(queue.summary())
                 metrics.update(self.health.metrics())
+                warning = self.signal_watch.update(metrics)
+                if warning:
+                    self.say(f"[trainer] step {self.step}: {warning}")
                 if self.step % rc.trainer.log_every == 0:
                     run.writer.write(self.step, metrics)
                 line = bar.update(self.step, metrics)
