@@ -8,6 +8,11 @@
 ablation baseline) and ``smoke`` (tiny sizes, a few steps); e.g. ``:smoke,sync``.
 The model and tokenizer are built locally (``verltool_jax.models.tiny``); the task data
 (``verltool_jax.tasks.tiny_math``) is generated into ``<out_dir>/data``.
+
+Expected on 2 CPU cores: about 4 minutes (``bash scripts/run.sh`` runs the default);
+held-out accuracy about 0.69 after the SFT warm start and 0.84 after the 40 RL steps;
+``:smoke`` takes seconds. Figures: docs/performance.md; ablations on this config:
+docs/results.md.
 """
 
 from __future__ import annotations
@@ -69,7 +74,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.optimizer.max_grad_norm = 1.0
 
     c.sampler.max_model_len = 256
-    # The main job runs on the vLLM CPU engine (its README figures were measured so).
+    # The main job runs on the vLLM CPU engine (its figures in docs/performance.md were
+    # measured so).
     c.sampler.backend = "vllm"
     c.tool_server.tools = ("python_code",)
     c.reward.num_workers = 1

@@ -18,6 +18,9 @@ Qwen3-8B, GRPO n=16, 128 prompts per step, mini-batch 128 prompts (= 2048 trajec
 no KL, lr 1e-6 with 10 warm-up steps, 5 turns, prompt 2048 / response 8192 / action 8192
 / observation 4096 tokens, 100 steps. ``model.path`` of ``paper`` names the hub model;
 pass a local checkpoint folder.
+
+Expected: ``tiny`` runs in seconds (tests); ``smol`` and ``paper`` have not been run, so
+no wall time or result is known. See docs/tasks/retrieval_qa.md.
 """
 
 from __future__ import annotations

@@ -26,6 +26,12 @@
 ``math/math_train.json``; ``task.train_files`` / ``task.eval_files`` are relative to it
 (or absolute). The data is written as verl parquet into ``<out_dir>/data``
 (``verltool_jax.tasks.math_data``).
+
+Expected on 2 CPU cores (``smol``, through ``experiments/math_smollm2.py``: the SFT warm
+start alone, then 12 GRPO steps from it): about 10 min of SFT, 13-14 min of GRPO and 7 min
+per evaluation of 600 problems; greedy accuracy GSM8K / MAWPS / SVAMP 0 as it comes,
+0.003 / 0.093 / 0.080 after SFT, unchanged after GRPO (no training rollout was correct).
+``tiny``: seconds. ``paper``: a GPU cluster, not run here. See docs/tasks/math.md.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.tool_server.tools = ("python_code",)
     c.rollout.action_stop_strings = ("</python>",)
     # the answer ends the trajectory: SmolLM2 after SFT went on to write a second
-    # <answer> (the reward reads the last) or ran to the budget (README, Task families)
+    # <answer> (the reward reads the last) or ran to the budget (docs/tasks/math.md)
     c.rollout.final_stop_strings = ("</answer>",)
     c.reward.timeout_s = 10.0
     c.trainer.out_dir = f"runs/vt_math_{variant}"

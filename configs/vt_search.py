@@ -22,6 +22,11 @@ trajectories), low-variance KL (k3) 1e-4 as a loss, lr 1e-6, top-3 passages, 2 t
 (Search-R1 evaluates with up to 4: ``--config.rollout.max_turns=4``), prompt/response
 4096 tokens, observations 1024, no format penalty (Search-R1's format score is 0).
 ``model.path`` of ``paper`` names the hub model; pass a local checkpoint folder.
+
+Expected on 2 CPU cores (``smol``, through ``experiments/search_smollm2.py``): about
+45 min per seed (SFT, then 10 GRPO steps, each evaluated on 200 questions); exact match
+0 as it comes, 0.015 after SFT, unchanged after GRPO (no rollout matched a gold answer).
+``tiny``: seconds. See docs/tasks/retrieval_qa.md.
 """
 
 from __future__ import annotations

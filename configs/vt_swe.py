@@ -22,6 +22,13 @@ the agent loop runs them before the trajectory is released
 (:mod:`verltool_jax.rollout.final_check`). Evaluation metrics:
 :func:`verltool_jax.tasks.eval_metrics.swe_eval_metrics`; scripted end-to-end check:
 ``experiments/swe_quixbugs_eval.py``.
+
+Expected on 2 CPU cores: evaluating ``smol`` as it comes on the 40 QuixBugs bugs
+(``python -m verltool_jax.eval --config configs/vt_swe.py:smol --checkpoint base
+--config.task.quixbugs_dir=DIR --config.task.mutants_per_program=0
+--config.rollout.max_concurrency=8``) takes about 45 min and resolves 0/40 (the model
+never calls a tool). Training ``smol`` has not been run. ``tiny``: seconds. See
+docs/tasks/swe.md.
 """
 
 from __future__ import annotations

@@ -18,6 +18,12 @@ group: ``rewards.visual_reward.add_curiosity_terms``). ``model.path`` of ``paper
 checkpoint folder. ``tiny`` samples with the JAX sampler (its head size, 16, is below what
 vLLM's CPU attention takes; ``--config.sampler.backend=vllm --config.model.tiny.hidden_size=128``
 serves it with vLLM); ``paper`` with ``auto`` (vLLM on a GPU).
+
+Expected: ``tiny`` runs a few seconds per step on CPU and checks the plumbing; what a tiny
+Qwen2.5-VL learns on easy-VQA (held-out 0.365 after SFT -> 0.525 after RL at width 128,
+5.5-6.4 min per run on 2 CPU cores) comes from ``experiments/visual_easyvqa.py``, which
+adds the SFT warm start on image demonstrations. ``paper`` has not been run. See
+docs/tasks/visual.md.
 """
 
 from __future__ import annotations

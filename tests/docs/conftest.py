@@ -1,0 +1,1 @@
+"""Tests of the documentation (README.md, DEVELOPERS.md, launch/README.md, docs/)."""
