@@ -15,7 +15,7 @@ Each episode ends with the hidden test run and the SWE reward. Printed per task:
 tool calls, wall time and sandbox time (time inside tool calls); then per policy the
 eval metrics (:func:`verltool_jax.tasks.eval_metrics.swe_eval_metrics`) and totals.
 The same table and metrics come from ``python -m verltool_jax.eval`` for a model
-(README, "SWE on QuixBugs").
+(docs/tasks/swe.md).
 """
 
 from __future__ import annotations

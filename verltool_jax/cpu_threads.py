@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-# Extra flags, chosen by measurement (benchmarks/model_step.py, README "Performance"):
+# Extra flags, chosen by measurement (benchmarks/model_step.py, docs/performance.md):
 # name -> value. Empty: XLA's defaults were the fastest of those we measured.
 CPU_FLAGS: Mapping[str, str] = {}
 

@@ -7,7 +7,7 @@ uses, and frees it when the step ends. Two costs follow, and a tunable each remo
 
 * **Huge pages** (``glibc.malloc.hugetlb=1``, glibc >= 2.35, kernel THP mode ``madvise``):
   glibc marks its large mappings for transparent huge pages, one page fault per 2 MiB
-  instead of per 4 KiB (-18% per SmolLM2 step, README "Performance").
+  instead of per 4 KiB (-18% per SmolLM2 step, docs/performance.md).
 * **Freed memory kept** (``glibc.malloc.arena_max=1``, ``glibc.malloc.mmap_max=0``,
   ``glibc.malloc.trim_threshold=`` 1 TiB; glibc >= 2.26). A block that large is served by
   ``mmap`` and returned by ``munmap`` however ``mmap_max`` is set when it comes from a

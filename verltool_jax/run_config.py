@@ -264,7 +264,7 @@ class PlacementSection(Checked):
     ``disjoint`` -- the trainer uses ``trainer_devices`` and the in-process engines
     ``sampler_devices`` (disjoint sets on this node; one engine per entry);
     ``remote`` -- no in-process engine: the samplers are the vLLM servers at
-    ``sampler_urls`` (started with ``launch/vllm_servers.sh``). In the other modes,
+    ``sampler_urls`` (started by ``launch/local_cluster.sh``). In the other modes,
     ``sampler_urls`` adds remote servers to the in-process engines in one pool.
     ``trainer_devices``: indices into ``jax.devices()`` for the mesh (empty: all).
     """
@@ -303,7 +303,7 @@ class PlacementSection(Checked):
         if self.mode == "remote" and not self.sampler_urls:
             raise ValueError(
                 "placement.mode='remote' needs placement.sampler_urls (the vLLM "
-                "servers, e.g. from launch/vllm_servers.sh)"
+                "servers, e.g. from launch/local_cluster.sh)"
             )
 
 

@@ -1,5 +1,5 @@
 """experiments/visual_easyvqa.py: the summary of finished runs (the runs themselves take
-minutes: README "Task families" has the command and the results)."""
+minutes: docs/tasks/visual.md has the command and the results)."""
 
 from __future__ import annotations
 

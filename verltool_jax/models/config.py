@@ -258,7 +258,7 @@ class ModelConfig:
     one ``lax.scan`` over their stacked weights (``transformer.scan_run``): one layer to
     compile instead of N, and with remat the backward pass keeps only each layer's input;
     None (the default) scans exactly when ``remat_policy`` is not ``none`` (without remat
-    the scan saves no memory and its stacked residuals cost time: README, Performance);
+    the scan saves no memory and its stacked residuals cost time: docs/performance.md);
     decoding with a KV cache always runs the layers one by one.
 
     Vision-language models (``model_type`` in ``VL_MODEL_TYPES``) add ``vision`` (the

@@ -49,7 +49,7 @@ def on_rows(fn, x: jnp.ndarray) -> jnp.ndarray:
     Projections go through this: on a 3-D ``[B, T, H]`` input, XLA's CPU backend emits the
     weight-gradient matmul (contracting over both B and T) behind elementwise fusions
     written in a transposed layout, which doubled the SwiGLU block's forward+backward time
-    at SmolLM2 size; on 2-D rows it does not (README, Performance)."""
+    at SmolLM2 size; on 2-D rows it does not (docs/performance.md)."""
     y = fn(x.reshape(-1, x.shape[-1]))
     return y.reshape(x.shape[:-1] + y.shape[-1:])
 
@@ -112,7 +112,7 @@ def attention_weights_apply(
     ``[B, N, query_chunk, S]`` instead of ``[B, N, T, S]``. Without it, XLA's CPU backend
     kept several ``[B,N,T,S]`` tensors per trained layer in the backward pass of a
     3k-token batch, whatever the remat policy of unrolled layers (per-layer remat lowers
-    the peak only with ``scan_layers``; README, Performance).
+    the peak only with ``scan_layers``; docs/performance.md).
     """
     B, T, N, D = q.shape
     chunked = 0 < query_chunk < T

@@ -8,7 +8,7 @@ from typing import Any
 
 BACKENDS = ("auto", "vllm", "jax")
 
-# The CPU backend "auto" picks (README "Performance"). On an idle 2-core machine the vLLM
+# The CPU backend "auto" picks (docs/performance.md). On an idle 2-core machine the vLLM
 # engine with the placement of samplers/cpu_placement.py generated 6,966 tokens/s against
 # the JAX sampler's 4,778 (tiny model, 64 prompts x 128 tokens); the JAX sampler's fixed KV
 # cache ran out of memory evaluating SmolLM2 at the smol sizes. (A SmolLM2 comparison on a
@@ -44,7 +44,7 @@ def choose_backend(requested: str, *, vllm_installed: bool, platform: str) -> tu
         return "vllm", f"auto: on {platform}, vLLM (paged attention, fused kernels) is faster"
     return CPU_FASTER, (
         f"auto: on CPU the {CPU_FASTER} sampler measured faster "
-        "(benchmarks/sampler_throughput.py, README Performance)"
+        "(benchmarks/sampler_throughput.py, docs/performance.md)"
     )
 
 
