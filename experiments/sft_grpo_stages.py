@@ -57,6 +57,8 @@ class Recipe:
     # (data_dir, out, smoke) -> the overrides that point the config at the data; may
     # prepare things once under out (an index), printing what it does
     data_overrides: Callable[[str, Path, bool], Overrides]
+    # overrides of the GRPO stage only (e.g. a curriculum, evaluation during training)
+    grpo_overrides: Overrides = ()
 
 
 def stage_config(
@@ -257,6 +259,20 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
         help="config override for every stage (repeatable)",
     )
     ap.add_argument(
+        "--filter",
+        default="",
+        metavar="K[,LO,HI]",
+        help="before GRPO, measure each training prompt's pass rate under the SFT model "
+        "(K samples, python -m verltool_jax.passrate) and train GRPO only on the prompts "
+        "with LO < rate < HI (default 0,1)",
+    )
+    ap.add_argument(
+        "--filter-limit",
+        type=int,
+        default=0,
+        help="measure at most N prompts of the training pool (0: all)",
+    )
+    ap.add_argument(
         "--stages",
         default=",".join(STAGES),
         help="comma-separated stages to run now (default: all); the tables "
@@ -274,6 +290,9 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
         ap.error("--seeds: give at least one seed")
     if a.samples < 0:
         ap.error("--samples must be >= 0")
+    filt = parse_filter(a.filter) if a.filter else None
+    if a.filter and filt is None:
+        ap.error(f"--filter={a.filter!r}: give K or K,LO,HI, e.g. 8 or 8,0,1")
     overrides = []
     for kv in a.set:
         if "=" not in kv:
@@ -365,6 +384,29 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
 
         return run_stage(prefix, f"{stage} seed {seed}", out / f"{stage}_seed{seed}.json", go)
 
+    def filter_pool(seed: int, sft_model: Path, pool: Path) -> dict:
+        """The pass rates of the training pool under the SFT model; writes the pool."""
+        from verltool_jax.passrate import measure, summary
+
+        k, lo, hi = filt
+        run_dir = pool.parent
+        c = config(
+            run_dir,
+            [
+                ("sampler.seed", str(seed)),
+                ("data.seed", str(seed)),
+                ("model.path", str(sft_model)),
+                ("sft.steps", "0"),
+            ],
+        )
+        rates = measure(
+            c, "base", run_dir, k, limit=a.filter_limit, write_pool=str(pool), bounds=(lo, hi)
+        )
+        kept = sum(lo < r.rate < hi for r in rates)
+        return {"summary": summary(rates), "kept": kept, "bounds": [lo, hi]}
+
+    filters: dict[int, dict | None] = {}
+
     def stage(name: str, result_path: Path, run):
         """Run a wanted stage (or read its result); an unwanted one only if done."""
         if name in wanted:
@@ -390,13 +432,30 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
                     f"grpo seed {seed} starts from the SFT export {sft_model}, which "
                     f"does not exist: run --stages sft (or all) first"
                 )
+            pool_overrides: Overrides = []
+            if filt is not None:
+                pool = out / f"filter_seed{seed}" / "pool.parquet"
+                res = stage(
+                    "grpo",
+                    out / f"filter_seed{seed}.json",
+                    lambda seed=seed, sft_model=sft_model, pool=pool: run_stage(
+                        prefix,
+                        f"filter seed {seed}",
+                        out / f"filter_seed{seed}.json",
+                        lambda: filter_pool(seed, sft_model, pool),
+                    ),
+                )
+                filters[seed] = res
+                pool_overrides = [("data.train_files", str(pool))]
             res = stage(
                 "grpo",
                 out / f"grpo_seed{seed}.json",
-                lambda seed=seed, sft_model=sft_model: training(
+                lambda seed=seed, sft_model=sft_model, more=pool_overrides: training(
                     "grpo",
                     seed,
-                    [("stage", "rl"), ("sft.steps", "0"), ("model.path", str(sft_model))],
+                    [("stage", "rl"), ("sft.steps", "0"), ("model.path", str(sft_model))]
+                    + more
+                    + list(recipe.grpo_overrides),
                 ),
             )
             rows += rows_of("grpo", seed, res) if res else []
@@ -424,6 +483,9 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
         recipe.metric,
     )
     write_experiment_summary(recipe, rows, out, config(out / "grpo_summary", []), seeds)
+    if any(filters.values()):
+        write_filter_table(filters, out)
+    write_training_curves(out, seeds)
     print((out / "results.md").read_text())
     print(
         f"[{prefix}] all stages: {time.perf_counter() - t_all:.0f}s; "
@@ -431,6 +493,94 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
         flush=True,
     )
     return 0
+
+
+def parse_filter(text: str) -> tuple[int, float, float] | None:
+    """``--filter K[,LO,HI]`` -> (K, LO, HI) (LO, HI default 0, 1); None if malformed."""
+    parts = text.split(",")
+    try:
+        k = int(parts[0])
+        lo, hi = (float(parts[1]), float(parts[2])) if len(parts) == 3 else (0.0, 1.0)
+    except (ValueError, IndexError):
+        return None
+    if k < 1 or len(parts) not in (1, 3) or not 0.0 <= lo < hi <= 1.0:
+        return None
+    return k, lo, hi
+
+
+def write_filter_table(filters: dict, out: Path) -> None:
+    """``filter.md``: per seed, the pool's pass-rate histogram under the SFT model and how
+    many prompts GRPO kept."""
+    lines = [
+        "| seed | prompts | pass@1 | pass@k | successes of k (histogram) | kept | wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for seed, res in sorted(filters.items()):
+        if not res:
+            continue
+        s = res["summary"]
+        k = s["k"]
+        hist = " ".join(f"{c}:{n}" for c, n in s["histogram"].items())
+        lines.append(
+            f"| {seed} | {s['prompts']} | {s['pass@1']:.3f} | {s[f'pass@{k}']:.3f} "
+            f"(k={k}) | {hist} | {res['kept']} | {res['wall_s']:.0f} |"
+        )
+    (out / "filter.md").write_text(
+        "Pass rates of the training pool under each seed's SFT model (python -m "
+        "verltool_jax.passrate); GRPO trains on the kept prompts (rate strictly between "
+        "the bounds).\n\n" + "\n".join(lines) + "\n"
+    )
+
+
+def write_training_curves(out: Path, seeds: Sequence[int]) -> Path | None:
+    """``training.png``: per GRPO seed, per step: train reward, held-out accuracy (when
+    the run evaluated during training), the fraction of groups without signal, and the
+    mean curriculum level over the datasets (with a curriculum)."""
+    from verltool_jax.reporting.metrics_writer import read_metrics
+    from verltool_jax.reporting.plots import series
+
+    runs = {s: out / f"grpo_seed{s}" / "metrics.jsonl" for s in seeds}
+    runs = {s: read_metrics(p) for s, p in runs.items() if p.is_file()}
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def level(recs):
+        xs, ys = [], []
+        for r in recs:
+            lv = [v for k, v in r.items() if k.startswith("curriculum/") and k.endswith("/level")]
+            if lv:
+                xs.append(int(r["step"]))
+                ys.append(sum(lv) / len(lv))
+        return xs, ys
+
+    panels = [
+        ("train reward", lambda recs: series(recs, "reward/mean")),
+        ("held-out accuracy", lambda recs: series(recs, "eval/acc")),
+        ("groups without signal", lambda recs: series(recs, "signal/no_signal_frac")),
+        ("mean difficulty level", level),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    for ax, (label, get) in zip(axes, panels):
+        for s, recs in sorted(runs.items()):
+            xs, ys = get(recs)
+            if xs:
+                ax.plot(
+                    xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=f"seed {s}"
+                )
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "training.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def run_script(recipe: Recipe, doc: str) -> None:

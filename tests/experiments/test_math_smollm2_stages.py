@@ -73,3 +73,17 @@ def test_stages_option_is_checked(tmp_path):
         script.main(
             ["--smoke", "--data-dir", str(DATA), "--out", str(tmp_path), "--stages", "grpo"]
         )
+
+
+def test_filter_option_is_parsed_and_checked(tmp_path):
+    """``--filter K[,LO,HI]`` (the pass-rate filter before GRPO) as typed values; a bad
+    one stops before any work with a message naming the flag."""
+    _script()  # puts experiments/ on the path
+    from sft_grpo_stages import parse_filter
+
+    assert parse_filter("8") == (8, 0.0, 1.0)
+    assert parse_filter("4,0.1,0.9") == (4, 0.1, 0.9)
+    for bad in ("0", "8,0.5", "8,0.9,0.1", "x", "8,-1,1"):
+        assert parse_filter(bad) is None
+    with pytest.raises(SystemExit):
+        _script().main(["--data-dir", str(tmp_path), "--filter", "8,0.9,0.1"])

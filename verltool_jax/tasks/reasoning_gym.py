@@ -14,8 +14,9 @@ the ground truth, the reward is the dataset's own ``score_answer``):
 * ``train.parquet``: ``num_train`` items per dataset and level of ``train_levels``,
   each row labelled ``extra_info["difficulty"] = {"group": dataset, "level": L}`` for the
   curriculum (:mod:`verltool_jax.data.curriculum`);
-* ``eval_level<L>.parquet`` per level of ``eval_levels``: ``num_eval`` items per dataset,
-  generated from another seed and never equal (same question) to a training item;
+* ``eval_level<L>.parquet`` per level of ``eval_levels``: ``num_eval`` items per dataset
+  (the datasets in turn), generated from another seed and never equal (same question) to
+  a training item;
 * ``eval_<set>.parquet`` per file of ``math_eval_files`` (GSM8K, MAWPS, SVAMP, ... read by
   :mod:`verltool_jax.tasks.math_data`, scored by the math reward), ``math_eval_size`` each;
 * ``sft.parquet``: demonstrations from training items of ``demo_levels``. A dataset's
@@ -333,16 +334,24 @@ def write_task(
     evals: list[Path] = []
     held_out: dict[str, set[str]] = {d: set() for d in t.datasets}
     for level in t.eval_levels:
-        rows = []
+        per_dataset = []
         for d in t.datasets:
             settings, items = generate_items(
                 d, level, t.num_eval, item_seed(t.seed, d, level, "eval"), options
             )
             held_out[d].update(e["question"] for e in items)
-            rows += [
-                make_row(d, level, settings, e, len(rows) + i, "eval", obs_template)
-                for i, e in enumerate(items)
-            ]
+            per_dataset.append([(d, settings, e) for e in items])
+        # the datasets in turn, so that the first rows of a file cover every dataset
+        order = [
+            x
+            for i in range(t.num_eval)
+            for items in per_dataset
+            if i < len(items)
+            for x in [items[i]]
+        ]
+        rows = [
+            make_row(d, level, st, e, i, "eval", obs_template) for i, (d, st, e) in enumerate(order)
+        ]
         evals.append(write_rows(rows, out / f"eval_level{level}.parquet"))
     for f in t.math_eval_files:
         path = str(Path(t.data_dir).expanduser() / f) if t.data_dir else f

@@ -416,16 +416,29 @@ def build_run(
         image_processor = ImageProcessor(model.config)
     eval_items = []
     if files["eval"] and rc.data.max_eval_examples:  # 0: no held-out evaluation
-        pipe = PromptPipeline.from_files(
-            files["eval"],
-            tokenizer,
-            fmt=rc.data.format,
-            shuffle=False,
-            num_epochs=1,
-            max_prompt_tokens=rc.rollout.max_prompt_tokens,
-            image_processor=image_processor,
-        )
-        eval_items = prompt_items(pipe.next_batch(rc.data.max_eval_examples), "eval")
+        # data.max_eval_examples in all, taken in turn from each eval file (its rows in
+        # order), so every test set is represented
+        pipes = [
+            PromptPipeline.from_files(
+                [f],
+                tokenizer,
+                fmt=rc.data.format,
+                shuffle=False,
+                num_epochs=1,
+                max_prompt_tokens=rc.rollout.max_prompt_tokens,
+                image_processor=image_processor,
+            )
+            for f in files["eval"]
+        ]
+        live = list(enumerate(pipes))
+        while len(eval_items) < rc.data.max_eval_examples and live:
+            for j, pipe in list(live):
+                got = pipe.next_batch(1)
+                if not got:
+                    live.remove((j, pipe))
+                elif len(eval_items) < rc.data.max_eval_examples:
+                    # group ids unique over the files: eval<file>_<row>
+                    eval_items += prompt_items(got, f"eval{j}_" if len(pipes) > 1 else "eval")
     lg = rc.logging
     if primary:
         writer = MetricsWriter(
