@@ -59,7 +59,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.trainer.steps = 40
         c.trainer.ckpt_every = 10
         c.trainer.parity_every = 10
-        c.data.max_eval_examples = 0
+        c.data.max_eval_examples = 64  # per held-out file in python -m verltool_jax.eval
     else:  # tiny
         set_tiny_model(c, 1024)
         c.task.datasets = ("chain_sum", "products")
