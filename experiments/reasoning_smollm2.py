@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct learns procedural reasoning tasks (reasoning-gym) with the
 sandboxed python tool: base -> SFT -> GRPO on a pass-rate-filtered pool with a difficulty
-curriculum, two seeds; greedy pass@1 and sampled pass@8 on held-out reasoning-gym items
+curriculum, two seeds; greedy pass@1 and sampled pass@8 (T=0.6, the training temperature) on held-out reasoning-gym items
 of fixed levels (one above the highest trained) and on GSM8K / MAWPS / SVAMP.
 
     python experiments/reasoning_smollm2.py --data-dir /path/to/data --out runs/reasoning_smollm2
@@ -66,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv += ["--filter", "8"]
     if not any(x == "--samples" or x.startswith("--samples=") for x in argv):
         argv += ["--samples", "8"]
+    if not any(x == "--temperature" or x.startswith("--temperature=") for x in argv):
+        argv += ["--temperature", "0.6"]  # the temperature GRPO samples at (smol)
     return run_stages(RECIPE, argv, __doc__)
 
 

@@ -249,7 +249,13 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
         "--samples",
         type=int,
         default=0,
-        help="also evaluate N samples per problem at T=1 (pass@1 mean, pass@N)",
+        help="also evaluate N samples per problem at --temperature (pass@1 mean, pass@N)",
+    )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of the --samples evaluation (default 1)",
     )
     ap.add_argument(
         "--set",
@@ -329,7 +335,7 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
             c,
             checkpoint,
             samples=a.samples,
-            temperature=1.0,
+            temperature=a.temperature,
             report=str(run_dir / "trajectories.html"),
         )
 

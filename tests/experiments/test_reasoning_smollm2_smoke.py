@@ -57,7 +57,7 @@ def test_reasoning_smollm2_smoke_runs_and_resumes(tmp_path, capsys):
     rows = list(csv.DictReader((out / "results.csv").open()))
     sets = {r["set"] for r in rows}
     assert {"rg_level0", "rg_level2", "gsm8k"} <= sets
-    assert {r["mode"] for r in rows} == {"greedy", "T=1,n=2"}
+    assert {r["mode"] for r in rows} == {"greedy", "T=0.6,n=2"}
     assert (out / "filter.md").is_file() and (out / "training.png").is_file()
     assert script.main(argv) == 0
     assert "done before" in capsys.readouterr().out
