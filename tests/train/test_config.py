@@ -242,6 +242,9 @@ def _other_value(key, ft, current):
         "data.eval_files": (("b.jsonl",), "b.jsonl"),
         "sft.files": (("c.parquet",), "c.parquet"),
         "model.lora_targets": (("q_proj", "v_proj"), "q_proj,v_proj"),
+        # pass-rate bounds in [0, 1] with lower_below < raise_above
+        "curriculum.raise_above": (0.9, "0.9"),
+        "curriculum.lower_below": (0.1, "0.1"),
     }
     if key in special:
         return special[key]
