@@ -85,6 +85,9 @@ def _init_worker(modules: Sequence[str], warm: bool) -> None:
         import math_verify  # noqa: F401  never imported lazily under an item's timer
 
         import verltool_jax.rewards  # noqa: F401  registers the built-in rewards
+        from verltool_jax.rewards.base import reward_plugins
+
+        reward_plugins()  # installed packages' rewards, imported before any item's timer
 
         if warm:
             from verltool_jax.rewards.math_reward import warm_up
