@@ -158,6 +158,7 @@ def discover(group: str, kind: str, builtin_names: Iterable[str], check: Check) 
         found._entry_points.setdefault(ep.name, ep)
     builtin = set(builtin_names)
     for name, claimants in found.claimants.items():
+        claimants.sort(key=lambda p: p.package.lower())  # messages in a stable order
         if name in builtin:
             found.problems[name] = (
                 f"{kind} name {name!r} is both built in and declared by "

@@ -79,13 +79,17 @@ def reward_plugins(refresh: bool = False) -> PluginGroup:
     that cannot be used are logged and recorded in ``problems``. Called by every lookup
     of this module, after the built-in rewards have registered (so clashes are seen)."""
     global _PLUGINS
+    if _PLUGINS is not None and refresh:  # forget the previous packages' rewards
+        for name in _PLUGINS.plugins:
+            REWARDS.unregister(name)
+            if DATA_SOURCES.get(name) == name:
+                del DATA_SOURCES[name]
     if _PLUGINS is None or refresh:
         group = discover(
             REWARDS_GROUP, "reward", set(REWARDS.names()) | set(DATA_SOURCES), _check_reward
         )
         for name, fn in group.load_all().items():
-            if name not in REWARDS:  # refresh: already registered
-                register_reward(name, name)(fn)
+            register_reward(name, name)(fn)
         _PLUGINS = group
     return _PLUGINS
 
