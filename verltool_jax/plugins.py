@@ -70,6 +70,29 @@ def list_tools() -> list[Listed]:
     return [Listed(r.name, r.source, r.usage, r.ok) for r in tool_rows()]
 
 
+def plugins_of_run(rc) -> list[str]:
+    """``"task NAME (package P V)"`` for the run's task, each of the tools it starts a
+    server with and its rewards (``reward.name``, else every reward plugin, as any may
+    serve a row's data_source) that come from installed packages; printed when a run
+    starts so a run's log says which packages it depended on."""
+    from tool_server.registry import tool_plugins
+    from verltool_jax.rewards.base import reward_plugins
+    from verltool_jax.tasks import task_plugins
+
+    out = []
+    tasks = task_plugins()
+    if rc.task is not None and rc.task.name in tasks.plugins:
+        out.append(f"task {rc.task.name} ({tasks.source(rc.task.name)})")
+    tools = tool_plugins()
+    if not rc.tool_server.url:
+        out += [f"tool {t} ({tools.source(t)})" for t in rc.tool_server.tools if t in tools.plugins]
+    rewards = reward_plugins()
+    names = [rc.reward.name] if rc.reward.name else sorted(rewards.plugins)
+    usable = set(rewards.plugins) - set(rewards.problems)
+    out += [f"reward {r} ({rewards.source(r)})" for r in names if r in usable]
+    return out
+
+
 def format_rows(title: str, rows: list[Listed]) -> str:
     """A plain table: name, source, detail (``UNUSABLE: reason`` for a broken plugin)."""
     width = max([len(r.name) for r in rows] + [len(title)])

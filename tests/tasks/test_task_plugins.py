@@ -154,6 +154,20 @@ def test_a_plugin_reward_scores_its_data_source_here_and_in_a_worker(installed):
     assert results[0].info["reward_name"] == "counting" and "error" not in results[1].info
 
 
+def test_a_run_names_the_plugins_it_uses(installed):
+    rc = run_config_from_dict(_config("counting"))
+    assert listing.plugins_of_run(rc) == [
+        "task counting (package counting-pkg 1.0)",
+        "reward counting (package counting-pkg 1.0)",  # broken_reward is left out
+    ]
+    assert listing.plugins_of_run(run_config_from_dict(_config("vt_math"))) == [
+        "reward counting (package counting-pkg 1.0)"  # may serve a row: reward.name is empty
+    ]
+    c = _config("vt_math")
+    c.reward.name = "qa_em"  # a built-in reward: no plugin involved
+    assert listing.plugins_of_run(run_config_from_dict(c)) == []
+
+
 def test_plugins_listing_shows_sources_and_problems(installed, capsys):
     assert listing.main(["--list-tasks", "--list-rewards"]) == 0
     out = capsys.readouterr().out

@@ -113,12 +113,17 @@ def test_the_package_task_and_reward(site, monkeypatch):
 def test_a_tiny_training_run_on_the_package(site, tmp_path):
     """The package's own config (its tool, task and reward) for 2 SFT + 2 GRPO steps."""
     out = tmp_path / "run"
-    _run(
+    console = _run(
         site, "-m", "verltool_jax.train",
         "--config", f"{site}/vtj_letter_count/config.py:tiny",
         f"--config.trainer.out_dir={out}", "--config.logging.progress_bar=false",
         cwd=tmp_path, timeout=900,
     )  # fmt: skip
+    source = "(package vtj-letter-count 0.1.0)"
+    assert (
+        f"[trainer] plugins: task letter_count {source}, tool letter_count {source}, "
+        f"reward letter_count {source}"
+    ) in console
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and not summary["interrupted"]
     assert "tool server with letter_count" in (out / "run.log").read_text()

@@ -15,6 +15,7 @@ built-in reward or data_source, a clash between packages, or a failed import is 
 from __future__ import annotations
 
 import difflib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,7 @@ def _check_reward(name: str, obj: object) -> str | None:
 
 
 _PLUGINS: PluginGroup | None = None
+_PLUGINS_LOCK = threading.Lock()  # scoring runs in threads (score_async) and the loop
 
 
 def reward_plugins(refresh: bool = False) -> PluginGroup:
@@ -79,19 +81,20 @@ def reward_plugins(refresh: bool = False) -> PluginGroup:
     that cannot be used are logged and recorded in ``problems``. Called by every lookup
     of this module, after the built-in rewards have registered (so clashes are seen)."""
     global _PLUGINS
-    if _PLUGINS is not None and refresh:  # forget the previous packages' rewards
-        for name in _PLUGINS.plugins:
-            REWARDS.unregister(name)
-            if DATA_SOURCES.get(name) == name:
-                del DATA_SOURCES[name]
-    if _PLUGINS is None or refresh:
-        group = discover(
-            REWARDS_GROUP, "reward", set(REWARDS.names()) | set(DATA_SOURCES), _check_reward
-        )
-        for name, fn in group.load_all().items():
-            register_reward(name, name)(fn)
-        _PLUGINS = group
-    return _PLUGINS
+    with _PLUGINS_LOCK:
+        if _PLUGINS is not None and refresh:  # forget the previous packages' rewards
+            for name in _PLUGINS.plugins:
+                REWARDS.unregister(name)
+                if DATA_SOURCES.get(name) == name:
+                    del DATA_SOURCES[name]
+        if _PLUGINS is None or refresh:
+            group = discover(
+                REWARDS_GROUP, "reward", set(REWARDS.names()) | set(DATA_SOURCES), _check_reward
+            )
+            for name, fn in group.load_all().items():
+                register_reward(name, name)(fn)
+            _PLUGINS = group
+        return _PLUGINS
 
 
 def _raise_if_unusable(name: str) -> None:

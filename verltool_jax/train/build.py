@@ -382,6 +382,13 @@ def build_run(
     data_dir = out if primary else out / f"process{multihost.process_index()}"
     # Data first: a bad question file or retrieval index fails before any model work.
     files = prepare_task_files(rc, data_dir)
+    if primary:
+        from verltool_jax.plugins import plugins_of_run
+        from verltool_jax.train.console import console
+
+        used = plugins_of_run(rc)
+        if used:
+            print(f"[trainer] plugins: {', '.join(used)}", file=console(), flush=True)
     model_dir = prepare_model_dir(rc, out)
     if primary:
         multihost.barrier("build_run:prepared")
