@@ -9,8 +9,9 @@ Lookup is lazy: for a requested name the file ``<name>.py`` is tried first, and 
 rest of the folder is imported only when that does not define it, so starting a server
 for two tools does not import every other tool's heavy dependencies. A ``--tool-dir``
 file wins over a built-in of the same name; a plugin may not reuse a built-in's name.
-A plugin that fails to import is logged and left out: only a server asked for that very
-tool refuses to start (with the package's name), the other tools are never affected.
+A plugin that fails to import is logged and left out; a server asked for that very tool
+serves the others and reports it (``/health`` ``unavailable_tools``, with the package's
+name): fail closed for that tool only.
 """
 
 from __future__ import annotations
@@ -108,12 +109,15 @@ def tool_plugins(refresh: bool = False) -> PluginGroup:
 
 
 def discover_tools(
-    names: list[str] | None = None, tool_dirs: Iterable[str] = ()
+    names: list[str] | None = None,
+    tool_dirs: Iterable[str] = (),
+    unusable: dict[str, str] | None = None,
 ) -> dict[str, type]:
     """Find tool classes. With ``names``, return exactly those (raising ``KeyError``
-    naming the missing ones and the available ones, :class:`PluginError` for a requested
-    plugin that cannot be used); without, every tool found (unusable plugins logged
-    and left out)."""
+    naming the missing ones and the available ones, and :class:`PluginError` for a
+    requested plugin that cannot be used, unless ``unusable`` is given: then the plugin's
+    problem goes there and the name is left out); without, every tool found (unusable
+    plugins logged and left out)."""
     dirs = [Path(d).resolve() for d in tool_dirs] + [BUILTIN_TOOL_DIR]
     for d in dirs:
         if not d.is_dir():
@@ -121,9 +125,21 @@ def discover_tools(
     plugins = tool_plugins()
     found: dict[str, type] = {}
     if names:
+        wanted = []
         for name in names:
-            if name in plugins.problems:  # a clash with a built-in, or a known failure
-                raise PluginError(plugins.problems[name])
+            try:
+                if name in plugins.problems:  # a clash with a built-in, or a known failure
+                    raise PluginError(plugins.problems[name])
+                if not any((d / f"{name}.py").is_file() for d in dirs) and name in plugins.plugins:
+                    found[name] = plugins.load(name)
+            except PluginError as e:
+                if unusable is None:
+                    raise
+                unusable[name] = str(e)
+                continue
+            wanted.append(name)
+        names = wanted
+        for name in names:
             for d in dirs:
                 f = d / f"{name}.py"
                 if f.is_file():
@@ -134,8 +150,6 @@ def discover_tools(
                         )
                 if name in found:
                     break
-            if name not in found and name in plugins.plugins:
-                found[name] = plugins.load(name)  # PluginError names the package
         if all(n in found for n in names):
             return {n: found[n] for n in names}
     for f in _tool_files(dirs):

@@ -15,7 +15,7 @@ import pytest
 from support.plugins import BROKEN_MODULE, GOOD_TOOL, TOOL_GROUP, forget_modules, write_dist
 
 from tool_server.kit.plugins import PluginError, discover
-from tool_server.launcher import ToolServerProcess, post_json
+from tool_server.launcher import ToolServerProcess, get_json, post_json
 from tool_server.registry import (
     BUILTIN_TOOL_DIR,
     _check_tool,
@@ -25,6 +25,7 @@ from tool_server.registry import (
     tool_plugins,
     tools_in_module,
 )
+from verltool_jax.train.build import refuse_unavailable_tools
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = ("goodtools", "brokentools")
@@ -128,12 +129,24 @@ def test_list_tools_shows_sources_and_unusable_plugins(installed):
     assert rows["python_code"][0].startswith("built-in")
 
 
-def test_server_serves_a_plugin_tool_and_refuses_only_a_broken_one(installed):
-    with ToolServerProcess(["shout", "finish"], env=_env(installed)) as server:
+def test_server_serves_a_plugin_tool_and_fails_closed_for_a_broken_one_only(installed):
+    with ToolServerProcess(["shout", "broken", "sql"], env=_env(installed)) as server:
         status, out = post_json(
             server.url + "/get_observation",
-            {"trajectory_ids": ["t"], "actions": ["<shout>hello</shout>"]},
+            {"trajectory_ids": ["t", "u"], "actions": ["<shout>hello</shout>", "<broken/>"]},
         )
-        assert status == 200 and out["observations"] == ["HELLO"] and out["valids"] == [True]
-    with pytest.raises(RuntimeError, match=r"(?s)broken-tools.*libfoo"):
-        ToolServerProcess(["shout", "broken"], env=_env(installed)).start()
+        assert status == 200 and out["observations"][0] == "HELLO"
+        assert out["valids"] == [True, False]  # nobody claims the broken tool's action
+        health = get_json(server.url + "/health")
+    assert health["tools"] == ["shout"]
+    assert set(health["unavailable_tools"]) == {"broken", "sql"}
+    assert "broken-tools" in health["unavailable_tools"]["broken"]
+    assert "libfoo" in health["unavailable_tools"]["broken"]
+    assert "builtin-clash" in health["unavailable_tools"]["sql"]
+    # a run needs every tool it names: the trainer refuses such a server
+    with pytest.raises(ValueError, match=r"cannot serve \['broken', 'sql'\].*broken-tools"):
+        refuse_unavailable_tools(health)
+    refuse_unavailable_tools({"tools": ["shout"], "unavailable_tools": {}})
+    # with nothing left to serve, the server does not start, and says why
+    with pytest.raises(RuntimeError, match=r"(?s)no tool can be served.*broken-tools.*libfoo"):
+        ToolServerProcess(["broken"], env=_env(installed)).start()

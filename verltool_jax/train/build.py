@@ -257,7 +257,7 @@ def tool_server(rc: RunConfig, out: Path | None = None) -> Iterator[tuple[str, A
     if ts.url:
         yield ts.url, None
         return
-    from tool_server.launcher import ToolServerProcess
+    from tool_server.launcher import ToolServerProcess, get_json
 
     tool_opt = {k: v for k, v in ts.tool_opt.items() if v not in (None, "")}
     if (
@@ -271,7 +271,19 @@ def tool_server(rc: RunConfig, out: Path | None = None) -> Iterator[tuple[str, A
         list(ts.tools), timeout=ts.timeout_s, max_concurrency=ts.max_concurrency, tool_opt=tool_opt
     ) as proc:
         log.info("tool server with %s at %s", ",".join(ts.tools), proc.url)
+        refuse_unavailable_tools(get_json(proc.url + "/health"))
         yield proc.url, proc
+
+
+def refuse_unavailable_tools(health: dict) -> None:
+    """A run needs every tool it names: the server serves the others when a plugin tool
+    cannot be loaded (``unavailable_tools`` in its ``/health``), the run does not start."""
+    bad = health.get("unavailable_tools") or {}
+    if bad:
+        raise ValueError(
+            f"the tool server cannot serve {sorted(bad)} of tool_server.tools: "
+            + "; ".join(bad.values())
+        )
 
 
 def hf_export(model, tokenizer, path: Path) -> Path:
