@@ -6,7 +6,8 @@ section of the ``letter_count`` plugin.
 
 ``tiny`` (the only variant): a tiny random Qwen2 model (built locally in seconds), SFT
 warm start of 2 steps, then 2 GRPO steps on the JAX sampler with the ``letter_count``
-tool; under a minute on two CPU cores. A smoke run of the plumbing, not a learning run.
+tool; one to two minutes on two CPU cores. A smoke run of the plumbing, not a learning
+run.
 """
 
 from __future__ import annotations
