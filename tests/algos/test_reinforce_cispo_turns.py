@@ -334,3 +334,60 @@ def test_algo_config_selects_the_new_estimators_loss_and_turn_discount():
         algo_config(turn_discount=0.0)
     with pytest.raises(ValueError, match="algo.adv_estimator"):
         algo_config(adv_estimator="reinforce")
+
+
+def test_one_sample_per_prompt_only_for_the_groupless_estimator():
+    """rollout.n_samples=1 leaves every group estimator at 0 advantage: the config says
+    so; REINFORCE++ has a batch baseline and accepts it."""
+    from pathlib import Path
+
+    from verltool_jax.cli.command_line import parse_command_line
+    from verltool_jax.run_config import ConfigError
+
+    tiny = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_math.py")
+    one = "--config.rollout.n_samples=1"
+    parse_command_line(["--config", tiny, one, "--config.algo.adv_estimator=reinforce_plus_plus"])
+    for est in ("reinforce_plus_plus_baseline", "drgrpo"):
+        with pytest.raises(ConfigError, match="n_samples=1 must be >= 2"):
+            parse_command_line(["--config", tiny, one, f"--config.algo.adv_estimator={est}"])
+
+
+def test_cispo_train_step_with_per_token_advantages_micro_equals_whole():
+    """The jitted train step on the tiny model with CISPO and per-turn [B,T] advantages:
+    two micro-batches give the update of the whole batch, which moves the params although
+    the sampler's logprobs put many weights at the clip bound."""
+    from support.train import SGD, batch, host, new_model
+
+    from verltool_jax.train.state import TrainState
+    from verltool_jax.train.step import make_train_step
+
+    b = batch(3)
+    b["advantages"] = np.asarray(
+        turn_discounted_advantages(jnp.asarray(b["advantages"]), jnp.asarray(b["loss_mask"]), 0.5)
+    )
+    assert b["advantages"].ndim == 2
+    out = {}
+    for micro in (None, 4):
+        cfg = dict(
+            policy_loss="cispo",
+            clip_ratio_low=10.0,
+            clip_ratio_high=0.2,
+            dual_clip_c=None,
+            tis_cap=None,
+            mini_batch_size=None,
+            micro_batch_size=micro,
+        )
+        state = TrainState.create(new_model(0), SGD, seed=0)
+        p0 = host(state.params)
+        new, m = make_train_step(cfg, state.graphdef, SGD)(state, dict(b))
+        out[micro] = (p0, host(new.params), host(m))
+    p0, pw, mw = out[None]
+    _, pm, mm = out[4]
+    moved = max(
+        float(np.abs(a - c).max()) for a, c in zip(jax.tree.leaves(pw), jax.tree.leaves(p0))
+    )
+    assert moved > 1e-4
+    assert 0 < float(mw["pg_clipfrac"]) < 1
+    for a, c in zip(jax.tree.leaves(pw), jax.tree.leaves(pm)):
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+    assert float(mm["loss"]) == pytest.approx(float(mw["loss"]), rel=1e-4)
