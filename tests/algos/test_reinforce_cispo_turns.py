@@ -1,6 +1,7 @@
 """REINFORCE++ (and its baseline variant), CISPO and per-turn credit vs hand values and
 vs verl's token-level formulas re-derived here in float64 numpy."""
 
+import asyncio
 import math
 
 import jax
@@ -391,3 +392,53 @@ def test_cispo_train_step_with_per_token_advantages_micro_equals_whole():
     for a, c in zip(jax.tree.leaves(pw), jax.tree.leaves(pm)):
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
     assert float(mm["loss"]) == pytest.approx(float(mw["loss"]), rel=1e-4)
+
+
+def test_turn_credit_on_a_scripted_multi_turn_rollout(tok, tool_url):
+    """The agent loop with a real tool server and a scripted sampler: sample 0 makes two
+    python calls and answers (3 turns, reward 1), sample 1 answers at once (reward 0).
+    With Dr.GRPO (A = +-0.5) and turn_discount 0.5 the step sees 0.125 on the first
+    turn's tokens, 0.25 on the second's, 0.5 on the answer's, and -0.5 on sample 1's."""
+    import dataclasses
+    from pathlib import Path
+
+    from support.scripted_sampler import ScriptedSampler
+
+    from verltool_jax.cli.command_line import parse_command_line
+    from verltool_jax.cli.validate import validate_config
+    from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
+    from verltool_jax.rollout.config import RolloutConfig
+    from verltool_jax.tools_client import ToolClient
+    from verltool_jax.train import trainer
+
+    turns = {
+        "p0-0": ["<python>print(6)</python>", "<python>print(7)</python>", "<answer>42</answer>"],
+        "p0-1": ["<answer>41</answer>"],
+    }
+    sampler = ScriptedSampler(tok, lambda rid, k: turns[rid][k])
+    prompt = tok.encode("<|im_start|>user\n6 * 7?<|im_end|>\n<|im_start|>assistant\n")
+
+    async def go():
+        async with ToolClient(tool_url) as c:
+            cfg = RolloutConfig(max_turns=4, max_response_tokens=256)
+            return await run_rollout([PromptItem(prompt, group_id="p0")], 2, sampler, c, tok, cfg)
+
+    ((a, b),) = asyncio.run(go())
+    assert (a.num_turns, a.tool_calls, b.num_turns) == (3, 2, 1)
+    a.reward, b.reward = 1.0, 0.0
+    lens = [len(sampler.encode_turn(s)) for s in turns["p0-0"]]
+    lens[-1] += 1  # the EOS the sampler appends to the answer
+    assert sum(a.loss_mask) == sum(lens)
+
+    tiny = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_math.py")
+    rc = validate_config(parse_command_line(["--config", tiny]).config)
+    algo = dataclasses.replace(
+        rc.algo, mini_batch_size=None, adv_estimator="drgrpo", turn_discount=0.5
+    )
+    rc = dataclasses.replace(rc, algo=algo, model=dataclasses.replace(rc.model, max_seq_len=512))
+    seen = []
+    trainer.train_on(rc, object(), lambda s, bt: (seen.append(bt), (s, {}))[1], [a, b], 0)
+    adv, lm = seen[0]["advantages"], seen[0]["loss_mask"]
+    want_a = [0.5 * 0.25] * lens[0] + [0.5 * 0.5] * lens[1] + [0.5] * lens[2]
+    np.testing.assert_allclose(adv[0][lm[0] > 0], want_a, rtol=1e-6)
+    np.testing.assert_allclose(adv[1][lm[1] > 0], -0.5, rtol=1e-6)
