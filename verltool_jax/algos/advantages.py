@@ -32,7 +32,7 @@ and ``N = sum_b n_b``:
   :mod:`verltool_jax.algos.credit`). A batch with fewer than 2 loss-mask tokens
   has no variance and gets 0 (verl raises).
 
-Deliberate differences from verl, both for groups that carry no learning signal:
+Deliberate differences from verl (the first two for groups that carry no signal):
 
 * The rewards are centred on a group pivot p_g (the group's maximum) before any sum:
   d_i = r_i - p_g, and every formula above is evaluated on d (it is shift-invariant, so
