@@ -169,7 +169,9 @@ def arm(timeout_s: float = 30.0) -> str | None:
         text=True,
         start_new_session=True,
         # the watchdog carries the outer runs' tokens (they clean it up too), not its own
-        env={**os.environ, ENV: outer} if outer else {k: v for k, v in os.environ.items() if k != ENV},
+        env={**os.environ, ENV: outer}
+        if outer
+        else {k: v for k, v in os.environ.items() if k != ENV},
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
     line = _read_line(watchdog, timeout_s)

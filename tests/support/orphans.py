@@ -79,7 +79,11 @@ def tool_call_running(root: int) -> bool:
     def worker(cmd: str) -> bool:
         return "python_worker.py" in cmd and os.path.basename(cmd.split()[0]).startswith("python")
 
-    return any(worker(cmd) and worker(procs.get(procs[pid][0], (0, "", ""))[2]) for pid, cmd in mine.items() if pid in procs)
+    return any(
+        worker(cmd) and worker(procs.get(procs[pid][0], (0, "", ""))[2])
+        for pid, cmd in mine.items()
+        if pid in procs
+    )
 
 
 def reap() -> None:

@@ -14,7 +14,6 @@ _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0:1] = [os.path.dirname(_TESTS), _TESTS]
 
 from support.scripted_sampler import ScriptedSampler  # noqa: E402
-
 from verltool_jax.train import build  # noqa: E402
 from verltool_jax.train.__main__ import main  # noqa: E402
 
