@@ -329,6 +329,10 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             save_every=rc.trainer.ckpt_every or rc.trainer.steps + 1,
             keep=rc.trainer.keep_ckpts,
         )
+        # A newest step cut short by a crash, truncated or corrupted is set aside (named
+        # here) and the run resumes from the previous complete one.
+        for r in ckpt.rejected:
+            say(f"[trainer] {r.describe()}")
         prompts = run.prompt_pipeline()
         latest = ckpt.latest_step() if rc.checkpoint.resume else None
         resume_data: dict = {}
@@ -337,8 +341,13 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             resume_data = multihost.my_data_state(resume_data)
             if prompts is not None and "prompts" in resume_data:
                 prompts.set_state(resume_data["prompts"])
-            say(f"[trainer] resumed from {ckpt.directory} at step {latest}")
+            say(
+                f"[trainer] resumed from {ckpt.directory} at step {latest}"
+                + (", the newest complete checkpoint" if ckpt.rejected else "")
+            )
         else:
+            if ckpt.rejected and rc.checkpoint.resume:
+                say("[trainer] no complete checkpoint is left: starting from the beginning")
             if rc.sft.steps > 0:
                 run.model = run_sft(run, say, should_stop=stop.agreed)
                 if stop.set:
