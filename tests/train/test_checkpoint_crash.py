@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 from support.ckpt_saver import check, state_at
 
-from verltool_jax.train.checkpoint import MARKER, REJECTED_DIR, TMP_SUFFIX, Checkpointer
+from verltool_jax.train.checkpoint import (
+    MARKER,
+    REJECTED_DIR,
+    TMP_SUFFIX,
+    UNCHECKED,
+    Checkpointer,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,7 +80,9 @@ def _saved(directory: Path, steps=(1, 2, 3)) -> None:
 
 
 def _largest_file(step_dir: Path) -> Path:
-    return max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    """The largest array file of a step (not the marker or orbax's commit notes)."""
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.name not in UNCHECKED]
+    return max(files, key=lambda p: p.stat().st_size)
 
 
 def _restore(directory: Path):

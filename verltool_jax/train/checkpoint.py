@@ -160,6 +160,14 @@ def _move_aside(directory: Path, step_dir: Path) -> Path:
     return dest
 
 
+def latest_complete_step(directory: str | os.PathLike) -> int | None:
+    """The newest step of ``directory`` that :func:`check_step` finds whole (nothing is
+    moved), or None."""
+    steps = _step_dirs(Path(directory))
+    require = any((p / MARKER).exists() for _, p in steps)
+    return next((step for step, path in steps if check_step(path, require) is None), None)
+
+
 def reject_incomplete(directory: str | os.PathLike) -> list[Rejected]:
     """Move the newest steps of ``directory`` that :func:`check_step` finds incomplete or
     corrupted to ``directory/rejected/``, newest first, until a whole one (or none) is

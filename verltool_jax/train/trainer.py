@@ -73,6 +73,7 @@ from verltool_jax.train.batch import (
 )
 from verltool_jax.train.checkpoint import Checkpointer
 from verltool_jax.train.console import console
+from verltool_jax.train.disk import checkpoint_bytes, require_free_space
 from verltool_jax.train.evaluate import evaluate, prompt_item, summarize
 from verltool_jax.train.health import (
     HealthMonitor,
@@ -329,6 +330,19 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             save_every=rc.trainer.ckpt_every or rc.trainer.steps + 1,
             keep=rc.trainer.keep_ckpts,
         )
+        # Room for one checkpoint before any work: the state's arrays (nothing allocated).
+        if rc.stage == "rl" and multihost.is_primary():
+            require_free_space(
+                ckpt.directory,
+                checkpoint_bytes(
+                    lambda: TrainState.create(
+                        run.model,
+                        optimizer,
+                        seed=rc.trainer.seed,
+                        with_reference=algo.kl_coef > 0,
+                    )
+                ),
+            )
         # A newest step cut short by a crash, truncated or corrupted is set aside (named
         # here) and the run resumes from the previous complete one.
         for r in ckpt.rejected:
