@@ -94,6 +94,7 @@ def test_sigkill_mid_tool_call_leaves_no_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
 def test_sigkill_mid_step_with_the_vllm_engine_leaves_no_process(tmp_path):
     report = _kill_and_list(
         tmp_path / "run",
