@@ -371,6 +371,7 @@ def build_run(
     config: Any, *, out_dir: Path | None = None, write_metrics: bool = True
 ) -> Iterator[Run]:
     """Everything a run needs, from a ``ConfigDict`` (validated here) or a RunConfig."""
+    from verltool_jax import lifeline
     from verltool_jax.data.pipeline import PromptPipeline
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.reporting.metrics_writer import MetricsWriter
@@ -380,6 +381,9 @@ def build_run(
 
     raw = None if isinstance(config, RunConfig) else config
     rc = config if isinstance(config, RunConfig) else run_config_from_dict(config)
+    # Before any process is started: each one carries this run's token and dies with it,
+    # kill -9 included (verltool_jax/lifeline.py).
+    lifeline.arm()
     out = Path(out_dir or rc.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Several processes: process 0 writes the shared files (config, task data, the tiny

@@ -75,6 +75,7 @@ from verltool_jax.train.batch import (
 )
 from verltool_jax.train.checkpoint import Checkpointer
 from verltool_jax.train.console import console
+from verltool_jax.train.disk import checkpoint_bytes, require_free_space
 from verltool_jax.train.evaluate import evaluate, prompt_item, summarize
 from verltool_jax.train.health import (
     HealthMonitor,
@@ -359,6 +360,23 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             save_every=rc.trainer.ckpt_every or rc.trainer.steps + 1,
             keep=rc.trainer.keep_ckpts,
         )
+        # Room for one checkpoint before any work: the state's arrays (nothing allocated).
+        if rc.stage == "rl" and multihost.is_primary():
+            require_free_space(
+                ckpt.directory,
+                checkpoint_bytes(
+                    lambda: TrainState.create(
+                        run.model,
+                        optimizer,
+                        seed=rc.trainer.seed,
+                        with_reference=algo.kl_coef > 0,
+                    )
+                ),
+            )
+        # A newest step cut short by a crash, truncated or corrupted is set aside (named
+        # here) and the run resumes from the previous complete one.
+        for r in ckpt.rejected:
+            say(f"[trainer] {r.describe()}")
         prompts = run.prompt_pipeline()
         latest = ckpt.latest_step() if rc.checkpoint.resume else None
         resume_data: dict = {}
@@ -367,8 +385,13 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             resume_data = multihost.my_data_state(resume_data)
             if prompts is not None and "prompts" in resume_data:
                 prompts.set_state(resume_data["prompts"])
-            say(f"[trainer] resumed from {ckpt.directory} at step {latest}")
+            say(
+                f"[trainer] resumed from {ckpt.directory} at step {latest}"
+                + (", the newest complete checkpoint" if ckpt.rejected else "")
+            )
         else:
+            if ckpt.rejected and rc.checkpoint.resume:
+                say("[trainer] no complete checkpoint is left: starting from the beginning")
             if rc.sft.steps > 0:
                 run.model = run_sft(run, say, should_stop=stop.agreed)
                 if stop.set:
