@@ -79,6 +79,7 @@ def _fill(path: Path) -> None:
 needs_root = pytest.mark.skipif(not _can_mount(), reason="mounting a tmpfs needs root")
 
 
+@pytest.mark.slow  # ~2 min: a tiny run until a 32 MiB tmpfs is full, then its resume
 @needs_root
 def test_a_disk_that_fills_mid_run_stops_it_with_exit_4_and_the_checkpoint_resumes(tmp_path):
     with tmpfs(tmp_path / "disk", "32m") as disk:
