@@ -181,7 +181,7 @@ class Dispatcher:
                         self._executor, functools.partial(tool.conduct_action, tid, parsed, extra)
                     )
                 result = await asyncio.wait_for(aw, timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.stats["timeouts"] += 1
                 return (
                     invalid_observation(

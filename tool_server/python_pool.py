@@ -136,12 +136,12 @@ class SandboxProcess:
         except asyncio.CancelledError:
             self.kill()
             raise
-        except (asyncio.TimeoutError, WorkerDied, asyncio.IncompleteReadError) as e:
+        except (TimeoutError, WorkerDied, asyncio.IncompleteReadError) as e:
             err = b""
             if self.proc.stderr is not None:
                 try:
                     err = await asyncio.wait_for(self.proc.stderr.read(4000), 1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             self.kill()
             raise SandboxUnavailable(
@@ -240,7 +240,7 @@ class SandboxProcess:
             except (ConnectionError, BrokenPipeError):
                 self.kill()
                 raise WorkerDied("the worker process exited") from None
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.kill()
                 raise WorkerDied(f"no answer within {limits.wall_s:g} s") from None
             except WorkerDied:
@@ -257,7 +257,7 @@ class SandboxProcess:
             return
         try:
             err = await asyncio.wait_for(proc.stderr.read(8192), 0.5)
-        except (asyncio.TimeoutError, ValueError, OSError):
+        except (TimeoutError, ValueError, OSError):
             return
         if err.strip():
             log.warning("python worker ended (%s): %s", why, err.decode(errors="replace"))

@@ -258,7 +258,7 @@ class ShellSession:
 
         try:
             m = await asyncio.wait_for(read_until_marker(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.kill()
             return ShellResult(out.text(), None, timed_out=True)
         except asyncio.CancelledError:  # the server gave up on the call: do not leave it running
@@ -273,7 +273,7 @@ class ShellSession:
         if self.proc is not None:
             try:
                 code = await asyncio.wait_for(self.proc.wait(), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self.kill()
         return ShellResult(out.text(), code, shell_exited=True)
@@ -321,7 +321,7 @@ async def run_once(
     try:
         await asyncio.wait_for(pump(), timeout_s)
         code = await asyncio.wait_for(proc.wait(), max(1.0, timeout_s))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         _kill_group(proc)
         await proc.wait()
         return ShellResult(out.text(), None, timed_out=True)

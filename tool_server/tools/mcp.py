@@ -117,7 +117,7 @@ class _Connection:
         self._task = asyncio.create_task(run(), name="mcp-connection")
         try:
             await asyncio.wait_for(ready.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.close()
             raise ConnectionError(
                 f"could not connect to the MCP server within {timeout_s:g} s"
@@ -144,7 +144,7 @@ class _Connection:
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, 10)
-            except (asyncio.TimeoutError, Exception):
+            except (TimeoutError, Exception):
                 self._task.cancel()
 
 

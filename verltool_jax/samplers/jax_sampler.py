@@ -268,7 +268,7 @@ class JAXSampler:
         self._queue.put(req)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(req.future), self.request_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             req.future.cancel()
             raise SamplerTimeoutError(
                 f"{self.name}: generate did not finish within "

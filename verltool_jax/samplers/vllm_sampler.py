@@ -371,7 +371,7 @@ class VLLMSampler:
                         now - started >= self.request_timeout_s
                         and now - self._last_progress >= self.request_timeout_s
                     ):
-                        raise asyncio.TimeoutError
+                        raise TimeoutError
             finally:
                 if not task.done():
                     task.cancel()  # vLLM aborts the request
@@ -472,7 +472,7 @@ class VLLMSampler:
         self._inflight += 1
         try:
             return await asyncio.wrap_future(fut)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             fut.cancel()  # cancels the engine-side task: vLLM aborts it
             raise SamplerTimeoutError(
                 f"{self.name}: generate did not finish within request_timeout_s="
