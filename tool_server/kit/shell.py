@@ -27,6 +27,7 @@ import re
 import signal
 import sys
 import uuid
+import weakref
 from dataclasses import dataclass
 
 from tool_server.kit.observations import truncate_text
@@ -171,6 +172,12 @@ class ShellResult:
     shell_exited: bool = False
 
 
+# The pidfd handle of each process :func:`_spawn` started (dropped with the process).
+_HANDLES: weakref.WeakKeyDictionary[asyncio.subprocess.Process, ProcessHandle] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 async def _spawn(argv: list[str], **kwargs) -> asyncio.subprocess.Process:
     """``asyncio.create_subprocess_exec``; a bubblewrap argv has its options passed through
     a memory file (:func:`packed_argv`: no host path in the sandbox's ``/proc/1/cmdline``),
@@ -184,7 +191,7 @@ async def _spawn(argv: list[str], **kwargs) -> asyncio.subprocess.Process:
     finally:
         if fd is not None:
             os.close(fd)
-    proc.vtj_handle = ProcessHandle(proc.pid)
+    _HANDLES[proc] = ProcessHandle(proc.pid)
     return proc
 
 
@@ -198,7 +205,7 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    proc.vtj_handle.kill()
+    _HANDLES[proc].kill()
 
 
 class ShellSession:
@@ -245,9 +252,11 @@ class ShellSession:
         except (BrokenPipeError, ConnectionResetError):
             return await self._exited(out)
 
+        stdout = self.proc.stdout
+
         async def read_until_marker() -> re.Match | None:
             while True:
-                chunk = await self.proc.stdout.read(65536)
+                chunk = await stdout.read(65536)
                 if not chunk:
                     return None
                 out.add(chunk)
@@ -310,10 +319,12 @@ async def run_once(
         start_new_session=True,
     )
     out = OutputBuffer(output_cap)
+    stdout = proc.stdout
+    assert stdout is not None  # stdout=PIPE above
 
     async def pump() -> None:
         while True:
-            chunk = await proc.stdout.read(65536)
+            chunk = await stdout.read(65536)
             if not chunk:
                 return
             out.add(chunk)
