@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 
 from tool_server.kit.base import BaseTool
 
@@ -24,7 +25,7 @@ log = logging.getLogger("tool_server.registry")
 BUILTIN_TOOL_DIR = Path(__file__).resolve().parent / "tools"
 
 
-def _module_for(path: Path) -> object | None:
+def _module_for(path: Path) -> ModuleType | None:
     """Import one tool file; builtin files as ``tool_server.tools.<stem>``, others under
     a private module name. Returns ``None`` (and logs) if the import fails."""
     try:
@@ -34,6 +35,8 @@ def _module_for(path: Path) -> object | None:
         if mod_name in sys.modules:
             return sys.modules[mod_name]
         spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError("not a loadable Python source file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         spec.loader.exec_module(module)
@@ -43,7 +46,7 @@ def _module_for(path: Path) -> object | None:
         return None
 
 
-def tools_in_module(module: object) -> dict[str, type]:
+def tools_in_module(module: ModuleType) -> dict[str, type]:
     """``{name: class}`` for the BaseTool subclasses defined in ``module``."""
     out = {}
     for _, obj in inspect.getmembers(module, inspect.isclass):

@@ -54,7 +54,7 @@ class BaseTool:
     """
 
     name: ClassVar[str] = ""
-    usage: ClassVar[str] = ""
+    usage: str = ""  # a class attribute; a tool may set its own per instance (mcp)
     # Concurrency bound for this tool (None: only the server-wide bound applies).
     max_concurrency: ClassVar[int | None] = None
     # VerlTool's usage text for its tool of the same name (the invalid-action answer of
