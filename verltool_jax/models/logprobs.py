@@ -85,7 +85,7 @@ _chunk_stats.defvjp(_chunk_stats_fwd, _chunk_stats_bwd)
 def chunked_logprobs(
     hidden: jnp.ndarray,
     weight: jnp.ndarray,
-    targets: jnp.ndarray,
+    targets: jax.Array | np.ndarray,
     temperature: Temperature = 1.0,
     chunk_size: int = 256,
     return_entropy: bool = False,
