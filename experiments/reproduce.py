@@ -378,7 +378,7 @@ def render(
         "# Reproducing VerlTool's headline results",
         "",
         "Written by `python experiments/reproduce.py` from the run directories it found "
-        f"({_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC); do not edit by hand.",
+        f"({_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC); do not edit by hand.",
         "",
         "The left columns are the paper's number and how to reproduce it at paper scale "
         "(GPU nodes; `launch/slurm_multinode.sh` and `launch/tpu_pod.sh` take the same "

@@ -189,7 +189,7 @@ async def serve(tools: list[str], settings: ToolSettings, host: str, port: int) 
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
     await site.start()
-    bound = site._server.sockets[0].getsockname()  # the real port when --port 0
+    bound = runner.addresses[0]  # the one site's socket: the real port when --port 0
     print(f"TOOL_SERVER_READY http://{host}:{bound[1]}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

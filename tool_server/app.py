@@ -68,7 +68,7 @@ async def get_observation(request: web.Request) -> web.Response:
             f"the request body is over this server's limit of {limit} bytes "
             "(--max-request-mb); send fewer actions per request",
         )
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return _error(
             408,
             f"the request body did not arrive within "

@@ -10,10 +10,11 @@ import functools
 import inspect
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
-from tool_server.kit.base import BaseTool, Observation, ToolSettings
+from tool_server.kit.base import ActionResult, BaseTool, Observation, ToolSettings
 from tool_server.kit.compat import VERLTOOL, verltool_invalid_observation, verltool_usage_block
 from tool_server.kit.observations import (
     invalid_observation,
@@ -176,14 +177,17 @@ class Dispatcher:
         async with self._global_sem, self._tool_sem[tool.name]:
             self.in_flight += 1
             try:
+                # _is_async tells which of the two kinds conduct_action is
+                aw: Awaitable[ActionResult]
                 if self._is_async[tool.name]:
-                    aw = tool.conduct_action(tid, parsed, extra)
+                    aw = cast(Awaitable[ActionResult], tool.conduct_action(tid, parsed, extra))
                 else:
+                    run = cast(Callable[..., ActionResult], tool.conduct_action)
                     aw = asyncio.get_running_loop().run_in_executor(
-                        self._executor, functools.partial(tool.conduct_action, tid, parsed, extra)
+                        self._executor, functools.partial(run, tid, parsed, extra)
                     )
                 result = await asyncio.wait_for(aw, timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.stats["timeouts"] += 1
                 return (
                     invalid_observation(

@@ -130,12 +130,14 @@ class ToolServerProcess:
             cwd=_REPO_ROOT,
             env=proc_env,
         )
+        out, err = proc.stdout, proc.stderr
+        assert out is not None and err is not None  # both are PIPEs
         stderr_lines: list[str] = []
-        threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
+        threading.Thread(target=lambda: stderr_lines.extend(err), daemon=True).start()
         url_box: list[str] = []
 
         def read_stdout() -> None:
-            for line in proc.stdout:
+            for line in out:
                 if line.startswith("TOOL_SERVER_READY ") and not url_box:
                     url_box.append(line.split()[1])
 
@@ -213,4 +215,5 @@ def run_server(
     base URL (``http://127.0.0.1:PORT``), then stop it (SIGTERM, then SIGKILL) and remove
     its scratch directory (see :class:`ToolServerProcess`)."""
     with ToolServerProcess(tools, startup_timeout=startup_timeout, env=env, **flags) as server:
+        assert server.url is not None  # entering the context started the server
         yield server.url

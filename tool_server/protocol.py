@@ -41,17 +41,23 @@ class ObservationRequest:
         return len(self.trajectory_ids)
 
 
-def _list_field(body: dict, name: str, required: bool) -> list | None:
+def _list_field(body: dict, name: str) -> list | None:
+    """The list ``body[name]``; None when it is absent or null."""
     if name not in body or body[name] is None:
-        if required:
-            raise ProtocolError(
-                f"missing field '{name}': send a list with one entry per trajectory", field=name
-            )
         return None
     value = body[name]
     if not isinstance(value, list):
         raise ProtocolError(
             f"field '{name}' must be a list, got {type(value).__name__}", field=name
+        )
+    return value
+
+
+def _required_list_field(body: dict, name: str) -> list:
+    value = _list_field(body, name)
+    if value is None:
+        raise ProtocolError(
+            f"missing field '{name}': send a list with one entry per trajectory", field=name
         )
     return value
 
@@ -68,8 +74,8 @@ def parse_request(body: Any, max_batch: int | None = None) -> ObservationRequest
         raise ProtocolError(
             f"the request body must be a JSON object, got {type(body).__name__}", status=400
         )
-    tids = _list_field(body, "trajectory_ids", True)
-    actions = _list_field(body, "actions", True)
+    tids = _required_list_field(body, "trajectory_ids")
+    actions = _required_list_field(body, "actions")
     n = len(tids)
     if n == 0:
         raise ProtocolError(
@@ -103,7 +109,7 @@ def parse_request(body: Any, max_batch: int | None = None) -> ObservationRequest
             raise ProtocolError(
                 f"actions[{i}] must be a string, got {type(a).__name__}", field="actions"
             )
-    extra = _list_field(body, "extra_fields", False)
+    extra = _list_field(body, "extra_fields")
     if extra is None:
         extra = [{} for _ in range(n)]
     else:
@@ -122,7 +128,7 @@ def parse_request(body: Any, max_batch: int | None = None) -> ObservationRequest
                 )
     flags = {}
     for name in ("finish", "is_last_step"):
-        values = _list_field(body, name, False)
+        values = _list_field(body, name)
         if values is None:
             flags[name] = [False] * n
             continue

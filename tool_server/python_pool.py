@@ -136,12 +136,12 @@ class SandboxProcess:
         except asyncio.CancelledError:
             self.kill()
             raise
-        except (asyncio.TimeoutError, WorkerDied, asyncio.IncompleteReadError) as e:
+        except (TimeoutError, WorkerDied, asyncio.IncompleteReadError) as e:
             err = b""
             if self.proc.stderr is not None:
                 try:
                     err = await asyncio.wait_for(self.proc.stderr.read(4000), 1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             self.kill()
             raise SandboxUnavailable(
@@ -152,15 +152,23 @@ class SandboxProcess:
             self.kill()
             raise SandboxUnavailable(f"unexpected worker greeting {msg!r}")
 
+    def _pipes(self) -> tuple[asyncio.StreamWriter, asyncio.StreamReader]:
+        """The worker's stdin and stdout (both PIPEs once :meth:`start` has run)."""
+        proc = self.proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            raise WorkerDied("the worker process is not running")
+        return proc.stdin, proc.stdout
+
     async def _read_header(self) -> dict:
         """One JSON header frame of at most :data:`MAX_HEADER` bytes (a longer one, or one
         that is not a JSON object, means the worker is broken or subverted: WorkerDied)."""
+        _, stdout = self._pipes()
         try:
-            head = await self.proc.stdout.readexactly(4)
+            head = await stdout.readexactly(4)
             n = struct.unpack(">I", head)[0]
             if n > MAX_HEADER:
                 raise WorkerDied(f"protocol violation: a {n}-byte header")
-            body = await self.proc.stdout.readexactly(n)
+            body = await stdout.readexactly(n)
         except asyncio.IncompleteReadError:
             raise WorkerDied("the worker process exited") from None
         try:
@@ -179,9 +187,10 @@ class SandboxProcess:
             raise WorkerDied(
                 f"protocol violation: output sizes {sizes!r:.80} over the {max_output}-byte cap"
             )
+        _, stdout = self._pipes()
         try:
-            out = await self.proc.stdout.readexactly(sizes[0])
-            err = await self.proc.stdout.readexactly(sizes[1])
+            out = await stdout.readexactly(sizes[0])
+            err = await stdout.readexactly(sizes[1])
         except asyncio.IncompleteReadError:
             raise WorkerDied("the worker process exited") from None
         fields = {
@@ -225,11 +234,12 @@ class SandboxProcess:
                     "max_output": max_output,
                 }
             ).encode()
+            stdin_pipe, _ = self._pipes()
             try:
-                self.proc.stdin.write(struct.pack(">I", len(head)) + head)
-                self.proc.stdin.write(data)
-                self.proc.stdin.write(stdin_data)
-                await self.proc.stdin.drain()
+                stdin_pipe.write(struct.pack(">I", len(head)) + head)
+                stdin_pipe.write(data)
+                stdin_pipe.write(stdin_data)
+                await stdin_pipe.drain()
                 reply = await asyncio.wait_for(
                     self._read_reply(max_output), limits.wall_s + BACKSTOP_S
                 )
@@ -240,7 +250,7 @@ class SandboxProcess:
             except (ConnectionError, BrokenPipeError):
                 self.kill()
                 raise WorkerDied("the worker process exited") from None
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.kill()
                 raise WorkerDied(f"no answer within {limits.wall_s:g} s") from None
             except WorkerDied:
@@ -257,7 +267,7 @@ class SandboxProcess:
             return
         try:
             err = await asyncio.wait_for(proc.stderr.read(8192), 0.5)
-        except (asyncio.TimeoutError, ValueError, OSError):
+        except (TimeoutError, ValueError, OSError):
             return
         if err.strip():
             log.warning("python worker ended (%s): %s", why, err.decode(errors="replace"))
@@ -306,7 +316,9 @@ class PythonPool:
     ) -> RunResult:
         if self._idle is None:
             await self.start()
-        worker: SandboxProcess = await self._idle.get()
+        idle = self._idle
+        assert idle is not None  # start() made it
+        worker: SandboxProcess = await idle.get()
         try:
             if not worker.alive:
                 try:
@@ -321,7 +333,7 @@ class PythonPool:
                 return RunResult(error=f"the sandboxed process was killed ({e})")
         finally:
             if worker.alive:
-                self._idle.put_nowait(worker)
+                idle.put_nowait(worker)
             else:
                 asyncio.get_running_loop().create_task(self._restart(worker))
 
@@ -331,6 +343,7 @@ class PythonPool:
             await worker.start()
         except SandboxUnavailable as e:
             log.error("restarting a python worker failed: %s", e)
+        assert self._idle is not None  # the worker came from run(), after start()
         self._idle.put_nowait(worker)
 
     async def close(self) -> None:

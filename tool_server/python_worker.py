@@ -249,10 +249,12 @@ def _child_setup(out_w, err_w, workdir, close_fds):
             except OSError:
                 pass
     os.chdir(workdir)
-    sys.stdout = sys.__stdout__ = open(
+    # sys.__stdout__/__stderr__ too (typeshed calls them final): code that restores the
+    # original streams must get these, not the worker's protocol pipes
+    sys.stdout = sys.__stdout__ = open(  # type: ignore[misc]
         1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
     )
-    sys.stderr = sys.__stderr__ = open(
+    sys.stderr = sys.__stderr__ = open(  # type: ignore[misc]
         2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
     )
     sys.argv = [CODE_FILE]
@@ -443,7 +445,7 @@ def _clear_dir(path, dev=None):
                 pass
 
 
-_LIBC = []
+_LIBC: list = []  # the C library (a ctypes.CDLL), loaded on first use
 
 
 def clear_sysv_ipc():

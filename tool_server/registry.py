@@ -24,6 +24,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from tool_server.kit.base import BaseTool
 from tool_server.kit.plugins import BUILTIN, PluginError, PluginGroup, discover
@@ -34,7 +35,7 @@ BUILTIN_TOOL_DIR = Path(__file__).resolve().parent / "tools"
 TOOLS_GROUP = "verltool_jax.tools"  # entry-point group of tools from installed packages
 
 
-def _module_for(path: Path) -> object | None:
+def _module_for(path: Path) -> ModuleType | None:
     """Import one tool file; builtin files as ``tool_server.tools.<stem>``, others under
     a private module name. Returns ``None`` (and logs) if the import fails."""
     try:
@@ -44,6 +45,8 @@ def _module_for(path: Path) -> object | None:
         if mod_name in sys.modules:
             return sys.modules[mod_name]
         spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError("not a loadable Python source file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         spec.loader.exec_module(module)
@@ -53,7 +56,7 @@ def _module_for(path: Path) -> object | None:
         return None
 
 
-def tools_in_module(module: object) -> dict[str, type]:
+def tools_in_module(module: ModuleType) -> dict[str, type]:
     """``{name: class}`` for the BaseTool subclasses defined in ``module``."""
     out = {}
     for _, obj in inspect.getmembers(module, inspect.isclass):

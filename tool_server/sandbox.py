@@ -328,6 +328,7 @@ def bwrap_argv(
     if workdir is not None:
         os.chmod(workdir, 0o700)
         if root:
+            assert uid is not None  # sandbox_uid() above
             os.chown(workdir, uid, uid)
 
     argv = [

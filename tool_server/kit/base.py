@@ -8,6 +8,7 @@ nothing else needs editing. See ``docs/adding_a_tool.md``.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -16,6 +17,8 @@ from tool_server.kit.compat import NATIVE, VERLTOOL, tool_compat
 # An observation is either a plain string or a dict with at least "obs": str and
 # optionally "image" (data URL), "reward", "metrics", "invalid_reason".
 Observation = str | dict
+# What ``conduct_action`` gives back: ``(observation, done, valid)``.
+ActionResult = tuple[Observation, bool, bool]
 
 
 @dataclass
@@ -51,7 +54,7 @@ class BaseTool:
     """
 
     name: ClassVar[str] = ""
-    usage: ClassVar[str] = ""
+    usage: str = ""  # a class attribute; a tool may set its own per instance (mcp)
     # Concurrency bound for this tool (None: only the server-wide bound applies).
     max_concurrency: ClassVar[int | None] = None
     # VerlTool's usage text for its tool of the same name (the invalid-action answer of
@@ -72,11 +75,11 @@ class BaseTool:
 
     def conduct_action(
         self, trajectory_id: str, parsed: Any, extra_field: dict
-    ) -> tuple[Observation, bool, bool]:
+    ) -> ActionResult | Awaitable[ActionResult]:
         """Run ``parsed`` for one trajectory; return ``(observation, done, valid)``.
 
-        May be ``async def``. Blocking sync implementations are run in a thread by the
-        server. Errors the model caused must be observations, never exceptions.
+        May be ``async def`` (hence the ``Awaitable`` in the return type). Blocking sync
+        implementations are run in a thread by the server. Errors the model caused must be observations, never exceptions.
         """
         raise NotImplementedError
 

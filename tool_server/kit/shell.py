@@ -27,6 +27,7 @@ import re
 import signal
 import sys
 import uuid
+import weakref
 from dataclasses import dataclass
 
 from tool_server.kit.observations import truncate_text
@@ -171,6 +172,12 @@ class ShellResult:
     shell_exited: bool = False
 
 
+# The pidfd handle of each process :func:`_spawn` started (dropped with the process).
+_HANDLES: weakref.WeakKeyDictionary[asyncio.subprocess.Process, ProcessHandle] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 async def _spawn(argv: list[str], **kwargs) -> asyncio.subprocess.Process:
     """``asyncio.create_subprocess_exec``; a bubblewrap argv has its options passed through
     a memory file (:func:`packed_argv`: no host path in the sandbox's ``/proc/1/cmdline``),
@@ -184,7 +191,7 @@ async def _spawn(argv: list[str], **kwargs) -> asyncio.subprocess.Process:
     finally:
         if fd is not None:
             os.close(fd)
-    proc.vtj_handle = ProcessHandle(proc.pid)
+    _HANDLES[proc] = ProcessHandle(proc.pid)
     return proc
 
 
@@ -198,7 +205,7 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    proc.vtj_handle.kill()
+    _HANDLES[proc].kill()
 
 
 class ShellSession:
@@ -245,9 +252,11 @@ class ShellSession:
         except (BrokenPipeError, ConnectionResetError):
             return await self._exited(out)
 
+        stdout = self.proc.stdout
+
         async def read_until_marker() -> re.Match | None:
             while True:
-                chunk = await self.proc.stdout.read(65536)
+                chunk = await stdout.read(65536)
                 if not chunk:
                     return None
                 out.add(chunk)
@@ -258,7 +267,7 @@ class ShellSession:
 
         try:
             m = await asyncio.wait_for(read_until_marker(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.kill()
             return ShellResult(out.text(), None, timed_out=True)
         except asyncio.CancelledError:  # the server gave up on the call: do not leave it running
@@ -273,7 +282,7 @@ class ShellSession:
         if self.proc is not None:
             try:
                 code = await asyncio.wait_for(self.proc.wait(), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self.kill()
         return ShellResult(out.text(), code, shell_exited=True)
@@ -310,10 +319,12 @@ async def run_once(
         start_new_session=True,
     )
     out = OutputBuffer(output_cap)
+    stdout = proc.stdout
+    assert stdout is not None  # stdout=PIPE above
 
     async def pump() -> None:
         while True:
-            chunk = await proc.stdout.read(65536)
+            chunk = await stdout.read(65536)
             if not chunk:
                 return
             out.add(chunk)
@@ -321,7 +332,7 @@ async def run_once(
     try:
         await asyncio.wait_for(pump(), timeout_s)
         code = await asyncio.wait_for(proc.wait(), max(1.0, timeout_s))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         _kill_group(proc)
         await proc.wait()
         return ShellResult(out.text(), None, timed_out=True)

@@ -182,7 +182,7 @@ def read_source(path: str) -> tuple[str, list[Document]]:
         if len(records) != 1:
             raise CorpusError(f"{path}: a title corpus is one JSON object {{title: sentences}}")
         return layout, [passage(t, paragraph_text(b)) for t, b in records[0].items()]
-    docs = []
+    docs: list[Document] = []
     for i, r in enumerate(records):
         where = f"{path} record {i}"
         if not isinstance(r, dict):

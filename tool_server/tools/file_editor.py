@@ -138,7 +138,7 @@ def replace_unique(text: str, old: str, new: str, path: str) -> tuple[str, int]:
     return text[:pos] + new + text[pos + len(old) :], text.count("\n", 0, pos) + 1
 
 
-def insert_after(text: str, line: int, new: str) -> str:
+def insert_after(text: str, line: object, new: str) -> str:
     """``text`` with ``new`` inserted as whole lines after line ``line`` (0: at the top).
 
     ``new`` is treated as a block of lines (a final newline is added if missing); a file
@@ -542,6 +542,7 @@ class FileEditorTool(WorkspaceTool):
             )
         line = args.get("insert_line")
         new_text = insert_after(text, line, new_str)
+        assert isinstance(line, int)  # insert_after has checked it
         write_text(ws, rel, new_text)
         return f"The file {shown} has been edited. " + snippet(
             new_text, line + 1, line_count(new_str) or 1, shown

@@ -208,7 +208,7 @@ class ImageTool(BaseTool):
             refs = (extra_field or {}).get("images") or []
             if isinstance(refs, (str, bytes, dict)):
                 refs = [refs]
-            images = []
+            images: list[Image.Image] = []
             budget = self._budget_bytes()
             for i, ref in enumerate(refs):
                 try:

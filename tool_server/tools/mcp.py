@@ -90,7 +90,7 @@ class _Connection:
 
     def __init__(self, target: Any) -> None:
         self.target = target
-        self.client = None
+        self.client: Any | None = None  # the mcp.Client while connected
         self.tools: list = []
         self.error: BaseException | None = None
         self._task: asyncio.Task | None = None
@@ -117,7 +117,7 @@ class _Connection:
         self._task = asyncio.create_task(run(), name="mcp-connection")
         try:
             await asyncio.wait_for(ready.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.close()
             raise ConnectionError(
                 f"could not connect to the MCP server within {timeout_s:g} s"
@@ -144,7 +144,7 @@ class _Connection:
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, 10)
-            except (asyncio.TimeoutError, Exception):
+            except (TimeoutError, Exception):
                 self._task.cancel()
 
 
@@ -204,6 +204,7 @@ class MCPTool(BaseTool):
         timeout = command_timeout(self.settings.extra, "mcp_timeout_s", self.settings.timeout_s)
         try:
             conn = await self._connection()
+            assert conn.client is not None  # _connection gives a live connection
             result = await conn.client.call_tool(
                 parsed.name, parsed.arguments, read_timeout_seconds=timeout
             )

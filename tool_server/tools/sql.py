@@ -209,6 +209,7 @@ class SqlTool(BaseTool):
         path, error = self._db_path(extra_field)
         if error:
             return error, False, True
+        assert path is not None  # _db_path gives a path or an error
         try:
             columns, rows, more = run_query(
                 path,

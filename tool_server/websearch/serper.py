@@ -94,7 +94,7 @@ class SerperBackend(SearchBackend):
                                     + (" (check the API key)" if r.status in (401, 403) else "")
                                 )
                             retry_after = parse_retry_after(r.headers.get("Retry-After"))
-                    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    except (TimeoutError, aiohttp.ClientError) as e:
                         last_problem = f"{type(e).__name__}"
                     if attempt < self.retries:
                         delay = backoff_delay(

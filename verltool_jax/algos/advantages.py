@@ -83,11 +83,11 @@ class GroupStats(NamedTuple):
     """Per-sample statistics of the sample's group, float32 [N] each.
 
     ``d``: r_i - p_g, the reward centred on the group pivot p_g = max(r in group);
-    ``count``: n_g; ``total``: sum of d over the group; ``mean``: total / n_g.
+    ``size``: n_g; ``total``: sum of d over the group; ``mean``: total / n_g.
     """
 
     d: jax.Array
-    count: jax.Array
+    size: jax.Array
     total: jax.Array
     mean: jax.Array
 
@@ -124,8 +124,8 @@ def grpo_advantages(
     st = group_stats(rewards, group_index, num_groups)
     dev = st.d - st.mean
     sq = jax.ops.segment_sum(dev**2, group_index, num_segments=num_groups)[group_index]
-    std = jnp.sqrt(sq / jnp.maximum(st.count - 1.0, 1.0))
-    return jnp.where(st.count > 1, dev / (std + GRPO_EPS), 0.0)
+    std = jnp.sqrt(sq / jnp.maximum(st.size - 1.0, 1.0))
+    return jnp.where(st.size > 1, dev / (std + GRPO_EPS), 0.0)
 
 
 @ADVANTAGES.register("drgrpo", "dr_grpo", "dr-grpo")
@@ -141,7 +141,7 @@ def drgrpo_advantages(
     ``norm_adv_by_std_in_grpo=False``. A group of one gets 0 (verl: r).
     """
     st = group_stats(rewards, group_index, num_groups)
-    return jnp.where(st.count > 1, st.d - st.mean, 0.0)
+    return jnp.where(st.size > 1, st.d - st.mean, 0.0)
 
 
 @ADVANTAGES.register("rloo")
@@ -157,7 +157,7 @@ def rloo_advantages(
     ``core_algos.compute_rloo_outcome_advantage``. A group of one gets 0 (verl: r).
     """
     st = group_stats(rewards, group_index, num_groups)
-    return jnp.where(st.count > 1, st.d - (st.total - st.d) / jnp.maximum(st.count - 1.0, 1.0), 0.0)
+    return jnp.where(st.size > 1, st.d - (st.total - st.d) / jnp.maximum(st.size - 1.0, 1.0), 0.0)
 
 
 def token_whiten(values: jax.Array, token_counts: jax.Array) -> jax.Array:
@@ -228,7 +228,7 @@ def reinforce_pp_baseline_advantages(
     """
     counts = _need_counts(token_counts, rewards, "reinforce_plus_plus_baseline")
     st = group_stats(rewards, group_index, num_groups)
-    centred = jnp.where(st.count > 1, st.d - st.mean, 0.0)
+    centred = jnp.where(st.size > 1, st.d - st.mean, 0.0)
     return token_whiten(centred, counts)
 
 

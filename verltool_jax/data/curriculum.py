@@ -26,7 +26,7 @@ config section (:class:`verltool_jax.run_config.CurriculumSection`).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -41,7 +41,7 @@ def difficulty_of(row: dict) -> tuple[str, int] | None:
 class Curriculum:
     """Per-group levels moved by rolling pass rates (the rule of the module doc)."""
 
-    def __init__(self, levels: dict[str, Sequence[int]], settings: Any):
+    def __init__(self, levels: Mapping[str, Sequence[int]], settings: Any):
         if not levels:
             raise ValueError("curriculum: no group has labelled rows")
         self.settings = settings

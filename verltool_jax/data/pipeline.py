@@ -153,7 +153,7 @@ def _prompt_transform(
     tokenizer, max_prompt_tokens: int | None, overlong: str, image_processor=None
 ):
     def transform(index: int, row: dict) -> PromptExample | None:
-        images = []
+        images: list = []  # ImageInput, one per <image> marker
         if row.get("images"):
             ids, images = multimodal_prompt(
                 tokenizer, row["prompt"], list(row["images"]), image_processor, f"row {index}"

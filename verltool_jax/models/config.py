@@ -163,7 +163,7 @@ class VisionConfig:
     def from_hf_dict(cls, kind: str, d: dict) -> VisionConfig:
         """Read an HF ``vision_config`` of ``kind`` (``qwen2_5_vl`` or ``qwen2_vl``)."""
         rope = d.get("rope_parameters") or {}
-        common = dict(
+        common: dict[str, Any] = dict(
             kind=kind,
             depth=int(d["depth"]),
             num_heads=int(d["num_heads"]),
@@ -419,6 +419,25 @@ class ModelConfig:
     def is_vision_language(self) -> bool:
         return self.vision is not None
 
+    def require_vision(self) -> VisionConfig:
+        """``vision``, for code that only runs for a vision-language model."""
+        if self.vision is None:
+            raise ValueError(
+                f"a {self.model_type} ModelConfig has no vision tower (vision is None); "
+                "this needs a vision-language model (Qwen2-VL, Qwen2.5-VL)"
+            )
+        return self.vision
+
+    def require_token_id(self, name: str) -> int:
+        """The special token id field ``name`` (``image_token_id``, ``vision_start_token_id``,
+        ...), which a vision-language model needs."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(
+                f"ModelConfig.{name} is None; a vision-language model needs it (config.json {name})"
+            )
+        return value
+
     # ------------------------------------------------------------------ HF interop
     @classmethod
     def from_hf_dict(cls, d: dict, **overrides) -> ModelConfig:
@@ -448,6 +467,8 @@ class ModelConfig:
         rope = {**legacy, **rope}
         theta = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
         rtype = rope.get("rope_type", rope.get("type", "default"))
+        if not isinstance(rtype, str):
+            raise ValueError(f"config.json rope_type must be a string, got {rtype!r}")
         scaling = RopeScaling(
             rope_type=rtype,
             factor=float(rope.get("factor", 1.0)),
@@ -610,7 +631,7 @@ class ModelConfig:
             architectures=[VL_ARCHITECTURES[self.model_type]],
             model_type=self.model_type,
             text_config=text,
-            vision_config=self.vision.to_hf_dict(),
+            vision_config=self.require_vision().to_hf_dict(),
             image_token_id=self.image_token_id,
             video_token_id=self.video_token_id,
             vision_start_token_id=self.vision_start_token_id,

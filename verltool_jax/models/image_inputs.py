@@ -55,7 +55,7 @@ class ImageInput:
         its size, so an engine with its own processor (vLLM) cuts the same patches."""
         from PIL import Image
 
-        p = self.config.vision.patch_size
+        p = self.config.require_vision().patch_size
         want = (self.grid_thw[2] * p, self.grid_thw[1] * p)
         return self.image if self.image.size == want else self.image.resize(want, Image.BICUBIC)
 
@@ -133,7 +133,7 @@ class ImageProcessor:
                 "ModelConfig.vision_start_token_id / vision_end_token_id are "
                 "needed to place images in the token stream"
             )
-        v = config.vision
+        v = config.require_vision()
         factor = v.patch_size * v.spatial_merge_size
         if min_pixels < factor * factor or max_pixels < min_pixels:
             raise ValueError(
@@ -163,8 +163,9 @@ class ImageProcessor:
             )
         out = self._proc(images=[np.asarray(img)], return_tensors="np")
         pv = np.asarray(out["pixel_values"], np.float32)
-        grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"]).reshape(3))
-        n = int(np.prod(grid)) // self.config.vision.spatial_merge_size**2
+        t, h, w = (int(x) for x in np.asarray(out["image_grid_thw"]).reshape(3))
+        grid = (t, h, w)
+        n = int(np.prod(grid)) // self.config.require_vision().spatial_merge_size ** 2
         return ImageInput(
             pixel_values=pv, grid_thw=grid, num_tokens=n, image=img, config=self.config
         )
@@ -173,9 +174,9 @@ class ImageProcessor:
         """``[vision_start] + [image_token] * num_tokens + [vision_end]``."""
         c = self.config
         return (
-            [c.vision_start_token_id]
-            + [c.image_token_id] * image.num_tokens
-            + [c.vision_end_token_id]
+            [c.require_token_id("vision_start_token_id")]
+            + [c.require_token_id("image_token_id")] * image.num_tokens
+            + [c.require_token_id("vision_end_token_id")]
         )
 
 

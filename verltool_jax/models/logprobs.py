@@ -85,7 +85,7 @@ _chunk_stats.defvjp(_chunk_stats_fwd, _chunk_stats_bwd)
 def chunked_logprobs(
     hidden: jnp.ndarray,
     weight: jnp.ndarray,
-    targets: jnp.ndarray,
+    targets: jax.Array | np.ndarray,
     temperature: Temperature = 1.0,
     chunk_size: int = 256,
     return_entropy: bool = False,
@@ -125,9 +125,9 @@ def chunked_logprobs(
 
 def token_logprobs(
     model,
-    input_ids: jnp.ndarray,
-    attention_mask: jnp.ndarray,
-    targets: jnp.ndarray,
+    input_ids: jax.Array | np.ndarray,
+    attention_mask: jax.Array | np.ndarray,
+    targets: jax.Array | np.ndarray,
     temperature: Temperature = 1.0,
     chunk_size: int = 256,
     return_entropy: bool = False,

@@ -52,8 +52,9 @@ class LoRALinear(nnx.Linear):
         self.lora_b = nnx.LoRAParam(jnp.zeros((rank, dout), pdt))
         self.lora_scale = float(scale)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        y = super().__call__(x)
+    def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
+        """``Linear(x) + lora_scale * (x @ A) @ B`` (``out_sharding`` applies to the first)."""
+        y = super().__call__(x, out_sharding)
         a = self.lora_a[...].astype(y.dtype)
         b = self.lora_b[...].astype(y.dtype)
         return y + self.lora_scale * ((x.astype(y.dtype) @ a) @ b)
@@ -116,7 +117,7 @@ def sampler_params(model_or_state, config=None) -> nnx.State:
     """What the samplers and exports get: the param state with adapters folded in (a
     module's own config says how; a bare state needs the trainer's ``config``)."""
     if isinstance(model_or_state, nnx.Module):  # a module knows its own adapters
-        config = model_or_state.config
+        config = model_or_state.config  # type: ignore[attr-defined]  # every policy model has one
         model_or_state = nnx.state(model_or_state, nnx.Param)
     if config is None or getattr(config, "lora_rank", 0) == 0:
         if has_lora(model_or_state):

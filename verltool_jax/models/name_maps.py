@@ -54,7 +54,7 @@ class _Entry:
 def _linear(hf: str, ours: tuple, bias_flag: str | bool | None = None) -> tuple[_Entry, ...]:
     """A linear layer's weight, and its bias: always (``True``), never (``None``) or when the
     named ``ModelConfig`` flag is true."""
-    out = (_Entry(f"{hf}.weight", ours + ("kernel",), True),)
+    out: tuple[_Entry, ...] = (_Entry(f"{hf}.weight", ours + ("kernel",), True),)
     if bias_flag:
         when = bias_flag if isinstance(bias_flag, str) else None
         out += (_Entry(f"{hf}.bias", ours + ("bias",), False, when=when),)
@@ -113,6 +113,7 @@ def _vision_block(kind: str) -> tuple[_Entry, ...]:
         *_linear(f"{_V}.attn.qkv", _VB + ("attn", "qkv"), True),
         *_linear(f"{_V}.attn.proj", _VB + ("attn", "proj"), True),
     )
+    norms: tuple[_Entry, ...]
     if kind == "qwen2_5_vl":
         norms = (
             _Entry(f"{_V}.norm1.weight", _VB + ("norm1", "weight"), False),
@@ -138,6 +139,7 @@ def _vision_block(kind: str) -> tuple[_Entry, ...]:
 def _vision_global(kind: str) -> tuple[_Entry, ...]:
     """Tensors of the vision tower outside its blocks (patch embedding, merger)."""
     m = ("visual", "merger")
+    ln: tuple[_Entry, ...]
     if kind == "qwen2_5_vl":
         ln = (_Entry("visual.merger.ln_q.weight", m + ("ln_q", "weight"), False),)
     else:

@@ -33,7 +33,7 @@ def package_gguf(name: str) -> Path:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         raise FileNotFoundError(f"no installed package named {name!r}") from None
-    found = [Path(dist.locate_file(f)) for f in (dist.files or []) if str(f).endswith(".gguf")]
+    found = [Path(str(dist.locate_file(f))) for f in (dist.files or []) if str(f).endswith(".gguf")]
     if len(found) != 1:
         raise ValueError(
             f"package {name!r} ships {len(found)} .gguf files "

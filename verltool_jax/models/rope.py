@@ -94,7 +94,10 @@ def rope_angles(
 
 
 def apply_rope(
-    x: jnp.ndarray, positions: jnp.ndarray, inv_freq: jnp.ndarray, sections: tuple[int, ...] = ()
+    x: jnp.ndarray,
+    positions: jnp.ndarray,
+    inv_freq: jnp.ndarray | np.ndarray,
+    sections: tuple[int, ...] = (),
 ) -> jnp.ndarray:
     """Rotate ``x [B, T, N, D]`` by angles ``rope_angles(positions, inv_freq, sections)``
     (HF half-split layout); ``positions`` is ``[B, T]``, or ``[B, T, P]`` for M-RoPE.

@@ -9,6 +9,7 @@ Reading memory-maps the file, so one tensor (or one slice of it) is read at a ti
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -52,7 +53,7 @@ def iter_tensors(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
         yield name, arr
 
 
-def checkpoint_files(ckpt_dir: str | Path) -> list[Path]:
+def checkpoint_files(ckpt_dir: str | os.PathLike) -> list[Path]:
     """The safetensors files of an HF checkpoint (sharded via ``model.safetensors.index.json``)."""
     d = Path(ckpt_dir)
     index = d / "model.safetensors.index.json"

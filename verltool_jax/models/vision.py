@@ -170,7 +170,7 @@ def image_batch(
     num_patches = m2 * _pow2(n // m2) if bucket else None
     positions, full, win = vision_layout(grid, vision, num_patches)
     full_g, win_g = attention_groups(full), attention_groups(win)
-    if bucket:
+    if num_patches is not None:  # bucket
         pv = np.pad(pv, ((0, num_patches - n), (0, 0)))
         full_g = _pad_groups(full_g, _pow2(full_g.shape[0]), _pow2(full_g.shape[1]))
         side = vision.window_size // vision.patch_size if vision.kind == "qwen2_5_vl" else 0
@@ -198,7 +198,7 @@ _ACTIVATIONS = {
 
 def _norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs):
     """Qwen2.5-VL: RMSNorm; Qwen2-VL: LayerNorm (with bias); both with eps 1e-6."""
-    v = cfg.vision
+    v = cfg.require_vision()
     if v.kind == "qwen2_5_vl":
         return RMSNorm(dim, v.norm_eps, cfg.dtype, cfg.param_dtype)
     return nnx.LayerNorm(
@@ -214,7 +214,7 @@ class GeluMLP(nnx.Module):
     """Qwen2-VL vision MLP: ``fc2(act(fc1(x)))`` with biases."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        v = cfg.vision
+        v = cfg.require_vision()
         self.fc1 = _linear(cfg, v.hidden_size, v.intermediate_size, True, rngs)
         self.fc2 = _linear(cfg, v.intermediate_size, v.hidden_size, True, rngs)
         self.act = v.hidden_act
@@ -227,7 +227,7 @@ class VisionAttention(nnx.Module):
     """Bidirectional multi-head attention with a fused ``qkv`` projection and 2-D RoPE."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        v = cfg.vision
+        v = cfg.require_vision()
         self.qkv = _linear(cfg, v.hidden_size, 3 * v.hidden_size, True, rngs)
         self.proj = _linear(cfg, v.hidden_size, v.hidden_size, True, rngs)
         self.heads = v.num_heads
@@ -261,10 +261,11 @@ class VisionAttention(nnx.Module):
 
 class VisionBlock(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        v = cfg.vision
+        v = cfg.require_vision()
         self.norm1 = _norm(cfg, v.hidden_size, rngs)
         self.norm2 = _norm(cfg, v.hidden_size, rngs)
         self.attn = VisionAttention(cfg, rngs)
+        self.mlp: MLP | GeluMLP
         if v.kind == "qwen2_5_vl":
             self.mlp = MLP(cfg, rngs, v.hidden_size, v.intermediate_size, bias=True)
         else:
@@ -280,7 +281,7 @@ class PatchMerger(nnx.Module):
     [N / m^2, out_hidden_size]`` (GELU exact, as ``torch.nn.GELU()``)."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        v = cfg.vision
+        v = cfg.require_vision()
         wide = v.hidden_size * v.spatial_merge_size**2
         self.ln_q = _norm(cfg, v.hidden_size, rngs)
         self.mlp_in = _linear(cfg, wide, wide, True, rngs)
@@ -300,7 +301,7 @@ class VisionTower(nnx.Module):
     """Patches ``[N, patch_dim]`` -> one embedding per merged ``m x m`` block ``[N/m^2, H]``."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        v = cfg.vision
+        v = cfg.require_vision()
         self.vision = v
         self.dtype = cfg.dtype
         self.remat_policy = cfg.remat_policy

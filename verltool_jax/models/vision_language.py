@@ -28,8 +28,10 @@ from .vision import ImageBatch, VisionTower, check_grid, image_batch
 
 def image_token_counts(image_grid_thw, config: ModelConfig) -> list[int]:
     """Placeholders per image: ``t * h * w / spatial_merge_size**2`` (one per merged block)."""
-    m2 = config.vision.spatial_merge_size**2
-    return [int(np.prod(g)) // m2 for g in check_grid(image_grid_thw, config.vision).tolist()]
+    m2 = config.require_vision().spatial_merge_size ** 2
+    return [
+        int(np.prod(g)) // m2 for g in check_grid(image_grid_thw, config.require_vision()).tolist()
+    ]
 
 
 def expand_image_tokens(token_ids, image_grid_thw, config: ModelConfig) -> list[int]:
@@ -68,7 +70,7 @@ def mrope_positions(
     ids = np.asarray(input_ids)
     B, T = ids.shape
     mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
-    v = config.vision
+    v = config.require_vision()
     grids = iter(check_grid(image_grid_thw, v).tolist()) if image_grid_thw is not None else iter(())
     m = v.spatial_merge_size
     out = np.zeros((B, T, 3), np.int32)
@@ -142,7 +144,7 @@ def vl_inputs(
     images = (
         None
         if pixel_values is None
-        else image_batch(pixel_values, image_grid_thw, config.vision, bucket)
+        else image_batch(pixel_values, image_grid_thw, config.require_vision(), bucket)
     )
     return {"positions": jnp.asarray(positions), "images": images}
 
@@ -220,11 +222,15 @@ class VisionLanguageModel(Transformer):
                 raise ValueError("row_images needs positions= and excludes images=")
             B, N = row_images.pixel_values.shape[:2]
             feats = self.image_features(flatten_row_images(row_images))
-            feats = feats.reshape(B, N // self.config.vision.spatial_merge_size**2, -1)
+            feats = feats.reshape(B, N // self.config.require_vision().spatial_merge_size ** 2, -1)
             if inputs_embeds is None:
                 inputs_embeds = self.embed(input_ids)
             inputs_embeds = scatter_row_image_features(
-                inputs_embeds, input_ids, attention_mask, feats, self.config.image_token_id
+                inputs_embeds,
+                input_ids,
+                attention_mask,
+                feats,
+                self.config.require_token_id("image_token_id"),
             )
         if images is not None:
             if positions is None:
@@ -240,7 +246,7 @@ class VisionLanguageModel(Transformer):
                 input_ids,
                 attention_mask,
                 self.image_features(images),
-                self.config.image_token_id,
+                self.config.require_token_id("image_token_id"),
             )
         return super().hidden_states(input_ids, attention_mask, positions, inputs_embeds)
 

@@ -50,13 +50,13 @@ def signal_metrics(
     advantages: Sequence[float] | None = None,
 ) -> dict[str, float]:
     """The metrics of the module doc for one batch (trajectory-aligned sequences)."""
-    rewards = np.asarray(rewards, np.float64)
-    correct = np.asarray(correct, np.float64)
+    rew = np.asarray(rewards, np.float64)
+    cor = np.asarray(correct, np.float64)
     groups: dict[str, list[int]] = {}
     for i, g in enumerate(group_ids):
         groups.setdefault(g, []).append(i)
-    flat = [rewards[idx].max() == rewards[idx].min() for idx in groups.values()]
-    rates = [float(correct[idx].mean()) for idx in groups.values()]
+    flat = [rew[idx].max() == rew[idx].min() for idx in groups.values()]
+    rates = [float(cor[idx].mean()) for idx in groups.values()]
     out = {
         NO_SIGNAL_FRAC: float(np.mean(flat)) if flat else 0.0,
         "signal/zero_groups": float(sum(r == 0.0 for r in rates)),

@@ -31,7 +31,7 @@ def format_progress(step: int, total: int | None, metrics: Mapping[str, float]) 
         parts.append(f"no-signal {metrics[names.NO_SIGNAL_FRAC]:.2f}")
     if metrics.get(names.TOKENS_PER_S) is not None:
         parts.append(f"{_si(metrics[names.TOKENS_PER_S])} tok/s")
-    times = [
+    timed = [
         (label, metrics.get(key))
         for label, key in (
             ("rollout-wait", names.TIME_ROLLOUT_WAIT),
@@ -39,7 +39,7 @@ def format_progress(step: int, total: int | None, metrics: Mapping[str, float]) 
             ("sync", names.TIME_SYNC),
         )
     ]
-    times = [f"{label} {v:.1f}s" for label, v in times if v is not None]
+    times = [f"{label} {v:.1f}s" for label, v in timed if v is not None]
     if times:
         parts.append(" ".join(times))
     return " | ".join(parts)

@@ -114,7 +114,8 @@ def read_run(run_dir: str | os.PathLike) -> RunRecord:
             rec.config = {}
     jsonl = run_dir / "metrics.jsonl"
     records = read_metrics(jsonl) if jsonl.is_file() else []
-    t0 = min((r["time"] for r in records if _num(r.get("time")) is not None), default=None)
+    # the default is never read: with no timed record the curves below are empty
+    t0 = min((r["time"] for r in records if _num(r.get("time")) is not None), default=0.0)
     rl = [r for r in records if _num(r.get(names.REWARD)) is not None]
     rewards = [float(r[names.REWARD]) for r in rl]
     if rewards:

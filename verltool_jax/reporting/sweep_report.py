@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from verltool_jax.reporting.run_dirs import RUN_SCALARS, RunRecord
 
+RUN_SCALAR_KEYS = tuple(k for k, _ in RUN_SCALARS)
+
 
 @dataclass(frozen=True)
 class Stat:
@@ -63,11 +65,12 @@ class ArmRow:
 
 def arm_rows(
     runs: Mapping[str, Sequence[RunRecord]],
-    metrics: Sequence[str] = tuple(k for k, _ in RUN_SCALARS),
+    metrics: Sequence[str] = RUN_SCALAR_KEYS,
 ) -> list[ArmRow]:
     """One :class:`ArmRow` per arm (in ``runs`` order); the first arm is the baseline."""
     rows = []
     base: dict | None = None
+    exceeds: dict[str, bool | None]
     for arm, recs in runs.items():
         stats = {m: mean_spread([r.value(m) for r in recs]) for m in metrics}
         if base is None:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verltool_jax.rewards.base import (
     RewardResult,
@@ -32,6 +32,9 @@ from verltool_jax.rewards.base import (
 )
 from verltool_jax.rewards.shaping import ShapingSettings, shaped_score
 from verltool_jax.rollout.response_text import model_text
+
+if TYPE_CHECKING:
+    from multiprocessing.pool import Pool
 
 
 @dataclass
@@ -176,7 +179,7 @@ class RewardPool:
         self.shaping, self.reward_name = shaping, reward_name
         self.reward_modules = tuple(reward_modules)
         self.restarts = 0
-        self._pool = None
+        self._pool: Pool | None = None
         reward_plugins()  # installed packages' rewards, here as in every worker
         for m in self.reward_modules:
             importlib.import_module(m)
@@ -196,7 +199,7 @@ class RewardPool:
             reward_name=reward_cfg.name,
         )
 
-    def _ensure_pool(self):
+    def _ensure_pool(self) -> Pool | None:
         if self._pool is None and self.num_workers > 0:
             ctx = mp.get_context("spawn")  # never fork a process that runs JAX threads
             self._pool = ctx.Pool(
@@ -238,7 +241,7 @@ class RewardPool:
             + self.grace_s
             + self.timeout_s * math.ceil(len(items) / self.num_workers)
         )
-        results: list[RewardResult | None] = []
+        results: list[RewardResult] = []
         stuck = False
         for it, p in zip(items, pending):
             try:
@@ -251,8 +254,8 @@ class RewardPool:
                     )
                 )
         if stuck:  # a worker is wedged past its own timer: kill and replace the pool
-            self._pool.terminate()
-            self._pool.join()
+            pool.terminate()
+            pool.join()
             self._pool = None
             self.restarts += 1
         return results

@@ -74,12 +74,12 @@ def _iter_tokens(sql: str, keep_ws: bool) -> Iterator[Token]:
             yield ("ident", body)
         elif c.isdigit() or (c == "." and i + 1 < n and sql[i + 1].isdigit()):
             m = _NUM_RE.match(sql, i)
+            assert m is not None  # a digit, or "." then a digit, starts a number
             yield ("num", m.group(0))
             i = m.end()
-        elif _WORD_RE.match(sql, i):
-            m = _WORD_RE.match(sql, i)
-            yield ("word", m.group(0))
-            i = m.end()
+        elif w := _WORD_RE.match(sql, i):
+            yield ("word", w.group(0))
+            i = w.end()
         else:
             op = next((o for o in _OPS if sql.startswith(o, i)), c)
             yield ("op", op)

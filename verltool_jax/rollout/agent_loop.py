@@ -34,6 +34,15 @@ class PromptItem:
     group_id: str | None = None
     images: list = field(default_factory=list)
 
+    def gid(self) -> str:
+        """``group_id``, which a rollout needs (:func:`as_prompt_item` sets it)."""
+        if self.group_id is None:
+            raise ValueError(
+                "PromptItem.group_id is None; set it, or build the item with as_prompt_item "
+                "(which names the group g<index>)"
+            )
+        return self.group_id
+
 
 PromptLike = PromptItem | Sequence[int] | dict
 
@@ -130,7 +139,7 @@ async def rollout_group(
     async def one(k: int) -> Trajectory:
         b = TrajectoryBuilder(
             f"{item.group_id}-{k}",
-            item.group_id,
+            item.gid(),
             item.prompt_ids,
             cfg,
             tokenizer,

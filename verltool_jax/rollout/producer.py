@@ -109,12 +109,13 @@ class RolloutProducer:
                 "RolloutProducer.run needs a queue (async mode); use "
                 "next_groups for the synchronous baseline"
             )
+        queue = self.queue
         tasks: list[asyncio.Task] = []
 
         async def one(item: PromptItem) -> list[Trajectory]:
             group = await self._group(item)
             try:
-                await self.queue.put_group(group)
+                await queue.put_group(group)
             except QueueClosed:
                 pass
             return group
@@ -125,8 +126,8 @@ class RolloutProducer:
                 if nxt is None:
                     break
                 key, item = nxt
-                self._pending[item.group_id] = key  # in flight from here (resume replays it)
-                await self.queue.admit()
+                self._pending[item.gid()] = key  # in flight from here (resume replays it)
+                await queue.admit()
                 tasks.append(asyncio.create_task(one(item)))
             return list(await asyncio.gather(*tasks))
         except QueueClosed:
@@ -146,7 +147,7 @@ class RolloutProducer:
             if nxt is None:
                 break
             key, item = nxt
-            self._pending[item.group_id] = key
+            self._pending[item.gid()] = key
             items.append(item)
         if not items:
             return []

@@ -169,7 +169,7 @@ class TrajectoryQueue:
 
     # --- the trainer ------------------------------------------------------------------
     def _drop_stale_locked(self) -> None:
-        keep = deque()
+        keep: deque[list[Trajectory]] = deque()
         for g in self._ready:
             if staleness(self.version, g) > self.max_staleness:
                 self.metrics.dropped_stale += 1

@@ -59,7 +59,7 @@ async def run_rollout_sync(
         [
             TrajectoryBuilder(
                 f"{it.group_id}-{k}",
-                it.group_id,
+                it.gid(),
                 it.prompt_ids,
                 cfg,
                 tokenizer,

@@ -72,6 +72,11 @@ class Trajectory:
 
             ids = self.prompt_ids + self.response_ids
             tok = self.image_token_id
+            if tok is None:
+                raise ValueError(
+                    f"trajectory {self.trajectory_id} has {len(self.images)} image(s) but no "
+                    "image_token_id; set Trajectory.image_token_id to the policy's placeholder id"
+                )
             want = [(im.offset, im.image.num_tokens) for im in self.images]
             if placeholder_runs(ids, tok) != want:
                 raise ValueError(

@@ -91,7 +91,7 @@ class TrajectoryBuilder:
             starts = check_placeholders(
                 prompt_ids,
                 prompt_images,
-                self.traj.image_token_id,
+                image_processor.config.image_token_id,
                 f"trajectory {trajectory_id} prompt",
             )
             self.traj.images = [
@@ -259,7 +259,8 @@ class TrajectoryBuilder:
         text = "\n".join([res.observation] + notes) if notes else res.observation
         if notes:
             t.observations[-1] = text
-        blocks = [self.image_processor.placeholder_ids(im) for im in images]
+        proc = self.image_processor  # None only for a text-only policy, which gets no images
+        blocks = [proc.placeholder_ids(im) for im in images] if proc is not None else []
         ids, truncated = self.formatter(text)
         t.obs_truncated += int(truncated)
         n_prefix = len(self.formatter.prefix_ids)

@@ -268,7 +268,7 @@ class JAXSampler:
         self._queue.put(req)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(req.future), self.request_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             req.future.cancel()
             raise SamplerTimeoutError(
                 f"{self.name}: generate did not finish within "
@@ -324,7 +324,8 @@ class JAXSampler:
             active = [i for i, r in enumerate(self._rows) if r is not None]
             # drop requests whose callers gave up
             for i in active:
-                if self._rows[i].future.cancelled():
+                req = self._rows[i]
+                if req is not None and req.future.cancelled():
                     self._rows[i] = None
             active = [i for i, r in enumerate(self._rows) if r is not None]
             if not active and index > 0:
@@ -354,6 +355,7 @@ class JAXSampler:
                 continue
             for i in rows:
                 r = self._rows[i]
+                assert r is not None  # admitted and active rows hold their request
                 t = int(toks[i])
                 r.tokens.append(t)
                 r.logprobs.append(float(lps[i]))
@@ -475,6 +477,7 @@ class JAXSampler:
         self, i: int, reason: str, stop_string: str | None, stop_token_id: int | None
     ) -> None:
         r = self._rows[i]
+        assert r is not None, f"{self.name}: finishing row {i}, which holds no request"
         self._rows[i] = None
         metrics = {
             "engine": self.name,

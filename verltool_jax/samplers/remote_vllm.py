@@ -37,7 +37,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import (
     Completion,
@@ -54,6 +54,9 @@ from .weight_sync import (
     log_sync_path,
     named_tensors_from_params,
 )
+
+if TYPE_CHECKING:
+    from verltool_jax.models.config import ModelConfig
 
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 WORKER_EXTENSION = "verltool_jax.samplers.vllm_worker_ext.WeightSyncWorkerExtension"
@@ -112,7 +115,7 @@ class RemoteVLLMSampler:
         self._inflight = 0
         self._closed = False
         self._shm: SharedWeightBuffer | None = None
-        self._model_config = None
+        self._model_config: ModelConfig | None = None
         # "auto": in place where it applies, else vLLM's reload; "reload" forces the latter
         self.sync_mode = "auto"
         self._sync_paths_logged: set = set()
@@ -501,7 +504,7 @@ class VLLMServer:
                 except ProcessLookupError:
                     pass
                 self.proc.wait()
-        if self._log is not subprocess.DEVNULL:
+        if not isinstance(self._log, int):  # an open file, not subprocess.DEVNULL
             self._log.close()
             self._log = subprocess.DEVNULL
 

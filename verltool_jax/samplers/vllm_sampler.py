@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import (
     Completion,
@@ -52,6 +52,9 @@ from .weight_sync import (
     log_sync_path,
     named_tensors_from_params,
 )
+
+if TYPE_CHECKING:
+    from verltool_jax.models.config import ModelConfig
 
 _DTYPES = {
     "float32": "float32",
@@ -88,6 +91,11 @@ class EnginePrompt:
     def __init__(
         self, ids: list[int], images: Sequence[Any] = (), image_token_id: int | None = None
     ) -> None:
+        if images and image_token_id is None:
+            raise ValueError(
+                "EnginePrompt: a prompt with images needs image_token_id (the policy's image "
+                "placeholder id, ModelConfig.image_token_id)"
+            )
         self.ids, self.images, self.image_token_id = ids, list(images), image_token_id
 
     def tokens_prompt(self):
@@ -97,6 +105,7 @@ class EnginePrompt:
             return TokensPrompt(prompt_token_ids=self.ids)
         from verltool_jax.models.image_inputs import placeholder_runs
 
+        assert self.image_token_id is not None  # __init__ requires it with images
         compact, pos = [], 0
         for start, n in placeholder_runs(self.ids, self.image_token_id):
             compact += self.ids[pos : start + 1]
@@ -118,6 +127,7 @@ class EnginePrompt:
 
         got = list(getattr(out, "prompt_token_ids", None) or [])
         if self.images and got != self.ids:
+            assert self.image_token_id is not None  # __init__ requires it with images
             runs = [n for _, n in placeholder_runs(got, self.image_token_id)]
             raise SamplerError(
                 f"{name}: vLLM expanded the request's images to placeholder runs {runs}, the "
@@ -198,7 +208,7 @@ class VLLMSampler:
         self.version = 0
         self.restarts = 0
         self.last_sync: dict = {}
-        self._engine_args = dict(
+        self._engine_args: dict[str, Any] = dict(
             model=self.model_path,
             dtype=self.dtype,
             seed=seed,
@@ -232,7 +242,7 @@ class VLLMSampler:
             # prefill never takes that path (tests/samplers: test_seeded_requests_...).
             self._engine_args["enable_chunked_prefill"] = False
         self._engine_args.update(engine_kwargs or {})
-        self._model_config = None  # models.ModelConfig, loaded on first update
+        self._model_config: ModelConfig | None = None  # loaded on first update
         # "auto": in place where it applies, else vLLM's reload; "reload" forces the latter
         self.sync_mode = "auto"
         self._sync_paths_logged: set = set()
@@ -243,7 +253,7 @@ class VLLMSampler:
         self._admit: asyncio.Semaphore | None = None  # engine slots (see _admitted)
         self._last_progress = time.monotonic()  # last finished request
         self._closed = False
-        self._engine = None
+        self._engine: Any | None = None  # vllm's AsyncLLM, once started
         self._generation = 0  # bumped by every (re)start
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -301,6 +311,7 @@ class VLLMSampler:
 
     async def _recover(self, generation: int, cause: BaseException) -> None:
         """Restart a dead engine (once per death) or raise SamplerDeadError."""
+        assert self._restart_lock is not None  # made by _start_engine
         async with self._restart_lock:
             if self._generation != generation and self.alive:
                 return  # someone else restarted it
@@ -314,7 +325,8 @@ class VLLMSampler:
             self.restarts += 1
             old, self._engine = self._engine, None
             try:
-                old.shutdown(timeout=5)  # dead already: its output handler has ended
+                if old is not None:
+                    old.shutdown(timeout=5)  # dead already: its output handler has ended
             except Exception:
                 pass
             await self._start_engine()
@@ -371,7 +383,7 @@ class VLLMSampler:
                         now - started >= self.request_timeout_s
                         and now - self._last_progress >= self.request_timeout_s
                     ):
-                        raise asyncio.TimeoutError
+                        raise TimeoutError
             finally:
                 if not task.done():
                     task.cancel()  # vLLM aborts the request
@@ -472,7 +484,7 @@ class VLLMSampler:
         self._inflight += 1
         try:
             return await asyncio.wrap_future(fut)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             fut.cancel()  # cancels the engine-side task: vLLM aborts it
             raise SamplerTimeoutError(
                 f"{self.name}: generate did not finish within request_timeout_s="
@@ -485,6 +497,8 @@ class VLLMSampler:
     # ---------------------------------------------------------------- weight sync
     async def _reload(self, method: str, args: tuple, version: int | None = None):
         engine = self._engine
+        if engine is None:
+            raise SamplerDeadError(f"{self.name}: no engine to load weights into (closed?)")
         await engine.pause_generation(mode="keep", clear_cache=False)
         try:
             results = await engine.collective_rpc(method, args=args)

@@ -37,6 +37,7 @@ sampler would score with the old embedding), so after the embedding changes the 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 
 class NoInplacePath(Exception):
@@ -162,7 +163,8 @@ def _lm_head(model):
 
 def _tied(model) -> bool:
     cfg = getattr(model, "config", None)
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    get_text_config = getattr(cfg, "get_text_config", None)
+    text = get_text_config() if get_text_config is not None else cfg
     return bool(
         getattr(cfg, "tie_word_embeddings", False) or getattr(text, "tie_word_embeddings", False)
     )
@@ -187,6 +189,9 @@ def _refresh_head(model) -> None:
 
 
 class WeightSyncWorkerExtension:
+    # vLLM mixes this class into its worker, which owns the model runner.
+    model_runner: Any
+
     def _verltool_reload(self, weights) -> int:
         self.model_runner.reload_weights(weights_iterator=weights)
         model = self.model_runner.get_model()

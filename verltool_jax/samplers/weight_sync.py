@@ -166,11 +166,12 @@ def _fusion_groups(
         for _fused, parts in fuse.items():
             if short != parts[0]:
                 continue
-            idx = [
+            found = [
                 index.get(f"{mod_prefix}.{p}.{rest}" if mod_prefix else f"{p}.{rest}")
                 for p in parts
             ]
-            if any(j is None for j in idx):
+            idx = [j for j in found if j is not None]
+            if len(idx) < len(found):  # a part is missing: not a complete group
                 continue
             shapes = [np.shape(arrays[j]) for j in idx]
             if (
@@ -198,7 +199,7 @@ def remove_orphaned_segments(shm_dir: str | None = None) -> list[str]:
     killed trainer never reaches :meth:`SharedWeightBuffer.close`; a SmolLM2 buffer is
     540 MB of RAM-backed ``/dev/shm``). Returns the removed paths."""
     d = shm_dir or SHM_DIR
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(d)
     except OSError:

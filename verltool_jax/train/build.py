@@ -17,9 +17,12 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verltool_jax.run_config import RunConfig, run_config_from_dict
+
+if TYPE_CHECKING:
+    from verltool_jax.rollout.agent_loop import PromptItem
 
 log = logging.getLogger("verltool_jax.train")
 
@@ -232,9 +235,10 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
         with _env(engine_device_env(rc, i)):
             engines.append(make_backend(model_dir, backend=backend, name=f"{backend}{i}", **kw))
-        if getattr(engines[-1], "placement", None) is not None:
+        placement = getattr(engines[-1], "placement", None)
+        if placement is not None:
             print(
-                f"[trainer] vLLM CPU placement: {engines[-1].placement.reason}",
+                f"[trainer] vLLM CPU placement: {placement.reason}",
                 file=console(),
                 flush=True,
             )
@@ -270,6 +274,7 @@ def tool_server(rc: RunConfig, out: Path | None = None) -> Iterator[tuple[str, A
     with ToolServerProcess(
         list(ts.tools), timeout=ts.timeout_s, max_concurrency=ts.max_concurrency, tool_opt=tool_opt
     ) as proc:
+        assert proc.url is not None  # entering the context started the server
         log.info("tool server with %s at %s", ",".join(ts.tools), proc.url)
         refuse_unavailable_tools(get_json(proc.url + "/health"))
         yield proc.url, proc
@@ -437,7 +442,7 @@ def build_run(
         from verltool_jax.models.image_inputs import ImageProcessor
 
         image_processor = ImageProcessor(model.config)
-    eval_items = []
+    eval_items: list[PromptItem] = []
     if files["eval"] and rc.data.max_eval_examples:  # 0: no held-out evaluation
         # data.max_eval_examples in all, taken in turn from each eval file (its rows in
         # order), so every test set is represented
@@ -463,6 +468,7 @@ def build_run(
                     # group ids unique over the files: eval<file>_<row>
                     eval_items += prompt_items(got, f"eval{j}_" if len(pipes) > 1 else "eval")
     lg = rc.logging
+    writer: MetricsWriter | NullWriter
     if primary:
         writer = MetricsWriter(
             out,

@@ -24,8 +24,7 @@ import optax
 from flax import nnx, struct
 
 
-@struct.dataclass
-class TrainState:
+class TrainState(struct.PyTreeNode):  # a frozen flax struct dataclass with a typed replace()
     graphdef: Any = struct.field(pytree_node=False)
     params: Any
     opt_state: Any
@@ -69,7 +68,8 @@ class TrainState:
         p = self.params if params is None else params
         if self.trainable is nnx.Param:
             return p, None
-        return nnx.split_state(p, self.trainable, ...)
+        trainable, frozen = nnx.split_state(p, self.trainable, ...)  # two filters, two parts
+        return trainable, frozen
 
     def join(self, trainable: Any, frozen: Any) -> Any:
         """The full param state from the two parts of :meth:`split_trainable`."""
@@ -89,4 +89,5 @@ class TrainState:
 
     def graphdef_config(self):
         """The model's ``ModelConfig``."""
-        return self.model().config
+        # every policy model (models.transformer, models.vision_language) has .config
+        return self.model().config  # type: ignore[attr-defined]

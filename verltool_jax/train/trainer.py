@@ -443,6 +443,7 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             )
             result = asyncio.run(loop.run())
             state, last_trajs, eval_trajs = loop.state, loop.last_trajs, loop.eval_trajs
+            assert publisher.version is not None  # publish_now above set it
             version = publisher.version
         if multihost.is_primary():
             finish_reports(run, last_trajs, eval_trajs, say)
@@ -664,7 +665,7 @@ class RLLoop:
                 self.ckpt.maybe_save(self.state, self.data_state(producer))
         finally:
             bar.close()
-            if producing is not None:
+            if producing is not None and queue is not None:  # both or neither
                 await queue.close()
                 producing.cancel()
                 await asyncio.gather(producing, return_exceptions=True)
