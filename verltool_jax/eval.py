@@ -338,7 +338,9 @@ def run_eval(
         walls = {}
 
         async def scored(client, n_samples: int, temp: float, label: str):
-            bar = ProgressBar(len(items), file=console(), enabled=echo, unit=label)
+            bar = ProgressBar(
+                len(items), file=console(), enabled=echo and rc.logging.progress_bar, unit=label
+            )
             bar.update(0, {})
             done = [0]
 
