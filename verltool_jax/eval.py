@@ -341,7 +341,6 @@ def run_eval(
             bar = ProgressBar(
                 len(items), file=console(), enabled=echo and rc.logging.progress_bar, unit=label
             )
-            bar.update(0, {})
             done = [0]
 
             def tick(_group) -> None:

@@ -213,7 +213,8 @@ def test_data_alone_evaluates_an_unseen_file(tmp_path, capfd):
     assert len(said) == 1 and "'asdiv20', 'unitset'" in said[0] and "'math'" in said[0]
     assert any(x.startswith("greedy     asdiv20") for x in lines)
     assert "greedy 6/6" in console.out  # the progress bar
-    assert not [x for x in lines if " INFO " in x or x.startswith("INFO")]
+    everything = (console.out + console.err).splitlines()
+    assert not [x for x in everything if " INFO " in x or x.startswith("INFO")]
     assert f"library logs (vLLM, XLA, tool server) go to {out / 'eval.log'}" in console.out
     log = (out / "eval.log").read_text()
     assert "INFO verltool_jax.train: tool server with python_code" in log

@@ -61,6 +61,7 @@ class ProgressBar:
         self._bar = tqdm(
             total=total,
             initial=initial,
+            desc=format_progress(initial, total, {}, unit),
             disable=not enabled,
             mininterval=0,
             dynamic_ncols=True,
