@@ -65,6 +65,9 @@ def _needs(ok: bool, why: str):
     return pytest.mark.skipif(not ok, reason=why)
 
 
+# Each runs in 10-35 s here. SQL and SWE are marked slow only because their families'
+# own tests run this same entry point in the default suite (test_vt_sql_family.py,
+# test_swe_eval.py).
 slow = pytest.mark.slow
 FAMILIES = [
     pytest.param("tiny_math.py:smoke", [], id="tiny_math"),
@@ -74,8 +77,8 @@ FAMILIES = [
         id="vt_math",
         marks=_needs((DATA / "gsm8k" / "test.jsonl").is_file(), "no ../shared/data"),
     ),
-    pytest.param("vt_search.py:tiny", "search", id="vt_search", marks=slow),
-    pytest.param("vt_deepsearch.py:tiny", "search", id="vt_deepsearch", marks=slow),
+    pytest.param("vt_search.py:tiny", "search", id="vt_search"),
+    pytest.param("vt_deepsearch.py:tiny", "search", id="vt_deepsearch"),
     pytest.param(
         "vt_sql.py:tiny",
         [f"--config.task.spider_dir={SPIDER}"],
@@ -101,7 +104,7 @@ FAMILIES = [
         "vt_reasoning.py:tiny",
         [],
         id="vt_reasoning",
-        marks=[slow, _needs(_has_module("reasoning_gym"), "reasoning-gym is not installed")],
+        marks=_needs(_has_module("reasoning_gym"), "reasoning-gym is not installed"),
     ),
 ]
 
