@@ -240,9 +240,11 @@ def load_policy(run, checkpoint: str):
     return load_hf(model_dir, dtype=rc.model.dtype), f"model {checkpoint} ({model_dir})"
 
 
-def eval_items_per_file(run, limit: int | None = None) -> list:
+def eval_items_per_file(run, limit: int | None = None, say=None) -> list:
     """The held-out prompts, at most ``limit`` (None: all) from each eval file, with the
-    policy's image processor (a vision-language policy's rows hold images)."""
+    policy's image processor (a vision-language policy's rows hold images). Prompts over
+    ``rollout.max_prompt_tokens`` are left out; ``say`` (a print function) says how many
+    problems of a file were kept when fewer than asked."""
     from verltool_jax.data.pipeline import PromptPipeline
     from verltool_jax.train.evaluate import prompt_items
 
@@ -258,11 +260,19 @@ def eval_items_per_file(run, limit: int | None = None) -> list:
             max_prompt_tokens=rc.rollout.max_prompt_tokens,
             image_processor=run.image_processor,
         )
-        items += prompt_items(pipe.next_batch(limit or len(pipe.rows)), f"eval{i}_")
+        want = min(limit or len(pipe.rows), len(pipe.rows))
+        got = pipe.next_batch(want)
+        if len(got) < want and say is not None:
+            say(
+                f"[eval] {f}: {len(got)} of {want} problems evaluated; the prompts of the "
+                f"others are longer than rollout.max_prompt_tokens="
+                f"{rc.rollout.max_prompt_tokens}"
+            )
+        items += prompt_items(got, f"eval{i}_")
     return items
 
 
-def eval_dir(config: Any, checkpoint: str) -> Path | None:
+def eval_dir(checkpoint: str) -> Path | None:
     """The directory an evaluation works in (its held-out data, ``eval.log``): a run
     directory given as ``checkpoint`` (its own tokenizer, task data and model files),
     else None (``trainer.out_dir``)."""
@@ -305,11 +315,13 @@ def run_eval(
 
     if data:
         apply_data_flag(config, data, limit)
-    out_dir = eval_dir(config, checkpoint)
+    out_dir = eval_dir(checkpoint)
     say = (lambda m: print(m, file=console(), flush=True)) if echo else (lambda m: None)
     with build_run(config, out_dir=out_dir, write_metrics=False, eval_only=True) as run:
         rc = run.config
-        items = eval_items_per_file(run, limit or (None if data else rc.data.max_eval_examples))
+        items = eval_items_per_file(
+            run, limit or (None if data else rc.data.max_eval_examples), say
+        )
         if not items:
             raise ValueError("the config has no held-out prompts (data.eval_files or a task)")
         family = rc.task.name if rc.task is not None else ""
@@ -515,7 +527,7 @@ def main(argv=None) -> int:
     from verltool_jax.train.console import library_output_to, tail
 
     prepare_vision_language_sampler(cl.config)
-    log_path = (eval_dir(cl.config, checkpoint) or Path(cl.config.trainer.out_dir)) / "eval.log"
+    log_path = (eval_dir(checkpoint) or Path(cl.config.trainer.out_dir)) / "eval.log"
     sys.stderr.flush()
     err = os.fdopen(os.dup(2), "w", buffering=1)  # the terminal's stderr, for errors
     with err, library_output_to(log_path) as term:
