@@ -261,3 +261,35 @@ def test_smol_command_of_the_readme_on_an_unseen_file(tmp_path):
     assert not [x for x in console.splitlines() if " INFO " in x or x.startswith("INFO")]
     log = (out / "eval.log").read_text()
     assert "INFO" in log and "vllm" in log.lower()
+
+
+def test_items_per_file_limit_and_overlong_prompts_said(tmp_path):
+    """``--limit`` caps each file; a file whose prompts are too long for
+    ``rollout.max_prompt_tokens`` says how many of its problems were evaluated."""
+    from types import SimpleNamespace as NS
+
+    from support.tiny_data import tiny_tokenizer
+
+    from verltool_jax.data.readers import write_rows
+    from verltool_jax.tasks.math_data import make_row
+
+    probs = read_problems(_write_jsonl(tmp_path / "asdiv20.jsonl", LAYOUT_ROWS))
+    long_q = probs[0].__class__("word " * 400, "1", "long", "x:1")
+    short = write_rows(
+        [make_row(p, i, "eval") for i, p in enumerate(probs)], tmp_path / "a.parquet"
+    )
+    mixed = write_rows(
+        [make_row(probs[0], 0, "eval"), make_row(long_q, 1, "eval")], tmp_path / "b.parquet"
+    )
+    run = NS(
+        files={"eval": (str(short), str(mixed))},
+        tokenizer=tiny_tokenizer(),
+        image_processor=None,
+        config=NS(data=NS(format="auto"), rollout=NS(max_prompt_tokens=300)),
+    )
+    said = []
+    items = eval_cli.eval_items_per_file(run, None, said.append)
+    assert [it.group_id for it in items] == ["eval0_0", "eval0_1", "eval0_2", "eval0_3", "eval1_0"]
+    assert len(said) == 1 and said[0].startswith(f"[eval] {mixed}: 1 of 2 problems evaluated")
+    items = eval_cli.eval_items_per_file(run, 2, said.append)  # at most 2 per file
+    assert [it.group_id for it in items] == ["eval0_0", "eval0_1", "eval1_0"]
