@@ -15,7 +15,9 @@ Ablations (the first arm of each is its baseline; every arm runs every seed):
 * ``loss``: policy loss and advantages -- GRPO (symmetric PPO clip 0.2), Dr.GRPO
   (``drgrpo`` advantages, ``seq-mean-token-sum-norm``), RLOO, DAPO (clip-higher 0.28 +
   dynamic sampling + overlong penalty over the last quarter of the response budget),
-  GSPO (sequence ratio, clip 3e-4 / 4e-4, ``seq-mean-token-mean``, as verl's GSPO recipe);
+  GSPO (sequence ratio, clip 3e-4 / 4e-4, ``seq-mean-token-mean``, as verl's GSPO recipe),
+  REINFORCE++ and REINFORCE++-baseline (batch-whitened advantages) and CISPO (clipped
+  IS weight, no lower bound and eps_high 0.2, as verl's CISPO recipe);
 * ``offpolicy``: behaviour logprobs from the sampler, or recomputed by the trainer before
   the update with truncated IS against the sampler (cap 2) or without (with the
   sampler's logprobs the IS weight is 1 on every token, so that arm needs no IS pair);
@@ -23,7 +25,10 @@ Ablations (the first arm of each is its baseline; every arm runs every seed):
   tokens, the mistake the framework prevents by default); both arms recompute behaviour
   logprobs and turn truncated IS off, since the sampler has no logprobs for tool tokens;
 * ``turns``: the tool-call budget ``rollout.max_turns`` 1 / 2 / 4;
-* ``kl``: no KL term / k1 / k3 (``algo.kl_coef`` 0.01 against the initial policy).
+* ``kl``: no KL term / k1 / k3 (``algo.kl_coef`` 0.01 against the initial policy);
+* ``credit``: per-turn credit, ``algo.turn_discount`` 1 (every turn gets the whole
+  advantage) / 0.8 / 0.5; meant for a family whose answers take several tool calls:
+  ``python experiments/ablations.py credit --config configs/vt_search.py:smol``.
 
 Any ``--config.a.b=v`` given on the command line is shared by every arm (before the
 arm's own overrides, so an arm's setting wins). Runs go to
@@ -108,6 +113,40 @@ def loss_arms(cfg) -> list[Arm]:
                 ),
             ),
         ),
+        Arm(
+            "reinforce_pp",
+            _o(algo__adv_estimator="reinforce_plus_plus", algo__policy_loss="ppo", **plain),
+            note="no groups: rewards whitened over the batch's tokens",
+        ),
+        Arm(
+            "reinforce_pp_baseline",
+            _o(
+                algo__adv_estimator="reinforce_plus_plus_baseline",
+                algo__policy_loss="ppo",
+                **plain,
+            ),
+            note="group mean subtracted, then whitened over the batch's tokens",
+        ),
+        Arm(
+            "cispo",
+            _o(
+                algo__adv_estimator="grpo",
+                algo__policy_loss="cispo",
+                **dict(plain, algo__clip_ratio_low=10.0, algo__clip_ratio_high=0.2),
+            ),
+            note="IS weight clipped at 1.2, no lower bound",
+        ),
+    ]
+
+
+def credit_arms(cfg) -> list[Arm]:
+    return [
+        Arm(
+            "flat" if g == 1.0 else f"turn{g}",
+            _o(algo__turn_discount=g),
+            note="every turn gets the sequence advantage" if g == 1.0 else "",
+        )
+        for g in (1.0, 0.8, 0.5)
     ]
 
 
@@ -169,7 +208,7 @@ ABLATIONS: dict[str, tuple[str, Callable]] = {
     ),
     "loss": (
         "Which policy loss / advantage estimator learns best here: GRPO, Dr.GRPO, "
-        "RLOO, DAPO or GSPO?",
+        "RLOO, DAPO, GSPO, REINFORCE++ (with or without the group baseline) or CISPO?",
         loss_arms,
     ),
     "offpolicy": (
@@ -181,6 +220,11 @@ ABLATIONS: dict[str, tuple[str, Callable]] = {
     "masking": ("What does training on tool-output tokens (no observation mask) do?", masking_arms),
     "turns": ("How does the tool-call budget (max_turns 1/2/4) change accuracy?", turns_arms),
     "kl": ("Does a KL term (k1 / k3) against the initial policy help or hurt?", kl_arms),
+    "credit": (
+        "Does discounting the advantage of earlier turns (algo.turn_discount) help a "
+        "multi-turn agent?",
+        credit_arms,
+    ),
 }
 
 

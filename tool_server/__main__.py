@@ -2,6 +2,8 @@
 
 Prints ``TOOL_SERVER_READY http://HOST:PORT`` on stdout once it listens (``--port 0``
 picks a free port; :func:`tool_server.launcher.run_server` reads that line).
+``python -m tool_server --list-tools [--tool-dir DIR]`` prints every tool it could serve
+and where each comes from (built in, a --tool-dir, or an installed package).
 """
 
 from __future__ import annotations
@@ -27,8 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tools",
-        required=True,
         help="comma-separated tool names, in routing order (e.g. python_code,sql)",
+    )
+    p.add_argument(
+        "--list-tools",
+        action="store_true",
+        help="print every available tool and its source (built-in, --tool-dir or the "
+        "installed package), then exit",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000, help="0 picks a free port")
@@ -192,11 +199,33 @@ async def serve(tools: list[str], settings: ToolSettings, host: str, port: int) 
     await runner.cleanup()
 
 
+def print_tool_list(tool_dirs: list[str]) -> None:
+    """The ``--list-tools`` table: name, source, usage (or the problem of a tool that
+    cannot be used, marked ``UNUSABLE``)."""
+    from tool_server.registry import list_tools
+
+    rows = list_tools(tool_dirs)
+    width = max([len(r.name) for r in rows] + [4])
+    src = max([len(r.source) for r in rows] + [6])
+    print(f"{'tool':<{width}}  {'source':<{src}}  usage")
+    for r in rows:
+        usage = r.usage.replace("\n", " ") if r.ok else f"UNUSABLE: {r.usage}"
+        print(f"{r.name:<{width}}  {r.source:<{src}}  {usage}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.list_tools:
+        try:
+            print_tool_list(args.tool_dir)
+        except FileNotFoundError as e:  # a missing --tool-dir
+            raise SystemExit(f"error: {e}") from None
+        return
+    if not args.tools:
+        raise SystemExit("error: --tools is required (or --list-tools to see the choices)")
     settings = settings_from_args(args)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     if not tools:
@@ -218,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(serve(tools, settings, args.host, args.port))
     except KeyError as e:  # unknown tool names
         raise SystemExit(f"error: {e.args[0]}") from None
-    except (ValueError, FileNotFoundError) as e:  # bad --tool-opt value, missing --tool-dir
+    except (ValueError, FileNotFoundError) as e:
+        # bad --tool-opt value, missing --tool-dir, a requested plugin that cannot be used
         raise SystemExit(f"error: {e}") from None
 
 

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from tool_server.dispatcher import Dispatcher
 from tool_server.kit.base import BaseTool, ToolSettings
+from tool_server.kit.plugins import PluginError
 from tool_server.protocol import ProtocolError, parse_request
 from tool_server.registry import discover_tools
 
@@ -98,12 +99,20 @@ async def list_tools(request: web.Request) -> web.Response:
     return _json({"tools": [{"name": t.name, "usage": t.usage} for t in tools]})
 
 
-def instantiate_tools(tools: Sequence[str | BaseTool], settings: ToolSettings) -> list[BaseTool]:
-    """Tool names (looked up with :func:`discover_tools`) or ready instances -> instances."""
+def instantiate_tools(
+    tools: Sequence[str | BaseTool],
+    settings: ToolSettings,
+    unusable: dict[str, str] | None = None,
+) -> list[BaseTool]:
+    """Tool names (looked up with :func:`discover_tools`) or ready instances -> instances.
+    With ``unusable``, a requested plugin that cannot be used (a clash, a failed import)
+    is left out and its problem, naming the package, recorded there; without, it raises."""
     names = [t for t in tools if isinstance(t, str)]
-    classes = discover_tools(names, settings.tool_dirs) if names else {}
+    classes = discover_tools(names, settings.tool_dirs, unusable) if names else {}
     out = []
     for t in tools:
+        if isinstance(t, str) and t not in classes:
+            continue  # recorded in unusable
         out.append(classes[t](settings) if isinstance(t, str) else t)
     seen = set()
     for t in out:
@@ -116,9 +125,20 @@ def instantiate_tools(tools: Sequence[str | BaseTool], settings: ToolSettings) -
 def create_app(
     tools: Sequence[str | BaseTool], settings: ToolSettings | None = None
 ) -> web.Application:
-    """The aiohttp application serving ``tools`` (names in routing order, or instances)."""
+    """The aiohttp application serving ``tools`` (names in routing order, or instances).
+
+    A requested plugin tool that cannot be used does not stop the others: it is logged,
+    left out (no tool claims its actions, so they are answered as invalid) and reported by
+    ``/health`` under ``unavailable_tools`` with the reason, naming the package."""
     settings = settings or ToolSettings()
-    dispatcher = Dispatcher(instantiate_tools(tools, settings), settings)
+    unusable: dict[str, str] = {}
+    served = instantiate_tools(tools, settings, unusable)
+    for reason in unusable.values():
+        log.error("%s; serving the other tools without it", reason)
+    if not served and unusable:
+        raise PluginError("no tool can be served: " + "; ".join(unusable.values()))
+    dispatcher = Dispatcher(served, settings)
+    dispatcher.unavailable_tools = unusable
     max_body = int(settings.max_request_mb * 1024 * 1024)
     app = web.Application(client_max_size=max_body)
     app[DISPATCHER_KEY] = dispatcher

@@ -69,6 +69,8 @@ class Dispatcher:
         # VerlTool's server with finish as its only tool hands it every action
         self._only_finish = all(t.name == "finish" for t in tools)
         self.started_at = time.monotonic()
+        # requested tools that could not be loaded (a broken plugin): name -> reason
+        self.unavailable_tools: dict[str, str] = {}
         self.in_flight = 0
         self.stats = {
             "requests": 0,
@@ -250,6 +252,7 @@ class Dispatcher:
         return {
             "status": "ok",
             "tools": [t.name for t in self.tools],
+            "unavailable_tools": dict(self.unavailable_tools),
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "in_flight": self.in_flight,
             "live_trajectories": self.live_trajectories(),

@@ -225,8 +225,12 @@ def load_policy(run, checkpoint: str):
     if path.is_dir():
         ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         ck = Checkpointer(ckpt_dir)
+        # damaged newest steps are set aside (train/checkpoint.py); say which
+        rejected = "".join(f"; {r.describe()}" for r in ck.rejected)
         if ck.latest_step() is None:
-            raise ValueError(f"--checkpoint {path}: no orbax checkpoint or HF checkpoint there")
+            raise ValueError(
+                f"--checkpoint {path}: no orbax checkpoint or HF checkpoint there{rejected}"
+            )
         template = TrainState.create(
             run.model,
             make_optimizer(rc.optimizer_for_run()),
@@ -235,7 +239,7 @@ def load_policy(run, checkpoint: str):
         )
         state, _ = ck.restore(template)
         ck.close()
-        return state.model(), f"orbax checkpoint {ckpt_dir} step {int(state.step)}"
+        return state.model(), f"orbax checkpoint {ckpt_dir} step {int(state.step)}{rejected}"
     model_dir = resolve_model_path(checkpoint, rc.model.cache_dir or None)
     return load_hf(model_dir, dtype=rc.model.dtype), f"model {checkpoint} ({model_dir})"
 

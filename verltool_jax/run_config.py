@@ -596,8 +596,10 @@ def run_config_from_dict(config: Any) -> RunConfig:
         except ValueError as e:
             problems.append(f"task: {e}")
     if rc is not None:
+        from verltool_jax.algos.advantages import GROUP_ESTIMATORS
+
         n, est = rc.rollout.n_samples, rc.algo.adv_estimator
-        if est in ("grpo", "rloo") and n < 2:
+        if est in GROUP_ESTIMATORS and n < 2:
             problems.append(
                 f"rollout.n_samples={n} must be >= 2 for algo.adv_estimator="
                 f"{est!r} (a group of one has advantage 0, so nothing is learned)"

@@ -307,7 +307,7 @@ def test_policy_loss_config_validation():
     with pytest.raises(ValueError, match="dual_clip_c"):
         PolicyLossConfig(dual_clip_c=0.5)
     with pytest.raises(ValueError, match="clip_ratio_low"):
-        PolicyLossConfig(clip_ratio_low=1.5)
+        PolicyLossConfig(clip_ratio_low=-0.5)  # >= 1 is allowed: no lower bound
     with pytest.raises(ValueError, match="loss_agg_mode"):
         PolicyLossConfig(loss_agg_mode="sum")
     with pytest.raises(ValueError, match="algo.policy_loss"):

@@ -16,7 +16,7 @@ code or a fenced block), where it is read from the repository root:
 
 Not repository paths, and skipped: URLs, absolute paths, run outputs (``runs/``,
 ``outputs/``), the virtual environment, ``<placeholders>``, ``$VARIABLES``, globs and
-``...``.
+``...``. Entry-point group names (``verltool_jax.tools``) look like modules but are not.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ import re
 from pathlib import Path
 
 import pytest
+
+from tool_server.registry import TOOLS_GROUP
+from verltool_jax.rewards.base import REWARDS_GROUP
+from verltool_jax.tasks import TASKS_GROUP
 
 REPO = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 250
@@ -143,6 +147,8 @@ def path_problem(token: str) -> str | None:
     if not token or "://" in token or "..." in token or SKIP_CHARS & set(token):
         return None
     token = token.split("=")[-1].rstrip(".:")
+    if token in (TOOLS_GROUP, TASKS_GROUP, REWARDS_GROUP):
+        return None  # an entry-point group (docs/plugins.md), not a module
     if DOTTED.match(token):
         return module_problem(token)
     if token.startswith(("/", "./")) or "/" not in token:

@@ -294,7 +294,9 @@ def test_arm_rows_with_one_seed_is_undecided():
     )
 
 
-@pytest.mark.parametrize("name", ["staleness", "loss", "offpolicy", "masking", "turns", "kl"])
+@pytest.mark.parametrize(
+    "name", ["staleness", "loss", "offpolicy", "masking", "turns", "kl", "credit"]
+)
 def test_every_ablation_arm_is_a_valid_run(ablations, name):
     """Each arm's launcher command parses into a valid config that carries the arm's
     settings; every ablation has >= 2 arms and runs >= 2 seeds by default."""
@@ -319,6 +321,14 @@ def test_every_ablation_arm_is_a_valid_run(ablations, name):
             == configs["dapo"].rollout.max_response_tokens // 4
         )
         assert configs["gspo"].algo.policy_loss == "gspo"
+        assert configs["reinforce_pp"].algo.adv_estimator == "reinforce_plus_plus"
+        assert configs["reinforce_pp_baseline"].algo.adv_estimator == (
+            "reinforce_plus_plus_baseline"
+        )
+        assert configs["cispo"].algo.policy_loss == "cispo"
+        assert configs["cispo"].algo.clip_ratio_low == 10.0
+    if name == "credit":
+        assert [c.algo.turn_discount for c in configs.values()] == [1.0, 0.8, 0.5]
     if name == "masking":
         assert [c.rollout.mask_observations for c in configs.values()] == [True, False]
     if name == "offpolicy":  # no "sampler + IS" arm: its IS weight is 1 everywhere

@@ -217,6 +217,7 @@ def _other_value(key, ft, current):
         "sampler.gpu_memory_utilization": (0.5, "0.5"),
         "algo.clip_ratio_low": (0.1, "0.1"),
         "algo.dual_clip_c": (4.0, "4.0"),
+        "algo.turn_discount": (0.9, "0.9"),
         "rollout.n_samples": (4, "4"),
         "rollout.top_k": (5, "5"),
         "optimizer.name": (None, None),

@@ -1,6 +1,7 @@
-"""Group-relative advantage estimators (outcome rewards, one scalar per sequence).
+"""Outcome-reward advantage estimators (one scalar reward and advantage per sequence).
 
-All samples of one prompt form a group. With ``r`` the rewards of a group of ``n``:
+Group-relative estimators: all samples of one prompt form a group. With ``r`` the
+rewards of a group of ``n``:
 
 * ``grpo``:    A_i = (r_i - mean(r)) / (std(r) + 1e-6), std unbiased (divides by n-1);
                follows verl ``core_algos.compute_grpo_outcome_advantage``
@@ -11,7 +12,27 @@ All samples of one prompt form a group. With ``r`` the rewards of a group of ``n
                = n / (n - 1) * (r_i - mean(r)); follows verl
                ``core_algos.compute_rloo_outcome_advantage``
 
-Deliberate differences from verl, both for groups that carry no learning signal:
+REINFORCE++ (Hu et al. 2025, https://arxiv.org/abs/2501.03262): a global-batch baseline,
+whitened over the *tokens* of the batch, with ``n_b`` the loss-mask tokens of sequence b
+and ``N = sum_b n_b``:
+
+* ``reinforce_plus_plus``: c_b = r_b; follows verl
+  ``core_algos.compute_reinforce_plus_plus_outcome_advantage`` with ``gamma = 1``
+* ``reinforce_plus_plus_baseline``: c_b = r_b - mean_g(r) (the group mean is subtracted
+  first); follows verl ``core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage``
+
+  then A_b = (c_b - mu) / sqrt(var + 1e-8), mu = sum_b n_b c_b / N,
+  var = sum_b n_b (c_b - mu)^2 / (N - 1)  (verl ``masked_whiten`` of c_b spread over
+  the response tokens: a token-weighted mean and unbiased variance over the batch).
+
+  With an outcome reward and gamma = 1 (verl's default ``algorithm.gamma``) every
+  response token of a sequence has return r_b, so verl's per-token advantage is this
+  A_b on each of them; verl's token-level discount gamma < 1 is not offered (for
+  multi-turn trajectories the per-turn discount ``algo.turn_discount`` is,
+  :mod:`verltool_jax.algos.credit`). A batch with fewer than 2 loss-mask tokens
+  has no variance and gets 0 (verl raises).
+
+Deliberate differences from verl (the first two for groups that carry no signal):
 
 * The rewards are centred on a group pivot p_g (the group's maximum) before any sum:
   d_i = r_i - p_g, and every formula above is evaluated on d (it is shift-invariant, so
@@ -19,13 +40,21 @@ Deliberate differences from verl, both for groups that carry no learning signal:
   has d = 0 exactly and gets advantage exactly 0 for *any* float reward, where
   mean(r) computed in float32 can be one ulp off r (e.g. all rewards 123.456) and
   GRPO would divide that rounding error by std + 1e-6 ~ 1e-6 (verl does).
-* A group of one sample has no baseline and gets advantage 0 in every estimator (verl
-  uses mean 0 and std 1 there, i.e. A = r / (1 + 1e-6) for GRPO, A = r for Dr.GRPO
-  and RLOO):
-  a lone sample's raw reward is not a relative advantage.
+* A group of one sample has no baseline and gets advantage 0 in every group estimator
+  (verl uses mean 0 and std 1 there, i.e. A = r / (1 + 1e-6) for GRPO, A = r for Dr.GRPO
+  and RLOO); in ``reinforce_plus_plus_baseline`` its centred score c_b is 0 (verl: r_b)
+  before the batch whitening: a lone sample's raw reward is not a relative advantage.
+* ``reinforce_plus_plus`` centres the rewards on the batch maximum before the whitening
+  (shift-invariant), so a batch whose rewards are all equal gets exactly 0.
+* verl puts the outcome reward on the last response token; when that token was not
+  sampled (a trajectory that ends in an observation, or in a tag closed on the model's
+  behalf) verl's REINFORCE++ recursion drops it and the sequence's return is 0. Here
+  every sampled token of the sequence gets r_b.
 
 Functions are pure and jittable: groups are given as an integer index per sample
-(``group_index[i]`` in ``[0, num_groups)``, ``num_groups`` static). The per-sequence
+(``group_index[i]`` in ``[0, num_groups)``, ``num_groups`` static), and
+``token_counts[i]`` is the number of loss-mask tokens of sample i (read by the
+REINFORCE++ estimators, ignored by the group ones). The per-sequence
 advantage is spread over the response tokens with :func:`broadcast_to_tokens`.
 Select by name with :func:`get_advantage_fn` (config field ``algo.adv_estimator``).
 """
@@ -43,7 +72,10 @@ from verltool_jax.algos.registry import Registry
 
 GRPO_EPS = 1e-6
 
-AdvantageFn = Callable[[jax.Array, jax.Array, int], jax.Array]
+WHITEN_EPS = 1e-8  # verl masked_whiten: (x - mean) * rsqrt(var + 1e-8)
+
+# (rewards [N], group_index [N] int, num_groups, token_counts [N] | None) -> advantages [N]
+AdvantageFn = Callable[..., jax.Array]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator", "algo.adv_estimator")
 
 
@@ -76,7 +108,12 @@ def group_stats(rewards: jax.Array, group_index: jax.Array, num_groups: int) -> 
 
 
 @ADVANTAGES.register("grpo")
-def grpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int) -> jax.Array:
+def grpo_advantages(
+    rewards: jax.Array,
+    group_index: jax.Array,
+    num_groups: int,
+    token_counts: jax.Array | None = None,
+) -> jax.Array:
     """GRPO: A_i = (d_i - mean_g(d)) / (std_g(d) + 1e-6), std_g = sqrt(sum (d-mean)^2 / (n_g-1)).
 
     d = r - p_g (pivot-centred, module docstring); follows verl
@@ -92,7 +129,12 @@ def grpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int)
 
 
 @ADVANTAGES.register("drgrpo", "dr_grpo", "dr-grpo")
-def drgrpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int) -> jax.Array:
+def drgrpo_advantages(
+    rewards: jax.Array,
+    group_index: jax.Array,
+    num_groups: int,
+    token_counts: jax.Array | None = None,
+) -> jax.Array:
     """Dr.GRPO: A_i = d_i - mean_g(d) = r_i - mean_g(r) (no std normalisation).
 
     Follows verl ``core_algos.compute_grpo_outcome_advantage`` with
@@ -103,7 +145,12 @@ def drgrpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: in
 
 
 @ADVANTAGES.register("rloo")
-def rloo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int) -> jax.Array:
+def rloo_advantages(
+    rewards: jax.Array,
+    group_index: jax.Array,
+    num_groups: int,
+    token_counts: jax.Array | None = None,
+) -> jax.Array:
     """RLOO: A_i = d_i - (S_g - d_i) / (n_g - 1), the mean of the *other* samples.
 
     Equals n_g / (n_g - 1) * (r_i - mean_g); follows verl
@@ -113,8 +160,87 @@ def rloo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int)
     return jnp.where(st.count > 1, st.d - (st.total - st.d) / jnp.maximum(st.count - 1.0, 1.0), 0.0)
 
 
+def token_whiten(values: jax.Array, token_counts: jax.Array) -> jax.Array:
+    """verl ``masked_whiten`` of per-sequence values spread over their tokens.
+
+    x_b is on each of sequence b's n_b tokens, N = sum_b n_b:
+    (x_b - mu) / sqrt(var + 1e-8), mu = sum_b n_b x_b / N,
+    var = sum_b n_b (x_b - mu)^2 / (N - 1) (unbiased, as ``masked_var``).
+    Returns float32 [N_seq]; all 0 when N < 2 (no variance; verl raises).
+    """
+    x = values.astype(jnp.float32)
+    w = token_counts.astype(jnp.float32)
+    n = w.sum()
+    mu = (w * x).sum() / jnp.maximum(n, 1.0)
+    var = (w * (x - mu) ** 2).sum() / jnp.maximum(n - 1.0, 1.0)
+    return jnp.where(n >= 2.0, (x - mu) * jax.lax.rsqrt(var + WHITEN_EPS), 0.0)
+
+
+def _need_counts(token_counts: jax.Array | None, rewards: jax.Array, name: str) -> jax.Array:
+    if token_counts is None:
+        raise ValueError(
+            f"advantage estimator {name!r} whitens over the batch's tokens and needs "
+            "token_counts (loss-mask tokens per sequence); pass "
+            "compute_advantages(..., token_counts=...)"
+        )
+    if jnp.shape(token_counts) != jnp.shape(rewards):
+        raise ValueError(
+            f"token_counts has shape {jnp.shape(token_counts)}, rewards {jnp.shape(rewards)}: "
+            "give one count per sequence"
+        )
+    return token_counts
+
+
+@ADVANTAGES.register("reinforce_plus_plus")
+def reinforce_pp_advantages(
+    rewards: jax.Array,
+    group_index: jax.Array,
+    num_groups: int,
+    token_counts: jax.Array | None = None,
+) -> jax.Array:
+    """REINFORCE++: A_b = whiten_tokens(r_b) (no groups; :func:`token_whiten`).
+
+    Follows verl ``core_algos.compute_reinforce_plus_plus_outcome_advantage`` with
+    ``gamma = 1`` (https://arxiv.org/abs/2501.03262). The rewards are centred on the
+    batch maximum first (shift-invariant), so an all-equal batch gets exactly 0.
+    ``group_index`` / ``num_groups`` are not read. Returns float32 [N].
+    """
+    counts = _need_counts(token_counts, rewards, "reinforce_plus_plus")
+    r = rewards.astype(jnp.float32)
+    return token_whiten(r - jnp.max(r), counts)
+
+
+@ADVANTAGES.register("reinforce_plus_plus_baseline")
+def reinforce_pp_baseline_advantages(
+    rewards: jax.Array,
+    group_index: jax.Array,
+    num_groups: int,
+    token_counts: jax.Array | None = None,
+) -> jax.Array:
+    """REINFORCE++ with the group-mean baseline: A_b = whiten_tokens(r_b - mean_g(r)).
+
+    Follows verl ``core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage``
+    (https://arxiv.org/abs/2501.03262): the group mean is subtracted per sequence, then
+    the result is whitened over the batch's tokens (:func:`token_whiten`). A group of one
+    has centred score 0 (verl: r_b). An all-equal group has centred score exactly 0, but
+    the whitening shifts it by -mu / sigma like every other sequence (as verl).
+    Returns float32 [N].
+    """
+    counts = _need_counts(token_counts, rewards, "reinforce_plus_plus_baseline")
+    st = group_stats(rewards, group_index, num_groups)
+    centred = jnp.where(st.count > 1, st.d - st.mean, 0.0)
+    return token_whiten(centred, counts)
+
+
+# Estimators whose baseline is the sample's group: with one sample per prompt
+# (rollout.n_samples = 1) every advantage is 0.
+GROUP_ESTIMATORS = frozenset(
+    {"grpo", "drgrpo", "dr_grpo", "dr-grpo", "rloo", "reinforce_plus_plus_baseline"}
+)
+
+
 def get_advantage_fn(name: str) -> AdvantageFn:
-    """The estimator registered as ``name`` (grpo | drgrpo | rloo)."""
+    """The estimator registered as ``name`` (``ADVANTAGES.names()`` lists them)."""
     return ADVANTAGES.get(name)
 
 
@@ -129,9 +255,15 @@ def group_indices(group_ids: Sequence[Hashable]) -> tuple[np.ndarray, int]:
 
 
 def compute_advantages(
-    name: str, rewards: Sequence[float] | np.ndarray, group_ids: Sequence[Hashable]
+    name: str,
+    rewards: Sequence[float] | np.ndarray,
+    group_ids: Sequence[Hashable],
+    token_counts: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
-    """Host-side convenience: advantages [N] (float32 numpy) of ``rewards`` grouped by id."""
+    """Host-side convenience: advantages [N] (float32 numpy) of ``rewards`` grouped by id.
+
+    ``token_counts``: loss-mask tokens per sequence (needed by the REINFORCE++ estimators,
+    which whiten over tokens; ignored by the group estimators)."""
     rewards = np.asarray(rewards, dtype=np.float32)
     if rewards.ndim != 1 or len(rewards) != len(group_ids):
         raise ValueError(
@@ -143,8 +275,20 @@ def compute_advantages(
             "rewards contain NaN/inf; fix the reward function (or drop those "
             "trajectories) before computing advantages"
         )
+    counts = None
+    if token_counts is not None:
+        counts = np.asarray(token_counts, dtype=np.float32)
+        if counts.shape != rewards.shape or np.any(counts < 0):
+            raise ValueError(
+                f"token_counts must be one count >= 0 per reward; got shape {counts.shape} "
+                f"for {rewards.shape} rewards (min {counts.min() if counts.size else None})"
+            )
+        counts = jnp.asarray(counts)
+    fn = get_advantage_fn(name)
+    if len(rewards) == 0:
+        return np.zeros(0, np.float32)
     idx, g = group_indices(group_ids)
-    return np.array(get_advantage_fn(name)(jnp.asarray(rewards), jnp.asarray(idx), g))
+    return np.array(fn(jnp.asarray(rewards), jnp.asarray(idx), g, counts))
 
 
 def broadcast_to_tokens(advantages: jax.Array, loss_mask: jax.Array) -> jax.Array:

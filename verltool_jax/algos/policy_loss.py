@@ -1,4 +1,4 @@
-"""Policy-gradient losses: PPO clipped ratio (clip-higher, dual clip) and GSPO.
+"""Policy-gradient losses: PPO clipped ratio (clip-higher, dual clip), GSPO and CISPO.
 
 Per token, with A the advantage (per sequence, broadcast over the response tokens),
 logp the current policy's logprob and old the behaviour logprob:
@@ -17,6 +17,16 @@ logp the current policy's logprob and old the behaviour logprob:
     l = max(-A * s, -A * clip(s, 1 - eps_low, 1 + eps_high))   (no dual clip)
     always aggregated as ``seq-mean-token-mean``, whatever ``loss_agg_mode`` says
     (that mode still applies to the KL and entropy terms of the train step).
+* ``cispo`` (clipped IS-weight policy optimisation, MiniMax-M1,
+  https://arxiv.org/abs/2506.13585; follows verl ``core_algos.compute_policy_loss_cispo``):
+    ratio = exp(clamp(logp - old, -20, 20))
+    l = -sg(clip(ratio, 1 - eps_low, 1 + eps_high)) * A * logp
+    the weight is clipped, never the token: every token keeps the gradient
+    -clip(ratio) * A * grad(logp) (PPO zeroes it once clipped); no dual clip;
+    ``pg_clipfrac`` is the fraction of tokens whose ratio lies outside the bounds.
+    The paper and verl's recipe set no lower bound (``clip_ratio_low`` >= 1, verl's
+    example uses 10) and tune only eps_high. Its ``pg_loss`` value carries logp, so it
+    is not comparable with the ratio losses' values; its gradient is.
 
 Truncated importance weight (off-policy data from an asynchronous sampler): when
 ``is_weights`` is given (see :func:`truncated_is_weights`) each token's loss is
@@ -57,15 +67,18 @@ GSPO_AGG_MODE = "seq-mean-token-mean"
 class PolicyLossConfig:
     """Knobs of the policy losses (``algo.*`` config fields of the same names)."""
 
-    clip_ratio_low: float = 0.2
+    clip_ratio_low: float = 0.2  # lower bound 1 - low; >= 1: none (CISPO)
     clip_ratio_high: float = 0.2  # DAPO clip-higher: e.g. 0.28
     dual_clip_c: float | None = 3.0  # None or 0 disables the dual clip
     loss_agg_mode: str = "token-mean"
     loss_norm_constant: float | None = None  # C of seq-mean-token-sum-norm (default T)
 
     def __post_init__(self):
-        if not (0.0 <= self.clip_ratio_low < 1.0):
-            raise ValueError(f"algo.clip_ratio_low must be in [0, 1), got {self.clip_ratio_low}")
+        if not self.clip_ratio_low >= 0.0:
+            raise ValueError(
+                f"algo.clip_ratio_low must be >= 0 (>= 1: no lower bound), "
+                f"got {self.clip_ratio_low}"
+            )
         if self.clip_ratio_high < 0.0:
             raise ValueError(f"algo.clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
         if self.dual_clip_c and self.dual_clip_c <= 1.0:
@@ -217,6 +230,35 @@ def gspo_loss(
     )
 
 
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(
+    logp: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
+    cfg: PolicyLossConfig = PolicyLossConfig(clip_ratio_low=10.0, dual_clip_c=None),
+    norm: Normaliser | None = None,
+    is_weights: jax.Array | None = None,
+) -> LossOut:
+    """CISPO: l = -sg(clip(ratio, 1 - eps_low, 1 + eps_high)) * A * logp (module docstring).
+
+    Follows verl ``core_algos.compute_policy_loss_cispo`` (MiniMax-M1,
+    https://arxiv.org/abs/2506.13585): aggregated by ``cfg.loss_agg_mode``, the dual clip
+    is never applied, ``pg_clipfrac_lower`` is 0. Shapes as :func:`ppo_clip_loss`.
+    """
+    adv = advantages.astype(jnp.float32)
+    if adv.ndim == 1:
+        adv = jnp.broadcast_to(adv[:, None], logp.shape)
+    log_ratio = clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    low, high = 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high
+    weight = jax.lax.stop_gradient(clamp(ratio, low, high))
+    loss_tok = -weight * adv * logp
+    clipped = ((ratio < low) | (ratio > high)).astype(jnp.float32)
+    lower = jnp.zeros_like(loss_tok)
+    return _finish(loss_tok, ratio, log_ratio, clipped, lower, mask, cfg, norm, is_weights)
+
+
 def get_policy_loss(name: str) -> PolicyLossFn:
-    """The loss registered as ``name`` (ppo | gspo and aliases)."""
+    """The loss registered as ``name`` (``POLICY_LOSSES.names()`` lists them)."""
     return POLICY_LOSSES.get(name)

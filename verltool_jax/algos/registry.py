@@ -43,6 +43,10 @@ class Registry(Generic[F]):
                 f"unknown {self.kind} {name!r}{where}; choose one of {sorted(self._table)}"
             ) from None
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a plugin whose package is gone; no error if absent)."""
+        self._table.pop(name, None)
+
     def names(self) -> Iterable[str]:
         return sorted(self._table)
 

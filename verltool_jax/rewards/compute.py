@@ -24,7 +24,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from verltool_jax.rewards.base import RewardResult, get_reward_fn, resolve_reward_name
+from verltool_jax.rewards.base import (
+    RewardResult,
+    get_reward_fn,
+    resolve_reward_name,
+    reward_plugins,
+)
 from verltool_jax.rewards.shaping import ShapingSettings, shaped_score
 from verltool_jax.rollout.response_text import model_text
 
@@ -85,6 +90,8 @@ def _init_worker(modules: Sequence[str], warm: bool) -> None:
         import math_verify  # noqa: F401  never imported lazily under an item's timer
 
         import verltool_jax.rewards  # noqa: F401  registers the built-in rewards
+
+        reward_plugins()  # installed packages' rewards, imported before any item's timer
 
         if warm:
             from verltool_jax.rewards.math_reward import warm_up
@@ -170,6 +177,7 @@ class RewardPool:
         self.reward_modules = tuple(reward_modules)
         self.restarts = 0
         self._pool = None
+        reward_plugins()  # installed packages' rewards, here as in every worker
         for m in self.reward_modules:
             importlib.import_module(m)
 

@@ -9,6 +9,14 @@ and writes the data with :func:`prepare_task`. A task may also offer
 files (an evaluation then reads no training data: :func:`prepare_task_eval`) and name
 its family's reward (``reward``: the reward of a held-out row whose ``data_source`` has
 none of its own, :func:`task_reward`).
+
+Installed packages add tasks through the entry-point group ``verltool_jax.tasks``: the
+entry point's name is the task's name and its value a module (or any object) with the
+built-ins' two attributes, ``TASK_CONFIG`` and ``write_task_from_config`` (and
+optionally ``write_eval_from_config`` and ``TASK_REWARD``). They are
+found by :mod:`tool_server.kit.plugins` (a clash with a built-in or between packages, or
+a failed import, is a ``PluginError`` naming the package when that name is used);
+``python -m verltool_jax.plugins --list-tasks`` lists them. See docs/plugins.md.
 """
 
 from __future__ import annotations
@@ -22,6 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import ml_collections
+
+from tool_server.kit.plugins import PluginGroup, discover
+
+TASKS_GROUP = "verltool_jax.tasks"  # entry-point group of tasks from installed packages
 
 
 @dataclass(frozen=True)
@@ -75,20 +87,56 @@ def register_task(
     TASKS[name] = TaskSpec(config_cls, prepare, prepare_eval, reward)
 
 
+def _check_task(name: str, obj: object) -> str | None:
+    """What is wrong with ``obj`` as the task of entry point ``name`` (None: nothing)."""
+    cfg = getattr(obj, "TASK_CONFIG", None)
+    if cfg is None or not callable(getattr(obj, "write_task_from_config", None)):
+        return (
+            f"points at {obj!r}, which lacks TASK_CONFIG (the task section's dataclass) "
+            "or write_task_from_config(run_config, out_dir)"
+        )
+    if not dataclasses.is_dataclass(cfg) or "name" not in {f.name for f in dataclasses.fields(cfg)}:
+        return f"has TASK_CONFIG={cfg!r}, which is not a dataclass with a 'name' field"
+    return None
+
+
+_PLUGINS: PluginGroup | None = None
+
+
+def task_plugins(refresh: bool = False) -> PluginGroup:
+    """The tasks installed packages declare (discovered once per process; ``refresh``
+    reads the installed packages again)."""
+    global _PLUGINS
+    if _PLUGINS is None or refresh:
+        _PLUGINS = discover(TASKS_GROUP, "task", BUILTIN, _check_task)
+    return _PLUGINS
+
+
 def known_tasks() -> list[str]:
-    return sorted(set(TASKS) | set(BUILTIN))
+    return sorted(set(TASKS) | set(BUILTIN) | set(task_plugins().plugins))
+
+
+def _register_module(name: str, mod: Any) -> None:
+    """Register task ``name`` from a module with the built-ins' attributes."""
+    register_task(
+        name,
+        mod.TASK_CONFIG,
+        mod.write_task_from_config,
+        getattr(mod, "write_eval_from_config", None),
+        getattr(mod, "TASK_REWARD", ""),
+    )
 
 
 def _spec(name: str) -> TaskSpec:
+    plugins = task_plugins()
+    if name in plugins.problems:  # a clash, or a plugin already found broken
+        plugins.load(name)  # raises the PluginError naming the package
     if name not in TASKS and name in BUILTIN:
         mod = importlib.import_module(f"verltool_jax.tasks.{BUILTIN[name]}")
-        register_task(
-            name,
-            mod.TASK_CONFIG,
-            mod.write_task_from_config,
-            getattr(mod, "write_eval_from_config", None),
-            getattr(mod, "TASK_REWARD", ""),
-        )
+        _register_module(name, mod)
+    if name not in TASKS and name in plugins.plugins:
+        mod = plugins.load(name)  # PluginError naming the package if it cannot be used
+        _register_module(name, mod)
     if name not in TASKS:
         raise ValueError(
             f"task.name={name!r} is not a known task; choose one of "

@@ -2,8 +2,10 @@
 
 Exit codes: 0 done, 2 bad config or command line, 3 a dependency (tool server, sampler)
 went down for good (the last good checkpoint is kept; fix it and rerun the same command to
-resume), 130 interrupted (SIGINT/SIGTERM; the checkpoint is saved and the same command
-resumes), 1 any other failure.
+resume), 4 the disk of ``trainer.out_dir`` is full, or too small for one checkpoint at the
+start (the last complete checkpoint is intact; free space and rerun to resume), 130
+interrupted (SIGINT/SIGTERM; the checkpoint is saved and the same command resumes), 1 any
+other failure.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from verltool_jax.cli import ConfigError, parse_command_line
 
 EXIT_DEPENDENCY_DOWN = 3
+EXIT_DISK_FULL = 4
 EXIT_INTERRUPTED = 130
 
 
@@ -25,6 +28,7 @@ def main(argv=None) -> int:
         return 2
     prepare_vision_language_sampler(cl.config)
     from verltool_jax.train.console import run_logged
+    from verltool_jax.train.disk import disk_full_message, is_disk_full
     from verltool_jax.train.health import DependencyDown
     from verltool_jax.train.trainer import train
 
@@ -32,6 +36,11 @@ def main(argv=None) -> int:
         result = run_logged(cl.config, lambda: train(cl.config))
     except DependencyDown:  # run_logged has printed the reason on the console
         return EXIT_DEPENDENCY_DOWN
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        print(disk_full_message(e, cl.config.trainer.out_dir), file=sys.stderr, flush=True)
+        return EXIT_DISK_FULL
     return EXIT_INTERRUPTED if result.summary.get("interrupted") else 0
 
 

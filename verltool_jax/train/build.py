@@ -271,7 +271,7 @@ def tool_server(rc: RunConfig, out: Path | None = None) -> Iterator[tuple[str, A
     if ts.url:
         yield ts.url, None
         return
-    from tool_server.launcher import ToolServerProcess
+    from tool_server.launcher import ToolServerProcess, get_json
 
     tool_opt = {k: v for k, v in ts.tool_opt.items() if v not in (None, "")}
     if (
@@ -285,7 +285,19 @@ def tool_server(rc: RunConfig, out: Path | None = None) -> Iterator[tuple[str, A
         list(ts.tools), timeout=ts.timeout_s, max_concurrency=ts.max_concurrency, tool_opt=tool_opt
     ) as proc:
         log.info("tool server with %s at %s", ",".join(ts.tools), proc.url)
+        refuse_unavailable_tools(get_json(proc.url + "/health"))
         yield proc.url, proc
+
+
+def refuse_unavailable_tools(health: dict) -> None:
+    """A run needs every tool it names: the server serves the others when a plugin tool
+    cannot be loaded (``unavailable_tools`` in its ``/health``), the run does not start."""
+    bad = health.get("unavailable_tools") or {}
+    if bad:
+        raise ValueError(
+            f"the tool server cannot serve {sorted(bad)} of tool_server.tools: "
+            + "; ".join(bad.values())
+        )
 
 
 def hf_export(model, tokenizer, path: Path) -> Path:
@@ -376,6 +388,7 @@ def build_run(
     ``eval_only`` (an evaluation): only the held-out data is prepared
     (:func:`prepare_task_files`) and ``Run.eval_items`` is left empty (the evaluation
     takes its own prompts from ``Run.files["eval"]``)."""
+    from verltool_jax import lifeline
     from verltool_jax.data.pipeline import PromptPipeline
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.reporting.metrics_writer import MetricsWriter
@@ -385,6 +398,9 @@ def build_run(
 
     raw = None if isinstance(config, RunConfig) else config
     rc = config if isinstance(config, RunConfig) else run_config_from_dict(config)
+    # Before any process is started: each one carries this run's token and dies with it,
+    # kill -9 included (verltool_jax/lifeline.py).
+    lifeline.arm()
     out = Path(out_dir or rc.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Several processes: process 0 writes the shared files (config, task data, the tiny
@@ -399,6 +415,13 @@ def build_run(
     data_dir = out if primary else out / f"process{multihost.process_index()}"
     # Data first: a bad question file or retrieval index fails before any model work.
     files = prepare_task_files(rc, data_dir, eval_only=eval_only)
+    if primary:
+        from verltool_jax.plugins import plugins_of_run
+        from verltool_jax.train.console import console
+
+        used = plugins_of_run(rc)
+        if used:
+            print(f"[trainer] plugins: {', '.join(used)}", file=console(), flush=True)
     model_dir = prepare_model_dir(rc, out)
     if primary:
         multihost.barrier("build_run:prepared")

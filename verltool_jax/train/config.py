@@ -35,8 +35,11 @@ class AlgoConfig:
     sampler's logprobs as ``old`` the weight is 1 on every token.
     """
 
-    adv_estimator: str = "grpo"  # grpo | drgrpo | rloo
-    policy_loss: str = "ppo"  # ppo (= grpo / dapo / vanilla) | gspo
+    # grpo | drgrpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline
+    adv_estimator: str = "grpo"
+    policy_loss: str = "ppo"  # ppo (= grpo / dapo / vanilla) | gspo | cispo
+    # per-turn credit: turn k of K gets gamma^(K-k) of the advantage (1: off; algos.credit)
+    turn_discount: float = 1.0
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28  # DAPO clip-higher (0.2: symmetric PPO clip)
     dual_clip_c: float | None = 3.0  # None disables the dual clip
@@ -82,6 +85,11 @@ class AlgoConfig:
                 raise ValueError(f"algo.{name} must be >= 1 or None, got {v}")
         if self.kl_coef < 0 or self.entropy_coef < 0:
             raise ValueError("algo.kl_coef and algo.entropy_coef must be >= 0")
+        if not 0.0 < self.turn_discount <= 1.0:
+            raise ValueError(
+                f"algo.turn_discount must be in (0, 1] (1: every turn gets the whole "
+                f"advantage), got {self.turn_discount}"
+            )
         if self.temperature <= 0:
             raise ValueError(f"algo.temperature must be > 0, got {self.temperature}")
         if self.tis_cap is not None and self.tis_cap < 0:

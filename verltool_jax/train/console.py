@@ -57,17 +57,21 @@ def library_output_to(log_path: Path) -> Iterator[TextIO]:
     finally:
         _console = None
         root.removeHandler(handler)
-        handler.flush()
+        with contextlib.suppress(OSError):
+            handler.flush()
         for h in saved_handlers:
             root.addHandler(h)
         root.setLevel(saved_level)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        # the log's disk may be full: the console comes back all the same
+        for f in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError):
+                f.flush()
         os.dup2(saved_out, 1)
         os.dup2(saved_err, 2)
         os.close(saved_out)
         os.close(saved_err)
-        log_file.close()
+        with contextlib.suppress(OSError):
+            log_file.close()
         term.close()
 
 
@@ -96,7 +100,10 @@ def run_logged(config, fn: Callable[[], T]) -> T:
             return fn()
         except BaseException as e:
             if not isinstance(e, SystemExit):
-                traceback.print_exc()  # into the log, with the rest
+                try:
+                    traceback.print_exc()  # into the log, with the rest
+                except OSError:  # the log's disk may be the full one
+                    pass
                 print(
                     f"[trainer] failed: {type(e).__name__}: {e}\n--- last lines of "
                     f"{log_path} ---\n{tail(log_path)}\n---",

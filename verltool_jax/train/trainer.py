@@ -46,9 +46,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from verltool_jax.algos.advantages import compute_advantages
+from verltool_jax.algos.credit import turn_discounted_advantages
 from verltool_jax.algos.dapo import informative_groups, overlong_penalty
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.reporting import names
@@ -73,6 +75,7 @@ from verltool_jax.train.batch import (
 )
 from verltool_jax.train.checkpoint import Checkpointer
 from verltool_jax.train.console import console
+from verltool_jax.train.disk import checkpoint_bytes, require_free_space
 from verltool_jax.train.evaluate import evaluate, prompt_item, summarize
 from verltool_jax.train.health import (
     HealthMonitor,
@@ -180,7 +183,13 @@ def sampler_parity(
 
 def advantages_for(rc: RunConfig, trajs: list[Trajectory]) -> tuple[np.ndarray, np.ndarray, dict]:
     """(advantages, keep-mask, metrics) of a batch, with the DAPO options applied:
-    overlong penalty added to the rewards, dynamic sampling keeping informative groups."""
+    overlong penalty added to the rewards, dynamic sampling keeping informative groups.
+
+    The estimator sees the kept trajectories only (the same values for the group
+    estimators, whose groups are kept whole; the REINFORCE++ batch statistics are those
+    of the trained batch, as verl filters before computing advantages); dropped ones get
+    0. Token counts for the token-weighted estimators are the tokens the loss trains:
+    the sampled ones, or the whole response when observations are not masked."""
     algo = rc.algo
     rewards = np.array([t.reward for t in trajs], np.float32)
     gids = [t.group_id for t in trajs]
@@ -198,7 +207,19 @@ def advantages_for(rc: RunConfig, trajs: list[Trajectory]) -> tuple[np.ndarray, 
     if algo.dynamic_sampling:
         keep = informative_groups(rewards, gids)
         m["batch/informative_frac"] = float(keep.mean())
-    return compute_advantages(algo.adv_estimator, rewards, gids), keep, m
+    if rc.rollout.mask_observations:
+        counts = np.array([sum(t.loss_mask) for t in trajs], np.float32)
+    else:
+        counts = np.array([len(t.response_ids) for t in trajs], np.float32)
+    adv = np.zeros(len(trajs), np.float32)
+    if keep.any():
+        adv[keep] = compute_advantages(
+            algo.adv_estimator,
+            rewards[keep],
+            [g for g, k in zip(gids, keep) if k],
+            counts[keep],
+        )
+    return adv, keep, m
 
 
 def train_on(
@@ -231,6 +252,16 @@ def train_on(
         rc.model.max_seq_len,
         PAD_MULTIPLE,
     )
+    if rc.algo.turn_discount < 1.0:
+        # per-turn credit from the sampled tokens' turns (before the observation ablation
+        # widens the mask; observation tokens take the weight of the turn before them)
+        batch["advantages"] = np.asarray(
+            turn_discounted_advantages(
+                jnp.asarray(batch["advantages"]),
+                jnp.asarray(batch["loss_mask"]),
+                rc.algo.turn_discount,
+            )
+        )
     obs_trained = 0
     if not rc.rollout.mask_observations:
         # The observation-mask ablation: tool tokens are trained on, with the trainer's
@@ -329,6 +360,23 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             save_every=rc.trainer.ckpt_every or rc.trainer.steps + 1,
             keep=rc.trainer.keep_ckpts,
         )
+        # Room for one checkpoint before any work: the state's arrays (nothing allocated).
+        if rc.stage == "rl" and multihost.is_primary():
+            require_free_space(
+                ckpt.directory,
+                checkpoint_bytes(
+                    lambda: TrainState.create(
+                        run.model,
+                        optimizer,
+                        seed=rc.trainer.seed,
+                        with_reference=algo.kl_coef > 0,
+                    )
+                ),
+            )
+        # A newest step cut short by a crash, truncated or corrupted is set aside (named
+        # here) and the run resumes from the previous complete one.
+        for r in ckpt.rejected:
+            say(f"[trainer] {r.describe()}")
         prompts = run.prompt_pipeline()
         latest = ckpt.latest_step() if rc.checkpoint.resume else None
         resume_data: dict = {}
@@ -337,8 +385,13 @@ def _train(config: Any, stop: StopFlag, say) -> TrainResult:
             resume_data = multihost.my_data_state(resume_data)
             if prompts is not None and "prompts" in resume_data:
                 prompts.set_state(resume_data["prompts"])
-            say(f"[trainer] resumed from {ckpt.directory} at step {latest}")
+            say(
+                f"[trainer] resumed from {ckpt.directory} at step {latest}"
+                + (", the newest complete checkpoint" if ckpt.rejected else "")
+            )
         else:
+            if ckpt.rejected and rc.checkpoint.resume:
+                say("[trainer] no complete checkpoint is left: starting from the beginning")
             if rc.sft.steps > 0:
                 run.model = run_sft(run, say, should_stop=stop.agreed)
                 if stop.set:
