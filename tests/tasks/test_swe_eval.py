@@ -59,7 +59,7 @@ def test_swe_costs_from_trajectory_records():
 
 @pytest.mark.skipif(not (QUIX / "python_testcases").is_dir(), reason=f"no QuixBugs at {QUIX}")
 @pytest.mark.skipif(not sandbox_status()[0], reason=f"no sandbox: {sandbox_status()[1]}")
-def test_eval_prints_swe_metrics(tmp_path, capsys):
+def test_eval_prints_swe_metrics(tmp_path, capfd):
     out_json = tmp_path / "eval.json"
     rc = eval_cli.main(
         [
@@ -78,7 +78,7 @@ def test_eval_prints_swe_metrics(tmp_path, capsys):
         ]
     )
     assert rc == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "[eval] SWE tasks (greedy):" in out and "[eval] SWE: 1 tasks" in out
     for key in (
         "swe/resolve_rate",

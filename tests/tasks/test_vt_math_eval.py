@@ -37,6 +37,8 @@ def _argv(tmp_path, *extra):
         (["--samples", "-1"], "--samples=-1 must be >= 0"),
         (["--samples", "2", "--temperature", "0"], "--temperature=0.0 must be > 0"),
         (["--samples", "2", "--k", "3"], "--k=3 needs --samples >= k >= 1"),
+        (["--limit", "x"], "--limit='x' is not an integer"),
+        (["--limit", "-2"], "--limit=-2 must be >= 0"),
     ],
 )
 def test_eval_flags_are_validated(tmp_path, capsys, flags, msg):
@@ -45,7 +47,7 @@ def test_eval_flags_are_validated(tmp_path, capsys, flags, msg):
     assert msg in capsys.readouterr().err
 
 
-def test_eval_data_flag_errors(tmp_path, capsys):
+def test_eval_data_flag_errors(tmp_path, capfd):
     bad = tmp_path / "x.csv"
     bad.write_text("a,b\n")
     assert (
@@ -54,7 +56,7 @@ def test_eval_data_flag_errors(tmp_path, capsys):
         )
         == 2
     )
-    assert "is not .parquet, .jsonl or .json" in capsys.readouterr().err
+    assert "is not .parquet, .jsonl or .json" in capfd.readouterr().err
     assert (
         eval_cli.main(
             [
@@ -68,10 +70,10 @@ def test_eval_data_flag_errors(tmp_path, capsys):
         )
         == 2
     )
-    assert "no such file" in capsys.readouterr().err
+    assert "no such file" in capfd.readouterr().err
 
 
-def test_eval_base_model_per_test_set(tmp_path, capsys):
+def test_eval_base_model_per_test_set(tmp_path, capfd):
     if not (DATA / "gsm8k" / "test.jsonl").is_file():
         pytest.skip("real data not present beside the repo (../shared/data)")
     report, out_json = tmp_path / "eval.html", tmp_path / "eval.json"
@@ -89,7 +91,7 @@ def test_eval_base_model_per_test_set(tmp_path, capsys):
         )
     )
     assert rc == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     res = json.loads(out_json.read_text())
     assert res["what"].startswith("base model")
     assert set(res["modes"]) == {"greedy", "T=1,n=2"}
@@ -104,7 +106,8 @@ def test_eval_base_model_per_test_set(tmp_path, capsys):
     assert "greedy     gsm8k" in out and "T=1,n=2    svamp" in out
     assert report.is_file() and "eval: base model" in report.read_text()
 
-    # --data: one source file of the math family replaces the config's test sets.
+    # --data: one source file of the math family replaces the config's test sets
+    # (whole, or its first --limit problems).
     rc = eval_cli.main(
         _argv(
             tmp_path,
@@ -112,12 +115,15 @@ def test_eval_base_model_per_test_set(tmp_path, capsys):
             "base",
             "--data",
             str(DATA / "math" / "amc23_test.jsonl"),
+            "--limit",
+            "2",
             "--json",
             str(out_json),
         )
     )
     assert rc == 0
-    assert list(json.loads(out_json.read_text())["modes"]["greedy"]) == ["amc23"]
+    sets = json.loads(out_json.read_text())["modes"]["greedy"]
+    assert list(sets) == ["amc23"] and sets["amc23"]["problems"] == 2
 
 
 def test_error_summary_counts_each_message():

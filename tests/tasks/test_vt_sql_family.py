@@ -225,7 +225,7 @@ def test_sql_demonstrations_run_the_gold_query_with_the_sql_tool(tmp_path):
 
 
 @pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(), reason=f"no Spider at {SPIDER}")
-def test_eval_prints_sql_metrics_by_hardness(tmp_path, capsys):
+def test_eval_prints_sql_metrics_by_hardness(tmp_path, capfd):
     """``python -m verltool_jax.eval`` on vt_sql:tiny (untrained tiny model, real sql tool on
     the built databases): the SQL lines are printed, the per-level counts cover every
     evaluated question and the execution accuracy is the eval accuracy."""
@@ -251,7 +251,7 @@ def test_eval_prints_sql_metrics_by_hardness(tmp_path, capsys):
         ]
     )
     assert rc == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "[eval] text-to-SQL (greedy; execution accuracy by Spider hardness):" in out
     for key in (
         "sql/exec_acc",

@@ -178,7 +178,7 @@ def test_bad_data_row_is_a_clear_error(tmp_path):
         train(cfg, echo=False)
 
 
-def test_eval_entry_point_scores_the_checkpoint(two_runs, capsys, tmp_path):
+def test_eval_entry_point_scores_the_checkpoint(two_runs, capfd, tmp_path):
     from verltool_jax import eval as eval_cli
 
     report = tmp_path / "eval.html"
@@ -195,7 +195,7 @@ def test_eval_entry_point_scores_the_checkpoint(two_runs, capsys, tmp_path):
         ]
     )
     assert rc == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("[eval] orbax checkpoint"))
     assert "step 3" in line
     metrics = json.loads(line.split(": ", 1)[1])

@@ -18,9 +18,12 @@ def _si(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
 
 
-def format_progress(step: int, total: int | None, metrics: Mapping[str, float]) -> str:
-    """The progress line; metrics that are absent are left out."""
-    parts = [f"step {step}/{total}" if total else f"step {step}"]
+def format_progress(
+    step: int, total: int | None, metrics: Mapping[str, float], unit: str = "step"
+) -> str:
+    """The progress line; metrics that are absent are left out. ``unit`` names what
+    ``step`` counts (``step``; an evaluation's mode, e.g. ``greedy``, counting problems)."""
+    parts = [f"{unit} {step}/{total}" if total else f"{unit} {step}"]
     if metrics.get(names.REWARD) is not None:
         parts.append(f"reward {metrics[names.REWARD]:.3f}")
     if metrics.get(names.ACC) is not None:
@@ -46,15 +49,19 @@ def format_progress(step: int, total: int | None, metrics: Mapping[str, float]) 
 
 
 class ProgressBar:
-    """A tqdm bar over train steps whose description is :func:`format_progress`."""
+    """A tqdm bar over train steps (or what ``unit`` names) whose description is
+    :func:`format_progress`."""
 
-    def __init__(self, total: int, initial: int = 0, enabled: bool = True, file=None):
+    def __init__(
+        self, total: int, initial: int = 0, enabled: bool = True, file=None, unit: str = "step"
+    ):
         from tqdm import tqdm
 
-        self.total = total
+        self.total, self.unit = total, unit
         self._bar = tqdm(
             total=total,
             initial=initial,
+            desc=format_progress(initial, total, {}, unit),
             disable=not enabled,
             mininterval=0,
             dynamic_ncols=True,
@@ -64,7 +71,7 @@ class ProgressBar:
 
     def update(self, step: int, metrics: Mapping[str, float]) -> str:
         """Move to ``step`` (the number of steps done) and show the metrics; returns the line."""
-        line = format_progress(step, self.total, metrics)
+        line = format_progress(step, self.total, metrics, self.unit)
         self._bar.set_description_str(line, refresh=False)
         if step > self._bar.n:
             self._bar.update(step - self._bar.n)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,9 +163,11 @@ async def run_rollout(
     tokenizer: Any,
     cfg: RolloutConfig,
     image_processor: Any = None,
+    on_group: Callable[[list[Trajectory]], None] | None = None,
 ) -> list[list[Trajectory]]:
     """Roll out a fixed list of prompts ``n_samples`` times each, every trajectory its own
-    task (at most ``cfg.max_concurrency`` at once); returns the groups in prompt order.
+    task (at most ``cfg.max_concurrency`` at once); returns the groups in prompt order,
+    calling ``on_group(group)`` as each group ends (a progress bar).
     (Evaluation and one-off rollouts; training goes through ``rollout.producer``.)"""
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
@@ -175,11 +177,13 @@ async def run_rollout(
         raise ValueError("prompts have duplicate group_id values; each prompt needs its own")
     formatter = make_formatter(tokenizer, cfg, image_processor)
     sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-    return list(
-        await asyncio.gather(
-            *(
-                rollout_group(it, n_samples, sampler, tool_client, tokenizer, cfg, formatter, sem)
-                for it in items
-            )
+
+    async def one(it: PromptItem) -> list[Trajectory]:
+        group = await rollout_group(
+            it, n_samples, sampler, tool_client, tokenizer, cfg, formatter, sem
         )
-    )
+        if on_group is not None:
+            on_group(group)
+        return group
+
+    return list(await asyncio.gather(*(one(it) for it in items)))

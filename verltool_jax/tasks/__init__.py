@@ -4,11 +4,16 @@ Each task registers a :class:`TaskSpec`: a frozen dataclass typing its ``task`` 
 section (a ``name`` field plus the task's own knobs, with their defaults) and a
 ``prepare(run_config, out_dir) -> TaskFiles`` that writes its data. An experiment file
 starts the section with :func:`task_section`; the run builds it with :func:`task_config`
-and writes the data with :func:`prepare_task`.
+and writes the data with :func:`prepare_task`. A task may also offer
+``prepare_eval(run_config, out_dir) -> tuple[Path, ...]`` that writes only its held-out
+files (an evaluation then reads no training data: :func:`prepare_task_eval`) and name
+its family's reward (``reward``: the reward of a held-out row whose ``data_source`` has
+none of its own, :func:`task_reward`).
 
 Installed packages add tasks through the entry-point group ``verltool_jax.tasks``: the
 entry point's name is the task's name and its value a module (or any object) with the
-built-ins' two attributes, ``TASK_CONFIG`` and ``write_task_from_config``. They are
+built-ins' two attributes, ``TASK_CONFIG`` and ``write_task_from_config`` (and
+optionally ``write_eval_from_config`` and ``TASK_REWARD``). They are
 found by :mod:`tool_server.kit.plugins` (a clash with a built-in or between packages, or
 a failed import, is a ``PluginError`` naming the package when that name is used);
 ``python -m verltool_jax.plugins --list-tasks`` lists them. See docs/plugins.md.
@@ -41,7 +46,8 @@ class TaskFiles:
 
 
 # Built-in tasks: name -> module of verltool_jax.tasks defining ``TASK_CONFIG`` (the
-# dataclass of its ``task`` section) and ``write_task_from_config(run_config, out_dir)``.
+# dataclass of its ``task`` section) and ``write_task_from_config(run_config, out_dir)``,
+# optionally ``write_eval_from_config(run_config, out_dir)`` and ``TASK_REWARD``.
 # A module is imported on first use, so ``python -m verltool_jax.tasks.<module>`` runs it
 # cleanly and a run imports only its own task.
 BUILTIN = {
@@ -59,18 +65,26 @@ BUILTIN = {
 class TaskSpec:
     config_cls: type
     prepare: Callable[[Any, Path], TaskFiles]
+    prepare_eval: Callable[[Any, Path], tuple[Path, ...]] | None = None
+    reward: str = ""  # the family's reward ("": none to fall back on)
 
 
 TASKS: dict[str, TaskSpec] = {}
 
 
-def register_task(name: str, config_cls: type, prepare: Callable[[Any, Path], TaskFiles]) -> None:
-    """Add a task (a plugin's own, or a built-in on first use)."""
+def register_task(
+    name: str,
+    config_cls: type,
+    prepare: Callable[[Any, Path], TaskFiles],
+    prepare_eval: Callable[[Any, Path], tuple[Path, ...]] | None = None,
+    reward: str = "",
+) -> None:
+    """Add a task (a plugin's own, or a built-in on first use); see the module doc."""
     if not dataclasses.is_dataclass(config_cls) or "name" not in {
         f.name for f in dataclasses.fields(config_cls)
     }:
         raise TypeError(f"task {name!r}: config_cls must be a dataclass with a 'name' field")
-    TASKS[name] = TaskSpec(config_cls, prepare)
+    TASKS[name] = TaskSpec(config_cls, prepare, prepare_eval, reward)
 
 
 def _check_task(name: str, obj: object) -> str | None:
@@ -102,16 +116,27 @@ def known_tasks() -> list[str]:
     return sorted(set(TASKS) | set(BUILTIN) | set(task_plugins().plugins))
 
 
+def _register_module(name: str, mod: Any) -> None:
+    """Register task ``name`` from a module with the built-ins' attributes."""
+    register_task(
+        name,
+        mod.TASK_CONFIG,
+        mod.write_task_from_config,
+        getattr(mod, "write_eval_from_config", None),
+        getattr(mod, "TASK_REWARD", ""),
+    )
+
+
 def _spec(name: str) -> TaskSpec:
     plugins = task_plugins()
     if name in plugins.problems:  # a clash, or a plugin already found broken
         plugins.load(name)  # raises the PluginError naming the package
     if name not in TASKS and name in BUILTIN:
         mod = importlib.import_module(f"verltool_jax.tasks.{BUILTIN[name]}")
-        register_task(name, mod.TASK_CONFIG, mod.write_task_from_config)
+        _register_module(name, mod)
     if name not in TASKS and name in plugins.plugins:
         mod = plugins.load(name)  # PluginError naming the package if it cannot be used
-        register_task(name, mod.TASK_CONFIG, mod.write_task_from_config)
+        _register_module(name, mod)
     if name not in TASKS:
         raise ValueError(
             f"task.name={name!r} is not a known task; choose one of "
@@ -148,3 +173,19 @@ def prepare_task(run_config: Any, out_dir: str | os.PathLike) -> TaskFiles:
     if not isinstance(run_config, RunConfig):
         run_config = run_config_from_dict(run_config)
     return _spec(run_config.task.name).prepare(run_config, Path(out_dir))
+
+
+def prepare_task_eval(run_config: Any, out_dir: str | os.PathLike) -> tuple[Path, ...]:
+    """Write only the held-out files of ``run_config.task`` (a ``RunConfig``) under
+    ``out_dir``: its ``prepare_eval``, or for a task without one everything ``prepare``
+    writes, of which the held-out files are returned."""
+    spec = _spec(run_config.task.name)
+    if spec.prepare_eval is not None:
+        return tuple(spec.prepare_eval(run_config, Path(out_dir)))
+    tf = spec.prepare(run_config, Path(out_dir))
+    return tf.eval if isinstance(tf.eval, tuple) else (tf.eval,)
+
+
+def task_reward(name: str) -> str:
+    """The reward of task ``name``'s family ("" when it names none)."""
+    return _spec(name).reward

@@ -139,34 +139,104 @@ def format_number(x) -> str:
     return s.replace(",", "") if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s) else s
 
 
+# "9 (apples)": a number followed by its unit in parentheses (ASDiv's answers)
+_NUMBER_WITH_UNIT_RE = re.compile(r"([-+]?(?:\d[\d,]*)?\.?\d+(?:/\d+)?)\s*\([^()]*\)")
+_ANSWER_LAYOUTS = "a number, GSM8K's '... #### N', '9 (apples)' or '\\boxed{...}'"
+
+
+def answer_text(value, where: str, field: str) -> str:
+    """The ground truth held in a record's ``field``, as the math reward compares it
+    (``rewards.math_reward.math_equivalent``): a JSON number; a string in one of the
+    common layouts, GSM8K's worked solution ending ``#### N`` (-> ``N``), LaTeX
+    ``\\boxed{X}`` (-> ``X``, the last one, via ``rewards.answer_extraction.last_boxed``),
+    a number with its unit in parentheses ``9 (apples)`` (-> ``9``, as ASDiv writes
+    them), or any other answer text (a MATH expression) as it is; digit-group commas are
+    dropped (``format_number``). Anything else (a list, an object, true/false, an empty
+    string, an unbalanced ``\\boxed{``) is a ``DataRowError`` naming ``where`` and
+    ``field``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        shown = json.dumps(value, default=str)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise DataRowError(
+            f"{where}: field {field!r} holds {type(value).__name__} {shown}; expected "
+            f"the answer as {_ANSWER_LAYOUTS}"
+        )
+    if isinstance(value, float) and value != value:  # NaN: a missing cell of a table
+        raise DataRowError(f"{where}: field {field!r} is empty (NaN); give the answer")
+    if not isinstance(value, str):
+        return format_number(value)
+    text = value.strip()
+    if "####" in text:
+        text = text.rsplit("####", 1)[1].strip()
+    if "\\boxed" in text or "\\fbox" in text:
+        inner = last_boxed(text)
+        if inner is None:
+            raise DataRowError(
+                f"{where}: field {field!r} has an unbalanced \\boxed{{ ({value[:60]!r}); "
+                "close its braces"
+            )
+        text = inner
+    m = _NUMBER_WITH_UNIT_RE.fullmatch(text)
+    if m:
+        text = m.group(1)
+    if not text:
+        raise DataRowError(
+            f"{where}: field {field!r} is empty ({value[:60]!r}); expected the answer as "
+            f"{_ANSWER_LAYOUTS}"
+        )
+    return format_number(text)
+
+
+def _question_of(rec: dict, where: str) -> str:
+    """The question: ``question`` or ``problem`` (the first that is set), or a body and
+    its question joined (SVAMP writes ``Body`` / ``Question``, ASDiv ``body`` /
+    ``question``), or MAWPS's ``input``; a ``DataRowError`` naming the field otherwise."""
+    pairs = [
+        (b, q) for b, q in (("Body", "Question"), ("body", "question")) if b in rec and q in rec
+    ]
+    fields = pairs[0] if pairs else [f for f in ("question", "problem", "input") if rec.get(f)][:1]
+    if not fields:
+        raise DataRowError(
+            f"{where}: no question (expected a 'question' or 'problem' field, or "
+            f"'body' + 'question'; the row has {sorted(rec)[:8]})"
+        )
+    parts = []
+    for f in fields:
+        if not isinstance(rec[f], str):
+            raise DataRowError(
+                f"{where}: field {f!r} holds {type(rec[f]).__name__}; expected the question's text"
+            )
+        parts.append(rec[f].strip())
+    question = " ".join(p for p in parts if p)
+    if not question:
+        raise DataRowError(f"{where}: no question (field {fields[-1]!r} is empty)")
+    return question
+
+
 def parse_record(rec: dict, where: str, data_source: str) -> Problem:
-    """A ``Problem`` from one record of any supported layout (see the module doc); a
-    record without a question or an answer is a ``DataRowError`` naming ``where``."""
+    """A ``Problem`` from one record of any supported layout (see the module doc): the
+    question by ``_question_of``, the answer (``answer``, ``Answer`` or ``target``, else
+    the last ``\\boxed{}`` of a ``solution``) by :func:`answer_text`. A record without a
+    question or an answer, or with one that cannot be read, is a ``DataRowError`` naming
+    ``where`` (file and line, or row) and the field."""
     if not isinstance(rec, dict):
         raise DataRowError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-    if "Body" in rec and "Question" in rec:  # SVAMP
-        question = f"{str(rec['Body']).strip()} {str(rec['Question']).strip()}"
-        answer = rec.get("Answer")
-    elif "input" in rec and "target" in rec:  # MAWPS
-        question, answer = rec["input"], rec["target"]
-    else:
-        question = rec.get("question") or rec.get("problem")
-        answer = rec.get("answer")
-    if not isinstance(question, str) or not question.strip():
-        raise DataRowError(f"{where}: no question (expected a 'question' or 'problem' field)")
-    solution = None
-    if isinstance(answer, str) and "####" in answer:  # GSM8K
-        solution = answer
-        answer = answer.rsplit("####", 1)[1]
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        sol = rec.get("solution")
-        answer = last_boxed(sol) if isinstance(sol, str) else None
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
+    question = _question_of(rec, where)
+    field = next((f for f in ("answer", "Answer", "target") if rec.get(f) is not None), None)
+    raw = rec.get(field) if field else None
+    if isinstance(raw, str) and not raw.strip():
+        field = raw = None
+    solution = raw if isinstance(raw, str) and "####" in raw else None  # GSM8K
+    if field is None and isinstance(rec.get("solution"), str):
+        boxed = last_boxed(rec["solution"])
+        if boxed:
+            field, raw = "solution", boxed
+    if field is None:
         raise DataRowError(
             f"{where}: no answer (expected 'answer' (GSM8K: '... #### N'), "
             "'Answer', 'target', or a 'solution' with \\boxed{...})"
         )
-    return Problem(question.strip(), format_number(answer), data_source, where, solution)
+    return Problem(question, answer_text(raw, where, field), data_source, where, solution)
 
 
 def read_problems(
@@ -330,6 +400,40 @@ def calc_steps(prob: Problem) -> int | None:
     return None if prob.solution is None else len(_ANNOTATION_RE.findall(prob.solution))
 
 
+def _check_eval_sizes(eval_files: Sequence[str], eval_sizes: Sequence[int]) -> None:
+    if eval_sizes and eval_files and len(eval_sizes) != len(eval_files):
+        raise ValueError(
+            f"task.eval_sizes has {len(eval_sizes)} entries for "
+            f"{len(eval_files)} task.eval_files; give one count per file or ()"
+        )
+
+
+def write_eval_files(
+    out_dir: str | os.PathLike,
+    eval_files: Sequence[str],
+    num_eval: int = 0,
+    obs_template: str = DEFAULT_OBS_TEMPLATE,
+    skip_invalid: bool = False,
+    eval_sizes: Sequence[int] = (),
+) -> tuple[Path, ...]:
+    """Write ``eval_<set>.parquet`` under ``out_dir`` for each held-out source file: its
+    first ``eval_sizes[j]`` (or ``num_eval``; 0: all) problems as verl rows. Reads
+    nothing else (an evaluation prepares no training data)."""
+    _check_eval_sizes(eval_files, eval_sizes)
+    out = Path(out_dir)
+    evals = []
+    for j, f in enumerate(eval_files):
+        limit = eval_sizes[j] if eval_sizes else num_eval
+        probs = read_problems(f, limit=limit or None, skip_invalid=skip_invalid)
+        evals.append(
+            write_rows(
+                [make_row(p, i, "eval", obs_template) for i, p in enumerate(probs)],
+                out / f"eval_{set_name(f)}.parquet",
+            )
+        )
+    return tuple(evals)
+
+
 def write_task(
     out_dir: str | os.PathLike,
     train_files: Sequence[str],
@@ -354,11 +458,7 @@ def write_task(
     instead of failing on the first."""
     if not train_files:
         raise ValueError("task.train_files is empty: give GSM8K / MATH training files")
-    if eval_sizes and eval_files and len(eval_sizes) != len(eval_files):
-        raise ValueError(
-            f"task.eval_sizes has {len(eval_sizes)} entries for "
-            f"{len(eval_files)} task.eval_files; give one count per file or ()"
-        )
+    _check_eval_sizes(eval_files, eval_sizes)
     rng = random.Random(seed)
     train = [p for f in train_files for p in read_problems(f, skip_invalid=skip_invalid)]
     if max_calc_steps:
@@ -368,16 +468,7 @@ def write_task(
     out = Path(out_dir)
     rows = [make_row(p, i, "train", obs_template) for i, p in enumerate(train)]
     train_path = write_rows(rows, out / "train.parquet")
-    evals = []
-    for j, f in enumerate(eval_files):
-        limit = eval_sizes[j] if eval_sizes else num_eval
-        probs = read_problems(f, limit=limit or None, skip_invalid=skip_invalid)
-        evals.append(
-            write_rows(
-                [make_row(p, i, "eval", obs_template) for i, p in enumerate(probs)],
-                out / f"eval_{set_name(f)}.parquet",
-            )
-        )
+    evals = write_eval_files(out, eval_files, num_eval, obs_template, skip_invalid, eval_sizes)
     sft = []
     for i, p in enumerate(train):
         if num_demos and len(sft) >= num_demos:
@@ -418,6 +509,23 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
         t.eval_sizes,
         t.max_calc_steps,
     )
+
+
+def write_eval_from_config(config, out_dir: str | os.PathLike) -> tuple[Path, ...]:
+    """Only the held-out files of ``config.task`` (``write_eval_files``), for an
+    evaluation: the training files are neither read nor written."""
+    t = config.task
+    return write_eval_files(
+        out_dir,
+        [_in(t.data_dir, f) for f in t.eval_files],
+        t.num_eval,
+        config.rollout.obs_template,
+        t.skip_invalid,
+        t.eval_sizes,
+    )
+
+
+TASK_REWARD = "math"  # the reward of rows whose data_source has none (an unseen test set)
 
 
 def main(argv=None) -> int:

@@ -24,6 +24,7 @@ from verltool_jax.rollout.config import OBS_TEMPLATE_RESULT
 from verltool_jax.tasks import TaskFiles
 
 DATA_SOURCE = "tiny_math"
+TASK_REWARD = "math"  # the reward of held-out rows whose data_source has none
 SYSTEM_PROMPT = "Run python as <python>code</python>; answer as <answer>number</answer>."
 DEFAULT_OBS_TEMPLATE = OBS_TEMPLATE_RESULT
 

@@ -82,9 +82,23 @@ def load_tokenizer(rc: RunConfig, model_dir: Path):
     return AutoTokenizer.from_pretrained(rc.model.tokenizer_path or str(model_dir))
 
 
-def prepare_task_files(rc: RunConfig, out_dir: Path) -> dict:
+def prepare_task_files(rc: RunConfig, out_dir: Path, *, eval_only: bool = False) -> dict:
     """Train / eval / SFT file lists: ``data.*`` and ``sft.files`` where given, else the
-    files the task ``task.name`` writes under ``<out_dir>/data``."""
+    files the task ``task.name`` writes under ``<out_dir>/data``. ``eval_only`` (an
+    evaluation): only the held-out files (``data.eval_files``, else the task's
+    ``prepare_task_eval``); no training or SFT data is read or written."""
+    if eval_only:
+        evals = rc.data.eval_files
+        if not evals and rc.task is not None:
+            from verltool_jax.tasks import prepare_task_eval
+
+            evals = tuple(str(p) for p in prepare_task_eval(rc, out_dir / "data"))
+        if not evals:
+            raise ValueError(
+                "no held-out data: give --data FILE, data.eval_files, or a task "
+                "(task.name) with held-out files"
+            )
+        return {"train": (), "eval": tuple(evals), "sft": ()}
     files = {"train": rc.data.train_files, "eval": rc.data.eval_files, "sft": rc.sft.files}
     if rc.task is not None:
         from verltool_jax.tasks import prepare_task
@@ -373,9 +387,12 @@ class Run:
 
 @contextlib.contextmanager
 def build_run(
-    config: Any, *, out_dir: Path | None = None, write_metrics: bool = True
+    config: Any, *, out_dir: Path | None = None, write_metrics: bool = True, eval_only: bool = False
 ) -> Iterator[Run]:
-    """Everything a run needs, from a ``ConfigDict`` (validated here) or a RunConfig."""
+    """Everything a run needs, from a ``ConfigDict`` (validated here) or a RunConfig.
+    ``eval_only`` (an evaluation): only the held-out data is prepared
+    (:func:`prepare_task_files`) and ``Run.eval_items`` is left empty (the evaluation
+    takes its own prompts from ``Run.files["eval"]``)."""
     from verltool_jax import lifeline
     from verltool_jax.data.pipeline import PromptPipeline
     from verltool_jax.models.hf_io import load_hf
@@ -402,7 +419,7 @@ def build_run(
         multihost.barrier("build_run:prepared")
     data_dir = out if primary else out / f"process{multihost.process_index()}"
     # Data first: a bad question file or retrieval index fails before any model work.
-    files = prepare_task_files(rc, data_dir)
+    files = prepare_task_files(rc, data_dir, eval_only=eval_only)
     if primary:
         from verltool_jax.plugins import plugins_of_run
         from verltool_jax.train.console import console
@@ -443,7 +460,7 @@ def build_run(
 
         image_processor = ImageProcessor(model.config)
     eval_items: list[PromptItem] = []
-    if files["eval"] and rc.data.max_eval_examples:  # 0: no held-out evaluation
+    if files["eval"] and rc.data.max_eval_examples and not eval_only:  # 0: none
         # data.max_eval_examples in all, taken in turn from each eval file (its rows in
         # order), so every test set is represented
         pipes = [

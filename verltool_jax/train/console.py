@@ -31,7 +31,9 @@ def console() -> TextIO:
 
 @contextlib.contextmanager
 def library_output_to(log_path: Path) -> Iterator[TextIO]:
-    """Redirect fds 1 and 2 (and Python's logging) to ``log_path``; yields the console."""
+    """Redirect fds 1 and 2 (and Python's logging, INFO and up, written to the log file
+    itself so that a replaced ``sys.stderr`` cannot divert it) to ``log_path``; yields
+    the console. The root logger's handlers and level are restored on the way out."""
     global _console
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
@@ -41,17 +43,25 @@ def library_output_to(log_path: Path) -> Iterator[TextIO]:
     log_file = open(log_path, "a", buffering=1)
     os.dup2(log_file.fileno(), 1)
     os.dup2(log_file.fileno(), 2)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        force=True,
-    )
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    handler = logging.StreamHandler(log_file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for h in saved_handlers:
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
     _console = term
     try:
         yield term
     finally:
         _console = None
+        root.removeHandler(handler)
+        with contextlib.suppress(OSError):
+            handler.flush()
+        for h in saved_handlers:
+            root.addHandler(h)
+        root.setLevel(saved_level)
         # the log's disk may be full: the console comes back all the same
         for f in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError):

@@ -5,7 +5,7 @@ steps, at the end) and by ``python -m verltool_jax.eval``."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,10 +55,12 @@ async def rollout_scored(
     n_samples: int = 1,
     temperature: float = 0.0,
     image_processor: Any = None,
+    on_group: Callable[[list[Trajectory]], None] | None = None,
 ) -> list[list[Trajectory]]:
     """Every item rolled out ``n_samples`` times at ``temperature`` (0: greedy; top-p 1,
     no top-k) and scored; returns the groups in item order. ``image_processor``: a
-    vision-language policy's (prompts / observations with images)."""
+    vision-language policy's (prompts / observations with images); ``on_group`` is
+    called with each group as its rollout ends (a progress bar)."""
     cfg = dataclasses.replace(rollout_cfg, temperature=temperature, top_p=1.0, top_k=-1)
     groups = await run_rollout(
         list(items),
@@ -68,6 +70,7 @@ async def rollout_scored(
         tokenizer,
         cfg,
         image_processor=image_processor,
+        on_group=on_group,
     )
     trajs = [t for g in groups for t in g]
     assign_rewards(trajs, await reward_pool.score_async(trajs, tokenizer))
