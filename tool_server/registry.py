@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import cast
 
 from tool_server.kit.base import BaseTool
 from tool_server.kit.plugins import BUILTIN, PluginError, PluginGroup, discover
@@ -56,7 +57,7 @@ def _module_for(path: Path) -> ModuleType | None:
         return None
 
 
-def tools_in_module(module: ModuleType) -> dict[str, type]:
+def tools_in_module(module: ModuleType) -> dict[str, type[BaseTool]]:
     """``{name: class}`` for the BaseTool subclasses defined in ``module``."""
     out = {}
     for _, obj in inspect.getmembers(module, inspect.isclass):
@@ -126,7 +127,7 @@ def discover_tools(
         if not d.is_dir():
             raise FileNotFoundError(f"tool directory {str(d)!r} does not exist (--tool-dir)")
     plugins = tool_plugins()
-    found: dict[str, type] = {}
+    found: dict[str, type[BaseTool]] = {}
     if names:
         wanted = []
         for name in names:
@@ -134,7 +135,9 @@ def discover_tools(
                 if name in plugins.problems:  # a clash with a built-in, or a known failure
                     raise PluginError(plugins.problems[name])
                 if not any((d / f"{name}.py").is_file() for d in dirs) and name in plugins.plugins:
-                    found[name] = plugins.load(name)
+                    found[name] = cast(
+                        "type[BaseTool]", plugins.load(name)
+                    )  # checked by _check_tool
             except PluginError as e:
                 if unusable is None:
                     raise
@@ -170,8 +173,8 @@ def discover_tools(
                 f"{TOOLS_GROUP!r} entry point; see python -m tool_server --list-tools)"
             )
         return {n: found[n] for n in names}
-    for k, v in plugins.load_all().items():
-        found.setdefault(k, v)
+    for k, obj in plugins.load_all().items():
+        found.setdefault(k, cast("type[BaseTool]", obj))  # checked by _check_tool
     return found
 
 
@@ -200,7 +203,7 @@ def list_tools(tool_dirs: Iterable[str] = ()) -> list[ToolListing]:
                 served.add(k)
                 rows.append(ToolListing(k, _dir_source(f.parent), v.usage, True))
     plugins = tool_plugins()
-    loaded = plugins.load_all()
+    loaded = cast("dict[str, type[BaseTool]]", plugins.load_all())  # checked by _check_tool
     for name in plugins.names():
         if name in loaded and name not in served:
             rows.append(ToolListing(name, plugins.source(name), loaded[name].usage, True))

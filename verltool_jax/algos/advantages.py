@@ -275,15 +275,15 @@ def compute_advantages(
             "rewards contain NaN/inf; fix the reward function (or drop those "
             "trajectories) before computing advantages"
         )
-    counts = None
+    counts: jax.Array | None = None
     if token_counts is not None:
-        counts = np.asarray(token_counts, dtype=np.float32)
-        if counts.shape != rewards.shape or np.any(counts < 0):
+        host = np.asarray(token_counts, dtype=np.float32)
+        if host.shape != rewards.shape or np.any(host < 0):
             raise ValueError(
-                f"token_counts must be one count >= 0 per reward; got shape {counts.shape} "
-                f"for {rewards.shape} rewards (min {counts.min() if counts.size else None})"
+                f"token_counts must be one count >= 0 per reward; got shape {host.shape} "
+                f"for {rewards.shape} rewards (min {host.min() if host.size else None})"
             )
-        counts = jnp.asarray(counts)
+        counts = jnp.asarray(host)
     fn = get_advantage_fn(name)
     if len(rewards) == 0:
         return np.zeros(0, np.float32)

@@ -18,7 +18,7 @@ import difflib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from tool_server.kit.plugins import PluginError, PluginGroup, discover
 from verltool_jax.algos.registry import Registry
@@ -92,7 +92,7 @@ def reward_plugins(refresh: bool = False) -> PluginGroup:
                 REWARDS_GROUP, "reward", set(REWARDS.names()) | set(DATA_SOURCES), _check_reward
             )
             for name, fn in group.load_all().items():
-                register_reward(name, name)(fn)
+                register_reward(name, name)(cast(RewardFn, fn))  # checked by _check_reward
             _PLUGINS = group
         return _PLUGINS
 

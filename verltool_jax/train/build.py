@@ -105,10 +105,10 @@ def prepare_task_files(rc: RunConfig, out_dir: Path, *, eval_only: bool = False)
 
         tf = prepare_task(rc, out_dir / "data")
         sft = tf.sft
-        evals = tf.eval if isinstance(tf.eval, tuple) else (tf.eval,)
+        task_evals = tf.eval if isinstance(tf.eval, tuple) else (tf.eval,)
         files = {
             "train": files["train"] or (str(tf.train),),
-            "eval": files["eval"] or tuple(str(p) for p in evals),
+            "eval": files["eval"] or tuple(str(p) for p in task_evals),
             "sft": files["sft"] or ((str(sft),) if sft else ()),
         }
     if not files["train"] and rc.stage == "rl":
