@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.ckpt_saver import check, state_at
+from support.smoke_run import smoke_train_flags
 
 from verltool_jax.train.checkpoint import (
     MARKER,
@@ -169,33 +170,18 @@ def test_the_marker_lists_every_file_with_size_and_sha256(tmp_path):
     assert not list(directory.glob(f"1/{MARKER}.tmp"))
 
 
-def _train_argv(out: Path, steps: int) -> list[str]:
-    return [
-        "--config",
-        str(REPO / "configs/tiny_math.py") + ":smoke",
-        "--config.sampler.backend=jax",
-        "--config.sft.steps=0",
-        f"--config.trainer.out_dir={out}",
-        f"--config.trainer.steps={steps}",
-        "--config.logging.progress_bar=false",
-        "--config.logging.plot=false",
-        "--config.logging.tensorboard=false",
-        "--config.data.max_eval_examples=0",
-    ]
-
-
 def test_the_trainer_says_which_checkpoint_it_rejected_and_resumes_before_it(tmp_path, capfd):
     from verltool_jax.train.__main__ import main
 
     out = tmp_path / "run"
-    assert main(_train_argv(out, 2)) == 0
+    assert main(smoke_train_flags(out, 2)) == 0
     ckpts = out / "checkpoints"
     assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [1, 2]
     victim = _largest_file(ckpts / "2")
     with open(victim, "r+b") as f:
         f.truncate(victim.stat().st_size - 1)
     capfd.readouterr()
-    assert main(_train_argv(out, 3)) == 0
+    assert main(smoke_train_flags(out, 3)) == 0
     console = capfd.readouterr().out
     assert f"checkpoint step 2 is unusable: file {victim} is truncated" in console, console
     assert "at step 1, the newest complete checkpoint" in console, console

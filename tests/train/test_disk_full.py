@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.smoke_run import smoke_train_flags
 
 from verltool_jax.train.__main__ import EXIT_DISK_FULL
 from verltool_jax.train.checkpoint import MARKER, latest_complete_step
@@ -44,21 +45,7 @@ def tmpfs(path: Path, size: str):
 
 
 def _argv(out: Path, steps: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "verltool_jax.train",
-        "--config",
-        str(REPO / "configs/tiny_math.py") + ":smoke",
-        "--config.sampler.backend=jax",
-        "--config.sft.steps=0",
-        f"--config.trainer.out_dir={out}",
-        f"--config.trainer.steps={steps}",
-        "--config.logging.progress_bar=false",
-        "--config.logging.plot=false",
-        "--config.logging.tensorboard=false",
-        "--config.data.max_eval_examples=0",
-    ]
+    return [sys.executable, "-m", "verltool_jax.train", *smoke_train_flags(out, steps)]
 
 
 def _fill(path: Path) -> None:
