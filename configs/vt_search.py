@@ -12,6 +12,14 @@ The model writes ``<search> query </search>``, reads the top-3 passages in
 scored by exact match (``qa_em``, chosen by data_source; ``reward.name=qa_f1`` for F1)
 minus ``reward.format_penalty`` when there is no answer.
 
+``judge`` (the ``smol`` recipe) and ``tiny_judge`` (the ``tiny`` one) add an LLM judge
+beside exact match, for open answers that exact match misses (``use_answer_judge``): the
+reward is ``0.5 * EM + 0.5 * judge`` with the judge's 0-10 grade of the extracted answer
+against the gold answers (``reward.judge``; rewards/judge.py), from an OpenAI-compatible
+server at ``reward.judge.base_url`` (e.g. ``vllm serve Qwen/Qwen2.5-7B-Instruct --port
+8000``); a full-marks verdict also counts as correct. An unparseable verdict scores 0 and
+is counted (``rollout/judge_failures``) rather than stopping the run.
+
 Variants (``:arg``): ``smol`` (default; SmolLM2-135M-Instruct, CPU sizes: LoRA on the top
 8 layers, 30 SFT steps on 256 demonstrations made from the index, then GRPO; the run
 ``experiments/search_smollm2.py`` makes of it), ``tiny`` (a tiny random model, seconds,
@@ -36,7 +44,23 @@ import ml_collections
 from configs import base
 from configs.common import add_qa_task, parse_variant, use_smollm2_lora, use_tiny_model
 
-VARIANTS = ("smol", "tiny", "paper")
+VARIANTS = ("smol", "tiny", "paper", "judge", "tiny_judge")
+
+# The judge of the ``judge`` variants: a local OpenAI-compatible server (vllm serve).
+JUDGE_URL = "http://127.0.0.1:8000/v1"
+JUDGE_MODEL = "Qwen/Qwen2.5-7B-Instruct"
+
+
+def use_answer_judge(c: ml_collections.ConfigDict) -> None:
+    """An LLM judge of the extracted answer beside exact match (weight 0.5 each)."""
+    j = c.reward.judge
+    j.backend = "openai"
+    j.base_url = JUDGE_URL
+    j.model = JUDGE_MODEL
+    j.grade = "answer"
+    j.weight = 0.5
+    j.on_error = "zero"
+    j.max_tokens = 128
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -51,8 +75,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.algo.kl_coef = 1e-4
     c.algo.kl_estimator = "k3"  # verl's low_var_kl
     c.trainer.out_dir = f"runs/vt_search_{variant}"
+    if variant in ("judge", "tiny_judge"):
+        use_answer_judge(c)
 
-    if variant == "smol":
+    if variant in ("smol", "judge"):
         # Sized for 2 CPU cores, as configs/vt_math.py:smol: LoRA on the top 8 layers, a
         # warm start on demonstrations (search the question, answer from the passages:
         # the 135M model as it comes never writes the tags), then short GRPO.
@@ -63,7 +89,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.rollout.max_obs_tokens = 512  # three passages, most of them whole
         c.trainer.steps = 10
         c.reward.num_workers = 1
-    elif variant == "tiny":
+    elif variant in ("tiny", "tiny_judge"):
         use_tiny_model(c)
         c.model.max_seq_len = 2048  # demonstrations show three passages whole
         c.sampler.max_model_len = 2048

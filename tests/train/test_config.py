@@ -246,6 +246,10 @@ def _other_value(key, ft, current):
         # pass-rate bounds in [0, 1] with lower_below < raise_above
         "curriculum.raise_above": (0.9, "0.9"),
         "curriculum.lower_below": (0.1, "0.1"),
+        # a judge backend needs its model (and URL): tests/rewards/test_judge.py
+        "reward.judge.backend": (None, None),
+        "reward.judge.weight": (0.5, "0.5"),
+        "reward.judge.correct_threshold": (0.5, "0.5"),
     }
     if key in special:
         return special[key]

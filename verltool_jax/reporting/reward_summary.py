@@ -1,7 +1,9 @@
 """Batch reward metrics for logging (names from ``verltool_jax.reporting.names``).
 
 reward/mean = mean score;  acc/mean = fraction correct;
-reward/timeouts, reward/errors, reward/no_answer = counts;  reward/seconds_max
+reward/timeouts, reward/errors, reward/no_answer = counts;  reward/seconds_max;
+reward/judge_* = the LLM judge's calls, cache hits, failures, latency, tokens and cost
+(``rewards.judge.judge_metrics``; only when a judge graded the batch)
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 
 from verltool_jax.reporting import names
 from verltool_jax.rewards.base import RewardResult
+from verltool_jax.rewards.judge import judge_metrics
 
 
 def reward_metrics(results: Sequence[RewardResult], prefix: str = "") -> dict[str, float]:
@@ -26,6 +29,7 @@ def reward_metrics(results: Sequence[RewardResult], prefix: str = "") -> dict[st
         "reward/no_answer": float(sum(1 for r in results if r.info.get("has_answer") is False)),
         "reward/seconds_max": max(float(r.info.get("seconds", 0.0)) for r in results),
     }
+    out.update(judge_metrics([r.info for r in results], "reward"))
     if prefix:
         out = {
             (names.EVAL_ACC if k == names.ACC and prefix == "eval/" else prefix + k): v

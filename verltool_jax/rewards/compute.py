@@ -9,6 +9,9 @@ An exception in a reward function scores 0 with ``info["error"]``; it never stop
 Workers warm the math verifier up when they start (``warm_up``), so a first LaTeX parse
 (seconds) does not eat an item's timeout. ``num_workers=0`` scores in the calling process (the timer then works only in the main
 thread). ``score_async`` runs a batch in a thread so the asyncio loop keeps going.
+With a ``judge`` (config ``reward.judge``, :mod:`verltool_jax.rewards.judge`), the batch's
+rule-based results are then graded by the judge model in this process (its cache and
+client shared by all items) and blended in before shaping.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from verltool_jax.rollout.response_text import model_text
 
 if TYPE_CHECKING:
     from multiprocessing.pool import Pool
+
+    from verltool_jax.rewards.judge import Judge
 
 
 @dataclass
@@ -169,6 +174,7 @@ class RewardPool:
         grace_s: float = 5.0,
         startup_timeout_s: float = 120.0,
         warm_up: bool = True,
+        judge: Judge | None = None,
     ):
         if num_workers < 0 or timeout_s <= 0:
             raise ValueError(
@@ -179,6 +185,7 @@ class RewardPool:
         self.shaping, self.reward_name = shaping, reward_name
         self.reward_modules = tuple(reward_modules)
         self.restarts = 0
+        self.judge = judge
         self._pool: Pool | None = None
         reward_plugins()  # installed packages' rewards, here as in every worker
         for m in self.reward_modules:
@@ -186,7 +193,10 @@ class RewardPool:
 
     @classmethod
     def from_config(cls, reward_cfg) -> RewardPool:
-        """From the config's ``reward`` section (see configs/base.py)."""
+        """From the config's ``reward`` section (see configs/base.py); ``reward.judge``
+        with a backend adds the judge (a sampler judge loads its model here)."""
+        from verltool_jax.rewards.judge import Judge
+
         return cls(
             num_workers=reward_cfg.num_workers,
             timeout_s=reward_cfg.timeout_s,
@@ -197,6 +207,7 @@ class RewardPool:
                 reward_cfg.valid_tool_call_bonus,
             ),
             reward_name=reward_cfg.name,
+            judge=Judge.from_config(reward_cfg.judge),
         )
 
     def _ensure_pool(self) -> Pool | None:
@@ -226,10 +237,17 @@ class RewardPool:
         return self._pool
 
     def score(self, entries: Iterable[Any], tokenizer=None) -> list[RewardResult]:
-        """Score Trajectory objects, (text, row) pairs or RewardItems, in order."""
+        """Score Trajectory objects, (text, row) pairs or RewardItems, in order (then the
+        judge, if any: ``JudgeError`` when it fails and ``reward.judge.on_error="error"``)."""
         items = items_from(entries, tokenizer, self.reward_name)
         if not items:
             return []
+        results = self._score_rules(items)
+        if self.judge is not None:
+            results = self.judge.rescore(items, results, self.shaping)
+        return results
+
+    def _score_rules(self, items: list[RewardItem]) -> list[RewardResult]:
         pool = self._ensure_pool()
         if pool is None:
             return [score_item(it, self.timeout_s, self.shaping) for it in items]
@@ -265,6 +283,9 @@ class RewardPool:
         return await asyncio.to_thread(self.score, list(entries), tokenizer)
 
     def close(self) -> None:
+        if self.judge is not None:
+            self.judge.close()
+            self.judge = None
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()

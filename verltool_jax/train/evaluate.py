@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from verltool_jax.rewards.compute import RewardPool, assign_rewards
+from verltool_jax.rewards.judge import judge_metrics
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.trajectory import Trajectory
@@ -26,7 +27,8 @@ def prompt_items(examples: Sequence[Any], prefix: str) -> list[PromptItem]:
 
 
 def summarize(trajs: Sequence[Trajectory], prefix: str) -> dict:
-    """Mean reward, accuracy, tool calls, turns, response length and termination counts."""
+    """Mean reward, accuracy, tool calls, turns, response length and termination counts,
+    and the LLM judge's calls, cache hits, failures, latency, tokens and cost (if any)."""
     if not trajs:
         return {}
     r = np.array([t.reward or 0.0 for t in trajs], np.float64)
@@ -42,6 +44,7 @@ def summarize(trajs: Sequence[Trajectory], prefix: str) -> dict:
     }
     for reason in sorted({t.termination for t in trajs}):
         out[f"{prefix}/term_{reason}"] = sum(t.termination == reason for t in trajs) / len(trajs)
+    out.update(judge_metrics([t.reward_info or {} for t in trajs], prefix))
     return out
 
 
