@@ -339,3 +339,28 @@ def test_vt_search_tiny_judge_config_scores_through_the_judge():
             )
     assert [r.score for r in res] == pytest.approx([0.75, 0.25])
     assert srv.requests[0]["model"] == j.model
+
+
+def test_judge_metrics_reach_the_step_and_eval_summaries():
+    """The trainer's per-step metrics (``rollout_metrics`` -> ``summarize``) and the
+    evaluation's carry the batch's judge counts from the trajectories' reward_info."""
+    from verltool_jax.rewards import assign_rewards
+    from verltool_jax.rollout.trajectory import Trajectory
+    from verltool_jax.train.evaluate import summarize
+    from verltool_jax.train.trainer import rollout_metrics
+
+    row = {"data_source": "nq", "reward_model": {"ground_truth": ["x"]}, "extra_info": {}}
+    with ScriptedJudgeServer(lambda req: verdict("Score: 2")) as srv:
+        with RewardPool(num_workers=0, judge=_judge(srv)) as pool:
+            res = pool.score([("<answer>y</answer>", row), ("<answer>y</answer>", row)])
+    trajs = [
+        Trajectory(trajectory_id=f"t{i}", group_id="g", prompt_ids=[1], data=row) for i in range(2)
+    ]
+    assign_rewards(trajs, res)
+    m = rollout_metrics(trajs, version=0)
+    assert (m["rollout/judge_calls"], m["rollout/judge_cache_hits"]) == (1.0, 1.0)
+    assert m["rollout/judge_failures"] == 0.0 and m["rollout/reward"] == pytest.approx(0.2)
+    assert summarize(trajs, "eval")["eval/judge_prompt_tokens"] == 100.0
+    # no judge: no judge metrics
+    plain = Trajectory(trajectory_id="n", group_id="g", prompt_ids=[1], data=row)
+    assert not any("judge" in k for k in summarize([plain], "rollout"))

@@ -702,6 +702,34 @@ def test_vt_search_tiny_trains_one_step(data, tmp_path):
     assert (tmp_path / "run" / "trajectories.html").is_file()
 
 
+@pytest.mark.slow
+def test_vt_search_tiny_judge_trains_one_step(data, tmp_path):
+    """configs/vt_search.py:tiny_judge through the real trainer with a scripted
+    OpenAI-compatible judge server: every trajectory is graded (grade=response), and the
+    step's metrics log the judge's calls, tokens and latency."""
+    from support.judge_server import ScriptedJudgeServer, verdict
+
+    from verltool_jax.train.trainer import train
+
+    with ScriptedJudgeServer(lambda req: verdict("Score: 4")) as srv:
+        cfg = _cfg(
+            "vt_search.py:tiny_judge",
+            data,
+            f"trainer.out_dir={tmp_path / 'run'}",
+            "logging.progress_bar=false",
+            f"reward.judge.base_url={srv.base_url}",
+            "reward.judge.grade=response",
+        )
+        summary = train(cfg, echo=False).summary
+    assert summary["steps"] == 1 and srv.requests
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if "rollout/judge_calls" in r)
+    n = step["rollout/num"]
+    assert step["rollout/judge_calls"] + step["rollout/judge_cache_hits"] == n
+    assert step["rollout/judge_failures"] == 0 and step["rollout/judge_prompt_tokens"] > 0
+    assert step["rollout/judge_seconds_max"] > 0
+
+
 def test_metrics_and_report_from_token_ids():
     """The trainer's path: model text and observations decoded from the token ids."""
     from support.tiny_data import tiny_tokenizer
