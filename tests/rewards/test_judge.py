@@ -105,6 +105,8 @@ def test_config_errors_name_the_field_and_the_fix():
     assert "reward.judge.weight=1.5 must be in [0, 1]" in str(e.value)
     with pytest.raises(ValueError, match="checkpoint dir"):
         JudgeSection(backend="sampler")
+    with pytest.raises(ValueError, match="reward.judge.model='/nonexistent' is not a directory"):
+        Judge.from_config(JudgeSection(backend="sampler", model="/nonexistent"))
     # no backend: no judge, nothing else needed
     assert Judge.from_config(JudgeSection()) is None
 

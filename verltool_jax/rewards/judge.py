@@ -386,6 +386,11 @@ class Judge:
                 settings.base_url, settings.model, settings.timeout_s, settings.api_key_env
             )
         else:
+            if not os.path.isdir(settings.model):
+                raise ValueError(
+                    f"reward.judge.model={settings.model!r} is not a directory; the sampler "
+                    "judge needs a local HF checkpoint (config.json, weights, tokenizer)"
+                )
             endpoint = SamplerEndpoint.from_checkpoint(
                 settings.model,
                 settings.sampler_backend,
