@@ -7,7 +7,7 @@ Runs ``train()`` on ``configs/vt_math.py:smol`` (SmolLM2-135M-Instruct, the pyth
 math reward) for ``trainer.steps=1`` in ``rollout.mode=sync`` (so the parts run one after
 another), with small sizes (overridable with ``--set``), and times the parts by wrapping
 the trainer's own calls: eval (``RLLoop.evaluate``), rollout (waiting for the step's groups),
-reward, train (``train_on``), sync (``PolicyPublisher.publish``). A watcher thread samples
+reward, train (``make_batch`` and ``train_on``), sync (``PolicyPublisher.publish``). A watcher thread samples
 the CPU time of this process and its children (tool server, engine) every 0.2 s and
 charges it to the part running; share = CPU seconds / (wall seconds x cores).
 ``--before`` starts the vLLM engine with vLLM's own CPU placement (``auto`` binding, one
@@ -163,6 +163,7 @@ def main():
     clock.wrap_async(trainer.RLLoop, "evaluate", "eval")
     clock.wrap_async(RolloutProducer, "next_groups", "rollout (waiting for groups)")
     clock.wrap_async(RewardPool, "score_async", "reward")
+    clock.wrap_sync(trainer, "make_batch", "train")
     clock.wrap_sync(trainer, "train_on", "train")
     clock.wrap_async(PolicyPublisher, "publish", "sync")
     load0 = os.getloadavg()[0]

@@ -369,7 +369,7 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
                 )
             else:
                 t0 = time.perf_counter()
-                summary = train(c).summary
+                summary = train(c).summary.to_json()
                 train_s = time.perf_counter() - t0
                 if summary.get("interrupted"):
                     # a stopped run is not a result: nothing is recorded or evaluated, and

@@ -283,33 +283,34 @@ def test_turn_credit_on_a_scripted_multi_turn_batch():
 
 
 def test_train_on_applies_reinforce_pp_counts_and_turn_discount():
-    """train_on with the real batch path: REINFORCE++ whitens with the sampled-token
-    counts, and algo.turn_discount hands the step per-token advantages [B,T]."""
+    """make_batch: REINFORCE++ whitens with the sampled-token counts, and
+    algo.turn_discount hands the step per-token advantages [B,T]."""
     import dataclasses
     from pathlib import Path
 
     from verltool_jax.cli.command_line import parse_command_line
     from verltool_jax.cli.validate import validate_config
-    from verltool_jax.train import trainer
+    from verltool_jax.train.batch import make_batch
 
     tiny = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_math.py")
     seen = []
 
-    def step(state, batch):
-        seen.append({k: np.array(v) for k, v in batch.items()})
-        return state, {}
+    def step(rc, trajs):
+        b = make_batch(rc, rc.algo_for_run(), trajs, pad_id=0)
+        assert b is not None
+        seen.append({k: np.array(v) for k, v in b.arrays.items()})
 
     rc = validate_config(parse_command_line(["--config", tiny]).config)
     algo = dataclasses.replace(rc.algo, mini_batch_size=None, adv_estimator="reinforce_plus_plus")
     rc = dataclasses.replace(rc, algo=algo)
     trajs = _multi_turn_trajectories()
-    _, m = trainer.train_on(rc, object(), step, trajs, pad_id=0)
+    step(rc, trajs)
     counts = [5, 4, 4, 3]  # sampled tokens per trajectory
     want = compute_advantages("reinforce_plus_plus", [1.0, 0.0, 1.0, 0.0], list("abcd"), counts)
     np.testing.assert_allclose(seen[-1]["advantages"], want, rtol=1e-6)
     assert seen[-1]["advantages"].shape == (4,)
     rc2 = dataclasses.replace(rc, algo=dataclasses.replace(algo, turn_discount=0.5))
-    trainer.train_on(rc2, object(), step, trajs, pad_id=0)
+    step(rc2, trajs)
     per_tok = seen[-1]["advantages"]
     lm = seen[-1]["loss_mask"]
     assert per_tok.shape == lm.shape
@@ -409,7 +410,7 @@ def test_turn_credit_on_a_scripted_multi_turn_rollout(tok, tool_url):
     from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
     from verltool_jax.rollout.config import RolloutConfig
     from verltool_jax.tools_client import ToolClient
-    from verltool_jax.train import trainer
+    from verltool_jax.train.batch import make_batch
 
     turns = {
         "p0-0": ["<python>print(6)</python>", "<python>print(7)</python>", "<answer>42</answer>"],
@@ -436,9 +437,9 @@ def test_turn_credit_on_a_scripted_multi_turn_rollout(tok, tool_url):
         rc.algo, mini_batch_size=None, adv_estimator="drgrpo", turn_discount=0.5
     )
     rc = dataclasses.replace(rc, algo=algo, model=dataclasses.replace(rc.model, max_seq_len=512))
-    seen = []
-    trainer.train_on(rc, object(), lambda s, bt: (seen.append(bt), (s, {}))[1], [a, b], 0)
-    adv, lm = seen[0]["advantages"], seen[0]["loss_mask"]
+    batch = make_batch(rc, rc.algo_for_run(), [a, b], 0)
+    assert batch is not None
+    adv, lm = batch.arrays["advantages"], batch.arrays["loss_mask"]
     want_a = [0.5 * 0.25] * lens[0] + [0.5 * 0.5] * lens[1] + [0.5] * lens[2]
     np.testing.assert_allclose(adv[0][lm[0] > 0], want_a, rtol=1e-6)
     np.testing.assert_allclose(adv[1][lm[1] > 0], -0.5, rtol=1e-6)

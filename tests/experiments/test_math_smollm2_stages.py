@@ -35,8 +35,10 @@ def test_an_interrupted_stage_records_nothing_and_stops_the_experiment(
     if stages == "grpo":
         (out / "sft_seed1" / "hf_model").mkdir(parents=True)
 
+    from verltool_jax.train.summary import RunSummary
+
     class Stopped:
-        summary = {"steps": 3, "interrupted": True, "wall_s": 1.0}
+        summary = RunSummary(steps=3, interrupted=True, wall_s=1.0)
 
     monkeypatch.setattr(trainer_mod, "train", lambda c: Stopped())
     monkeypatch.setattr(

@@ -402,58 +402,56 @@ def test_mask_observations_is_a_typed_switch_read_by_the_trainer():
 
 
 def test_train_on_trains_observation_tokens_only_when_unmasked():
-    """train_on with the real batch path: the step sees observation tokens in its loss
-    mask only when rollout.mask_observations is False."""
+    """make_batch: the step's batch has observation tokens in its loss mask only when
+    rollout.mask_observations is False."""
     import dataclasses
 
     from verltool_jax.cli.validate import validate_config
-    from verltool_jax.train import trainer
+    from verltool_jax.train import batch as batch_mod
 
     seen = []
 
-    class _State:
-        def model(self):
-            class _M:
-                pass
+    class _M:  # the policy the behaviour logprobs come from (token_logprobs is replaced)
+        pass
 
-            return _M()
-
-    def step(state, batch):
-        seen.append(batch["loss_mask"].copy())
-        return state, {}
+    def step(rc, trajs):
+        b = batch_mod.make_batch(rc, rc.algo_for_run(), trajs, 0, model=_M)
+        assert b is not None
+        seen.append(b.arrays["loss_mask"].copy())
+        return b.metrics
 
     rc = validate_config(parse_command_line(["--config", TINY]).config)
     rc = dataclasses.replace(rc, algo=dataclasses.replace(rc.algo, mini_batch_size=None))
     trajs = [_traj_with_observation(), _traj_with_observation()]
     trajs[0].group_id = trajs[1].group_id = "g"
     trajs[0].reward, trajs[1].reward = 1.0, 0.0
-    _, m = trainer.train_on(rc, _State(), step, trajs, pad_id=0)
+    m = step(rc, trajs)
     assert seen[-1][0].sum() == 4 and m["batch/observation_tokens_trained"] == 0
     calls = []
-    orig = trainer.token_logprobs
-    trainer.token_logprobs = lambda model, ids, attn, targets, temperature: (
+    orig = batch_mod.token_logprobs
+    batch_mod.token_logprobs = lambda model, ids, attn, targets, temperature: (
         calls.append(temperature) or np.full(ids.shape, -3.0, np.float32)
     )
     try:
         unmasked = dataclasses.replace(
             rc, rollout=dataclasses.replace(rc.rollout, mask_observations=False)
         )
-        _, m = trainer.train_on(unmasked, _State(), step, trajs, pad_id=0)
+        m = step(unmasked, trajs)
     finally:
-        trainer.token_logprobs = orig
+        batch_mod.token_logprobs = orig
     assert seen[-1][0].sum() == 6 and m["batch/observation_tokens_trained"] == 4
     assert calls == [rc.rollout.temperature]
     # The masking arms' setting: the step recomputes every old logprob and applies no
     # truncated IS, so the observations' behaviour logprobs are read by nothing and the
     # extra forward pass is skipped; the tool tokens are still trained on.
-    trainer.token_logprobs = lambda *a, **k: calls.append("forward")
+    batch_mod.token_logprobs = lambda *a, **k: calls.append("forward")
     try:
         both = dataclasses.replace(
             unmasked, algo=dataclasses.replace(unmasked.algo, old_logprobs="recompute", tis_cap=0.0)
         )
-        _, m = trainer.train_on(both, _State(), step, trajs, pad_id=0)
+        m = step(both, trajs)
     finally:
-        trainer.token_logprobs = orig
+        batch_mod.token_logprobs = orig
     assert calls == [rc.rollout.temperature]
     assert seen[-1][0].sum() == 6 and m["batch/observation_tokens_trained"] == 4
 

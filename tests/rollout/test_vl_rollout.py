@@ -185,7 +185,7 @@ def test_multi_turn_multi_image_trajectory_matches_trainer(vl, picture, tool_url
 def test_the_trainers_parity_metric_sees_the_images(vl, picture, tool_url):
     """``sampler_parity`` (the trainer's per-step |trainer - sampler| logprob metric) scores
     an image trajectory with its images: agreement to 1e-4 (without them it was 0.1-0.4)."""
-    from verltool_jax.train.trainer import sampler_parity
+    from verltool_jax.train.metrics import sampler_parity
 
     model = vl[0]
     traj, _, _ = _rollout(vl, picture, tool_url, [], max_response_tokens=24)

@@ -696,7 +696,7 @@ def test_vt_search_tiny_trains_one_step(data, tmp_path):
         "logging.progress_bar=false",
     )
     summary = train(cfg, echo=False).summary
-    assert summary["steps"] == 1
+    assert summary.steps == 1
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("reward/mean" in r or any(k.startswith("reward") for k in r) for r in rows)
     assert (tmp_path / "run" / "trajectories.html").is_file()

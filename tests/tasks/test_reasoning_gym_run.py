@@ -42,7 +42,7 @@ def curriculum_runs(tmp_path_factory):
         "curriculum.lower_below=0.0",
     ]
     a = train(parse_command_line(_argv(out, "trainer.steps=1", *cur)).config, echo=False)
-    saved = json.loads(json.dumps(a.summary))
+    saved = a.summary.to_json()
     restored = {}
     orig = ck_mod.Checkpointer.restore
 
@@ -56,7 +56,7 @@ def curriculum_runs(tmp_path_factory):
         b = train(parse_command_line(_argv(out, "trainer.steps=2", *cur)).config, echo=False)
     finally:
         ck_mod.Checkpointer.restore = orig
-    return {"out": out, "a": saved, "b": b.summary, "restored": restored}
+    return {"out": out, "a": saved, "b": b.summary.to_json(), "restored": restored}
 
 
 def test_curriculum_levels_are_logged_and_resumed(curriculum_runs):

@@ -5,7 +5,7 @@ smoke config, stop after step 1, and resume from their two-process checkpoint fo
 "Same data" is made exact by replay, since sampling is not seeded per request (two runs
 never sample the same tokens): process 0 dumps the global batch's trajectories of every
 step (``logging.dump_trajectories``), and one process, from the same start (the same tiny
-model and SFT warm start), trains on those trajectories with ``train_on``; its losses must
+model and SFT warm start), trains on those trajectories with ``make_batch`` and ``train_on``; its losses must
 equal the losses the two processes logged, and its params after step 2 the two-process
 checkpoint. The prompts of each step must be the ones one process would have taken, in
 the same order (the strided share per process, kept across the resume).
@@ -94,13 +94,14 @@ def _index(group_id: str) -> int:
 
 @pytest.mark.slow
 def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_path):
+    from verltool_jax.rollout.trajectory import load_trajectories
     from verltool_jax.train import build
+    from verltool_jax.train.batch import make_batch
     from verltool_jax.train.checkpoint import Checkpointer
     from verltool_jax.train.optimizer import make_optimizer
     from verltool_jax.train.sft import run_sft
     from verltool_jax.train.state import TrainState
-    from verltool_jax.train.step import make_train_step
-    from verltool_jax.train.trainer import load_trajectories, train_on
+    from verltool_jax.train.step import make_train_step, train_on
 
     out = two_process_run["out"]
 
@@ -146,7 +147,9 @@ def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_p
         state = TrainState.create(run_sft(run, lambda m: None), optimizer, seed=rc.trainer.seed)
         train_step = make_train_step(algo, state.graphdef, optimizer, donate=False)
         for k, logged in zip((1, 2), rl):
-            state, m = train_on(rc, state, train_step, steps[k], run.pad_id)
+            batch = make_batch(rc, algo, steps[k], run.pad_id, state.model)
+            assert batch is not None
+            state, m = train_on(train_step, state, batch)
             for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm"):
                 assert m[key] == pytest.approx(logged[key], rel=1e-5, abs=1e-7), (k, key)
             assert m["train/loss"] != 0.0

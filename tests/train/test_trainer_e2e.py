@@ -45,7 +45,7 @@ def two_runs(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("e2e") / "run"
     a = train(_config(out, "trainer.steps=2"), echo=False)
-    summary_a = a.summary
+    summary_a = a.summary.to_json()
     init = load_hf(out / "init_model")
     restored_from = {}
     orig_restore = None
@@ -66,7 +66,7 @@ def two_runs(tmp_path_factory):
         b = train(
             _config(out, "trainer.steps=3", "rollout.mode=sync", "sampler.backend=jax"), echo=False
         )
-        summary_b = b.summary
+        summary_b = b.summary.to_json()
     finally:
         ck_mod.Checkpointer.restore = orig_restore
     return dict(
@@ -276,7 +276,7 @@ def test_dynamic_sampling_samples_again_when_no_group_has_a_signal(tmp_path, mon
         ),
         echo=False,
     )
-    assert r.summary["steps"] == 2 and r.policy_version == 2
+    assert r.summary.steps == 2 and r.policy_version == 2
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if "batch/uninformative_batches" in row]
     assert [row["step"] for row in steps] == [1, 2]
@@ -330,8 +330,8 @@ def test_sft_stage_without_a_held_out_set_starts_no_sampler(tmp_path, monkeypatc
         _config(out, "stage=sft", "data.max_eval_examples=0", "checkpoint.export_hf=true"),
         echo=False,
     )
-    assert r.summary["steps"] == 0 and not r.summary["interrupted"]
-    assert r.summary["eval_before"] is None and r.summary["eval_after"] is None
+    assert r.summary.steps == 0 and not r.summary.interrupted
+    assert r.summary.eval_before is None and r.summary.eval_after is None
     assert json.loads((out / "summary.json").read_text())["steps"] == 0
     exported = load_hf(out / "hf_model")
     got = _flat(nnx.state(exported, nnx.Param))
@@ -346,20 +346,21 @@ def test_sft_stage_evaluates_the_held_out_set_once(tmp_path, monkeypatch):
     """``stage=sft`` trains no RL step, so the policy evaluated after the warm start is the
     final one: one pass over the held-out set (it took two, doubling a 30-minute SmolLM2
     evaluation), its figures reported as before and after."""
+    from verltool_jax.train import evaluate as evaluate_mod
     from verltool_jax.train import trainer as trainer_mod
 
     calls = []
-    real = trainer_mod.evaluate
+    real = evaluate_mod.evaluate
 
     async def counting(*a, **kw):
         calls.append(len(a[1]))
         return await real(*a, **kw)
 
-    monkeypatch.setattr(trainer_mod, "evaluate", counting)
+    monkeypatch.setattr(evaluate_mod, "evaluate", counting)
     r = trainer_mod.train(_config(tmp_path / "sft", "stage=sft", "sampler.backend=jax"), echo=False)
     assert calls == [8]  # data.max_eval_examples
-    assert r.summary["steps"] == 0 and r.summary["eval_after"] == r.summary["eval_before"]
-    assert r.summary["eval_before"] is not None
+    assert r.summary.steps == 0 and r.summary.eval_after == r.summary.eval_before
+    assert r.summary.eval_before is not None
 
 
 def test_group_reward_terms_are_added_by_the_trainer(tmp_path, monkeypatch):
@@ -368,8 +369,9 @@ def test_group_reward_terms_are_added_by_the_trainer(tmp_path, monkeypatch):
     one computed from its group's valid tool calls, and the step logs their means. (The
     tiny model's tool calls are set to 0, 1, 2, ... at scoring, so groups differ.)"""
     from verltool_jax.rewards.visual_reward import CuriositySettings, curiosity_terms
+    from verltool_jax.rollout.trajectory import load_trajectories
     from verltool_jax.train import trainer as trainer_mod
-    from verltool_jax.train.trainer import load_trajectories, train
+    from verltool_jax.train.trainer import train
 
     orig = trainer_mod.assign_rewards
 

@@ -59,16 +59,15 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 def _after_step(monkeypatch, step: int, action) -> None:
-    """Run ``action(loop)`` once, right after RL step ``step`` has been trained."""
-    orig = trainer_mod.RLLoop.rl_step
+    """Run ``action(loop)`` once, right after RL step ``step`` has been published."""
+    orig = trainer_mod.RLLoop.publish
 
-    async def rl_step(self, *a, **kw):
-        metrics = await orig(self, *a, **kw)
-        if self.step == step:
+    async def publish(self):
+        await orig(self)
+        if self.version == step:
             action(self)
-        return metrics
 
-    monkeypatch.setattr(trainer_mod.RLLoop, "rl_step", rl_step)
+    monkeypatch.setattr(trainer_mod.RLLoop, "publish", publish)
 
 
 def _kill(proc) -> int:
@@ -165,7 +164,7 @@ def test_dead_sampler_batch_is_not_trained_and_the_run_stops(tmp_path, monkeypat
         def dead(*a, **kw):
             raise RuntimeError("engine killed by the test")
 
-        loop.run_.sampler._prefill = loop.run_.sampler._decode = dead
+        loop.deps.run.sampler._prefill = loop.deps.run.sampler._decode = dead
 
     _after_step(monkeypatch, 1, crash_the_engine)
     cfg = parse_command_line(_argv(out, "trainer.steps=3", "rollout.mode=sync")).config
@@ -204,17 +203,16 @@ def test_started_server_killed_then_sigterm_restarts_and_exits_130(tmp_path, mon
         if not killed:
             killed.append(_kill(servers[0]))
 
-    orig = trainer_mod.RLLoop.rl_step
+    orig = trainer_mod.RLLoop.publish
 
-    async def rl_step(self, *a, **kw):
-        metrics = await orig(self, *a, **kw)
-        if self.step == 1:
+    async def publish(self):
+        await orig(self)
+        if self.version == 1:
             act(self)  # kill -9 the server we started
-        if self.step == 2:
+        if self.version == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # then interrupt the run
-        return metrics
 
-    monkeypatch.setattr(trainer_mod.RLLoop, "rl_step", rl_step)
+    monkeypatch.setattr(trainer_mod.RLLoop, "publish", publish)
     rc = main(_argv(out, "trainer.steps=4"))
     console = capfd.readouterr().out
     assert rc == EXIT_INTERRUPTED == 130

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -115,3 +116,19 @@ def _json_value(x: Any) -> Any:
     if isinstance(x, np.generic):
         return x.item()
     return str(x)
+
+
+def dump_trajectories(path: Any, trajs: Sequence[Trajectory]) -> None:
+    """Write ``trajs`` (``Trajectory.to_json``: every field but images and extras) as JSON
+    lines to ``path`` (a ``pathlib.Path``; its folder is made); ``load_trajectories``
+    reads them back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for t in trajs:
+            f.write(json.dumps(t.to_json()) + "\n")
+
+
+def load_trajectories(path: Any) -> list[Trajectory]:
+    """The trajectories ``dump_trajectories`` wrote to ``path``."""
+    with open(path) as f:
+        return [Trajectory.from_json(json.loads(line)) for line in f if line.strip()]

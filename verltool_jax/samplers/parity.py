@@ -1,10 +1,12 @@
-"""Sampler-vs-trainer logprob parity, measured after every weight sync.
+"""Sampler-vs-trainer logprob parity: one implementation, two callers.
 
-For a few sampled completions, the trainer recomputes
-``log_softmax(model(prompt + completion) / T)[sampled token]`` for each sampled token
-and compares with the sampler's logprobs; the mean and max absolute difference are the
-metric (a drift here means the sampler runs other weights or other numerics than the
-trainer, and the importance ratios are off).
+For tokens a sampler sampled, the trainer recomputes
+``log_softmax(model(sequence) / T)[sampled token]`` and compares with the logprob the
+sampler reported; the mean and max absolute difference are the metric (a drift here means
+the sampler runs other weights or other numerics than the trainer, and the importance
+ratios are off). :func:`token_parity` is the arithmetic; :func:`logprob_parity` applies it
+to ``(prompt, Completion)`` samples (the sampler tests), and the trainer's per-step
+``sync/logprob_diff_*`` metric (``train.metrics.sampler_parity``) to trajectories.
 """
 
 from __future__ import annotations
@@ -17,61 +19,65 @@ import numpy as np
 from .base import Completion
 
 
-def trainer_logprobs(
+def token_parity(
     model: Any,
-    samples: Sequence[tuple[Sequence[int], Completion]],
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    picks: Sequence[tuple[int, int, float]],
     temperature: float,
-    pad_id: int = 0,
-) -> list[np.ndarray]:
-    """The trainer's logprob of each sampled token, one array per sample.
+    **model_inputs: Any,
+) -> dict:
+    """``{"mean_abs_diff", "max_abs_diff", "num_tokens"}`` of |trainer - sampler| over
+    ``picks``, or ``{}`` when there is none.
 
-    Builds one right-padded batch of ``prompt + completion`` and calls
-    ``models.logprobs.token_logprobs`` with ``targets[t] = input_ids[t+1]``; sample ``i``'s
-    values are positions ``len(prompt)-1 ... len(prompt)+len(completion)-2``.
-    Greedy samples (T == 0) are scored at T = 1, as the samplers report them.
-    """
+    ``picks`` are ``(row, t, sampler_logprob)``: the token ``input_ids[row, t + 1]``,
+    scored by ``models.logprobs.token_logprobs(model, input_ids, attention_mask,
+    input_ids[:, 1:])`` at position ``t`` (target-aligned). ``model_inputs`` go to the
+    model (M-RoPE positions and images of a vision-language batch)."""
     import jax.numpy as jnp
 
     from verltool_jax.models.logprobs import token_logprobs
 
-    if not samples:
-        raise ValueError("parity needs at least one (prompt, completion) sample")
-    seqs = [list(p) + list(c.token_ids) for p, c in samples]
-    T = max(len(s) for s in seqs)
-    ids = np.full((len(seqs), T), pad_id, np.int32)
-    mask = np.zeros((len(seqs), T), np.int32)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = s
-        mask[i, : len(s)] = 1
-    targets = np.concatenate([ids[:, 1:], np.full((len(seqs), 1), pad_id, np.int32)], axis=1)
+    if not picks:
+        return {}
+    ids = np.asarray(input_ids)
+    targets = np.concatenate([ids[:, 1:], np.zeros((ids.shape[0], 1), ids.dtype)], axis=1)
     lp = np.asarray(
         token_logprobs(
             model,
             jnp.asarray(ids),
-            jnp.asarray(mask),
+            jnp.asarray(attention_mask),
             jnp.asarray(targets),
-            temperature=temperature or 1.0,
+            temperature=temperature,
+            **model_inputs,
         )
     )
-    out = []
-    for i, (p, c) in enumerate(samples):
-        start = len(p) - 1
-        out.append(lp[i, start : start + len(c.token_ids)])
-    return out
+    d = np.array([abs(float(lp[r, t]) - s) for r, t, s in picks], np.float64)
+    return {"mean_abs_diff": float(d.mean()), "max_abs_diff": float(d.max()), "num_tokens": d.size}
 
 
 def logprob_parity(
-    model: Any, samples: Sequence[tuple[Sequence[int], Completion]], temperature: float
+    model: Any,
+    samples: Sequence[tuple[Sequence[int], Completion]],
+    temperature: float,
+    pad_id: int = 0,
 ) -> dict:
-    """``{"mean_abs_diff", "max_abs_diff", "num_tokens"}`` of |trainer - sampler| logprobs."""
-    ref = trainer_logprobs(model, samples, temperature)
-    diffs = np.concatenate(
-        [np.abs(r - np.asarray(c.logprobs, np.float32)) for r, (_, c) in zip(ref, samples)]
-    )
-    if diffs.size == 0:
+    """:func:`token_parity` of every sampled token of ``(prompt, completion)`` samples,
+    one right-padded row ``prompt + completion`` each. Greedy samples (T == 0) are
+    scored at T = 1, as the samplers report them."""
+    if not samples:
+        raise ValueError("parity needs at least one (prompt, completion) sample")
+    seqs = [list(p) + list(c.token_ids) for p, c in samples]
+    ids = np.full((len(seqs), max(len(s) for s in seqs)), pad_id, np.int32)
+    mask = np.zeros(ids.shape, np.int32)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+        mask[i, : len(s)] = 1
+    picks = [
+        (i, len(p) - 1 + j, float(lp))
+        for i, (p, c) in enumerate(samples)
+        for j, lp in enumerate(c.logprobs)
+    ]
+    if not picks:
         raise ValueError("parity samples hold no sampled tokens")
-    return {
-        "mean_abs_diff": float(diffs.mean()),
-        "max_abs_diff": float(diffs.max()),
-        "num_tokens": int(diffs.size),
-    }
+    return token_parity(model, ids, mask, picks, temperature or 1.0)

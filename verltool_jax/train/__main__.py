@@ -41,7 +41,7 @@ def main(argv=None) -> int:
             raise
         print(disk_full_message(e, cl.config.trainer.out_dir), file=sys.stderr, flush=True)
         return EXIT_DISK_FULL
-    return EXIT_INTERRUPTED if result.summary.get("interrupted") else 0
+    return EXIT_INTERRUPTED if result.summary.interrupted else 0
 
 
 def prepare_vision_language_sampler(rc) -> None:

@@ -39,10 +39,26 @@ attention_mask, targets)`` returns at position t.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 import numpy as np
+
+from verltool_jax.algos.advantages import compute_advantages
+from verltool_jax.algos.credit import turn_discounted_advantages
+from verltool_jax.algos.dapo import informative_groups, overlong_penalty
+from verltool_jax.models.logprobs import token_logprobs
+from verltool_jax.reporting.learning_signal import signal_metrics
+from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.train.health import trajectory_failed
+
+if TYPE_CHECKING:
+    from verltool_jax.run_config import RunConfig
+    from verltool_jax.train.config import AlgoConfig
+
+PAD_MULTIPLE = 16  # sequence lengths are padded to a multiple of this (few jit shapes)
 
 REQUIRED_KEYS = (
     "input_ids",
@@ -308,3 +324,136 @@ def check_batch(batch: dict) -> tuple[int, int]:
                 f"train batch[{k!r}] has shape {tuple(batch[k].shape)}, expected {want}"
             )
     return B, T
+
+
+def advantages_for(
+    rc: RunConfig, algo: AlgoConfig, trajs: Sequence[Trajectory]
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(advantages, keep-mask, metrics) of a batch, with the DAPO options applied:
+    overlong penalty added to the rewards, dynamic sampling keeping informative groups.
+
+    The estimator sees the kept trajectories only (the same values for the group
+    estimators, whose groups are kept whole; the REINFORCE++ batch statistics are those
+    of the trained batch, as verl filters before computing advantages); dropped ones get
+    0. Token counts for the token-weighted estimators are the tokens the loss trains:
+    the sampled ones, or the whole response when observations are not masked."""
+    rewards = np.array([t.reward for t in trajs], np.float32)
+    gids = [t.group_id for t in trajs]
+    m = {}
+    if algo.overlong_buffer_len > 0:
+        pen = overlong_penalty(
+            [len(t.response_ids) for t in trajs],
+            rc.rollout.max_response_tokens,
+            algo.overlong_buffer_len,
+            algo.overlong_penalty_factor,
+        )
+        rewards = rewards + pen
+        m["reward/overlong_penalty"] = float(pen.mean())
+    keep = np.ones(len(trajs), bool)
+    if algo.dynamic_sampling:
+        keep = informative_groups(rewards, gids)
+        m["batch/informative_frac"] = float(keep.mean())
+    if rc.rollout.mask_observations:
+        counts = np.array([sum(t.loss_mask) for t in trajs], np.float32)
+    else:
+        counts = np.array([len(t.response_ids) for t in trajs], np.float32)
+    adv = np.zeros(len(trajs), np.float32)
+    if keep.any():
+        adv[keep] = compute_advantages(
+            algo.adv_estimator,
+            rewards[keep],
+            [g for g, k in zip(gids, keep) if k],
+            counts[keep],
+        )
+    return adv, keep, m
+
+
+@dataclass
+class RLBatch:
+    """A batch ready for the train step: ``arrays`` (the layout above), the trajectories
+    whose rows they are (before the padding rows), and what making it measured."""
+
+    arrays: dict[str, np.ndarray]
+    trajectories: list[Trajectory]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def make_batch(
+    rc: RunConfig,
+    algo: AlgoConfig,
+    trajs: Sequence[Trajectory],
+    pad_id: int,
+    model: Callable[[], Any] | None = None,
+) -> RLBatch | None:
+    """The RL batch of scored trajectories, or None when nothing is left to train on
+    (every group dropped by dynamic sampling). Host-side; runs no train step.
+
+    In order: failed trajectories (rollout error, killed reward) are left out;
+    :func:`advantages_for` (DAPO options) keeps the informative groups; the rows are
+    padded to a multiple of ``algo.mini_batch_size`` with zero-advantage copies whose loss
+    mask is zeroed (they contribute nothing); ``algo.turn_discount < 1`` spreads each
+    advantage over the turns (``algos.credit``); ``rollout.mask_observations=False`` (the
+    ablation) trains the observation tokens too, with the behaviour logprobs of
+    ``model()`` (the policy before the step) when the step reads them."""
+    trajs = [t for t in trajs if not trajectory_failed(t)]
+    adv, keep, m = advantages_for(rc, algo, trajs)
+    m.update(
+        signal_metrics(
+            [t.reward or 0.0 for t in trajs],
+            [t.group_id for t in trajs],
+            [t.reward_info.get("acc", 0.0) for t in trajs],
+            adv[keep] if keep.any() else [],
+        )
+    )
+    if not keep.any():
+        return None
+    use = [t for t, k in zip(trajs, keep) if k]
+    adv = adv[keep]
+    pad = (-len(use)) % (algo.mini_batch_size or len(use))
+    rows = use + use[:pad]
+    arrays = batch_from_trajectories(
+        rows, np.concatenate([adv, adv[:pad] * 0]), pad_id, rc.model.max_seq_len, PAD_MULTIPLE
+    )
+    if algo.turn_discount < 1.0:
+        # per-turn credit from the sampled tokens' turns (before the observation ablation
+        # widens the mask; observation tokens take the weight of the turn before them)
+        arrays["advantages"] = np.asarray(
+            turn_discounted_advantages(
+                jnp.asarray(arrays["advantages"]),
+                jnp.asarray(arrays["loss_mask"]),
+                algo.turn_discount,
+            )
+        )
+    obs_trained = 0
+    if not rc.rollout.mask_observations:
+        # Observation tokens with the trainer's own logprobs as their behaviour logprobs
+        # (the sampler never scored them), unless the step reads no behaviour logprobs:
+        # then no extra forward pass (it cost ~80 s a step on SmolLM2).
+        obs = observation_targets(rows, arrays["input_ids"].shape[1])
+        if obs.any():
+            lp = None
+            if algo.reads_behaviour_logprobs:
+                if model is None:
+                    raise ValueError(
+                        "make_batch: rollout.mask_observations=False needs the policy "
+                        "(model=) for the observations' behaviour logprobs"
+                    )
+                ids, attn = arrays["input_ids"], arrays["attention_mask"]
+                lp = np.asarray(
+                    token_logprobs(
+                        model(), ids, attn, shift_targets(ids), temperature=algo.temperature
+                    )
+                )
+            arrays = include_observations(arrays, obs, lp)
+            obs_trained = int(obs[: len(use)].sum())
+    if pad:
+        arrays["loss_mask"][len(use) :] = 0.0
+    m.update(
+        {
+            "batch/size": len(use),
+            "batch/seq_len": int(arrays["input_ids"].shape[1]),
+            "batch/adv_abs_mean": float(np.abs(adv).mean()),
+            "batch/observation_tokens_trained": obs_trained,
+        }
+    )
+    return RLBatch(arrays, use, m)

@@ -4,7 +4,9 @@ steps, at the end) and by ``python -m verltool_jax.eval``."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,6 +17,8 @@ from verltool_jax.rewards.judge import judge_metrics
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.train import multihost
+from verltool_jax.train.health import batch_health
 
 
 def prompt_item(example: Any, prefix: str) -> PromptItem:
@@ -102,3 +106,45 @@ async def evaluate(
     )
     trajs = [g[0] for g in groups]
     return summarize(trajs, prefix), trajs
+
+
+async def evaluate_run(
+    run: Any, tool_client: Any, health: Any, version: int, tag: str, say: Callable[[str], None]
+) -> tuple[dict, list[Trajectory]]:
+    """The trainer's held-out evaluation of its current policy (``run``: a ``build.Run``):
+    :func:`evaluate` of ``run.eval_items``, ``time/eval_s`` and ``eval/failed`` added,
+    written at ``version`` and said on the console. Several processes each take a strided
+    share of the items; the results are gathered in item order and summarised together.
+    More failed trajectories than ``trainer.max_error_rate`` have ``health`` (a
+    ``HealthMonitor``) check the dependencies (it raises if one is down for good)."""
+    rc = run.config
+    if not run.eval_items:
+        return {}, []
+    t0 = time.perf_counter()
+    items = run.eval_items[multihost.process_index() :: multihost.process_count()]
+    m, trajs = await evaluate(
+        run.sampler,
+        items,
+        tool_client,
+        run.tokenizer,
+        rc.rollout.rollout_config(),
+        run.reward_pool,
+        image_processor=run.image_processor,
+    )
+    if multihost.is_multi():
+        gathered = await asyncio.to_thread(multihost.gather_groups, [[t] for t in trajs])
+        trajs = [g[0] for g in gathered]
+        m = summarize(trajs, "eval")
+    m["time/eval_s"] = time.perf_counter() - t0
+    h = batch_health(trajs)
+    if h.rate > rc.trainer.max_error_rate:
+        await health.check_dependencies(f"evaluation {tag}: {h.describe()}")
+    m["eval/failed"] = h.failed
+    run.writer.write(version, m)
+    say(
+        f"[eval:{tag}] step {version}: held-out accuracy {m['eval/acc']:.3f} "
+        f"(reward {m['eval/reward']:.3f}, tool calls {m['eval/tool_calls']:.2f}, "
+        f"n={m['eval/num']}, {m['time/eval_s']:.1f}s"
+        + (f", {h.failed} FAILED: {h.describe()})" if h.failed else ")")
+    )
+    return m, trajs

@@ -3,7 +3,9 @@
 Version ``v`` is the policy after ``v`` optimizer steps of RL (``TrainState.step``).
 :class:`PolicyPublisher` is the only code that moves it: :meth:`publish` pushes the
 trainer's parameters to the sampler(s) (every engine of a pool) and then tells the
-trajectory queue, so a group is never labelled with a version its sampler did not serve.
+trajectory queue (given at construction), so a group is never labelled with a version
+its sampler did not serve. :attr:`version` is a host integer: reading it never waits for
+the device.
 Every push is measured: :meth:`sync_metrics` gives the bytes (the payload per engine, as
 the sampler reports it in ``last_sync["sync_bytes"]``) and wall seconds of the last one.
 """
@@ -32,9 +34,13 @@ class PolicyPublisher:
         self.syncs = 0
 
     def publish_now(self, params: Any, version: int) -> None:
-        """Synchronous push (before the event loop runs; no queue yet)."""
-        if self.queue is not None:
-            raise RuntimeError("publish_now is for start-up; with a queue use publish()")
+        """Synchronous push at start-up, before the event loop runs; the queue, if any,
+        must have been made at ``version`` (later pushes move it: use :meth:`publish`)."""
+        if self.queue is not None and self.queue.version != version:
+            raise RuntimeError(
+                f"publish_now({version}) with a queue at version {self.queue.version}: "
+                "it is for start-up; later versions go through publish()"
+            )
         self._push(params, version)
 
     async def publish(self, params: Any, version: int) -> float:

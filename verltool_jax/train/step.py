@@ -40,7 +40,13 @@ from jax.sharding import PartitionSpec as P
 from verltool_jax.algos.aggregation import aggregate, normaliser_for
 from verltool_jax.algos.kl import get_kl_fn
 from verltool_jax.algos.policy_loss import get_policy_loss, truncated_is_weights
-from verltool_jax.train.batch import IMAGE_KEYS, check_batch, row_images_of, shift_targets
+from verltool_jax.train.batch import (
+    IMAGE_KEYS,
+    RLBatch,
+    check_batch,
+    row_images_of,
+    shift_targets,
+)
 from verltool_jax.train.config import AlgoConfig, algo_config
 from verltool_jax.train.state import TrainState
 
@@ -288,6 +294,16 @@ def make_train_step(
             return compiled[key](state, batch)
 
     return sharded_step
+
+
+def train_on(train_step: Callable, state: TrainState, batch: RLBatch) -> tuple[TrainState, dict]:
+    """One step of ``train_step`` (from :func:`make_train_step`) on ``batch.arrays``: the
+    new state, and the step's metrics as floats under ``train/`` beside the batch's own
+    (``batch.metrics``). Waits for the step (its metrics are read back)."""
+    state, m = train_step(state, batch.arrays)
+    metrics = dict(batch.metrics)
+    metrics.update({f"train/{k}": float(v) for k, v in jax.device_get(m).items()})
+    return state, metrics
 
 
 def shard_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:

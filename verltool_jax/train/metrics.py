@@ -1,0 +1,101 @@
+"""What the step loop measures besides the train step's own metrics: the phases' wall
+times (:class:`StepTimer`), the rollout batch (:func:`rollout_metrics`) and the
+sampler-vs-trainer logprob parity on the trained trajectories (:func:`sampler_parity`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from verltool_jax.reporting import names
+from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.samplers.parity import token_parity
+from verltool_jax.train.batch import PAD_MULTIPLE, batch_from_trajectories, row_images_of
+from verltool_jax.train.evaluate import summarize
+
+
+class StepTimer:
+    """Wall seconds of one RL step: each phase timed with :meth:`phase` (or given to
+    :meth:`record`), and the whole step, from the end of the previous trained step."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.parts: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, key: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.parts[key] = time.perf_counter() - t0
+
+    def record(self, key: str, seconds: float) -> None:
+        self.parts[key] = seconds
+
+    def metrics(self, sampled_tokens: int) -> dict:
+        """The phases, ``time/step_s`` and ``perf/tokens_per_s`` (sampled tokens of the
+        step per wall second of the step); the next step's clock starts now."""
+        now = time.perf_counter()
+        wall = now - self.start
+        out = dict(self.parts)
+        out[names.TIME_STEP] = wall
+        out[names.TOKENS_PER_S] = sampled_tokens / max(1e-9, wall)
+        self.start, self.parts = now, {}
+        return out
+
+
+def rollout_metrics(trajs: Sequence[Trajectory], version: int) -> dict:
+    """``evaluate.summarize`` of the batch under ``rollout/``, the mean reward and
+    accuracy under their shared names, the mean staleness (versions between the one
+    that started a trajectory and ``version``, the one trained) and the rollout errors."""
+    stats = summarize(trajs, "rollout")
+    stats.update(
+        {
+            names.REWARD: stats["rollout/reward"],
+            names.ACC: stats["rollout/acc"],
+            "rollout/staleness_mean": float(
+                np.mean([version - t.min_version for t in trajs if t.min_version >= 0] or [0])
+            ),
+            "rollout/errors": sum(t.termination == "error" for t in trajs),
+        }
+    )
+    return stats
+
+
+def sampler_parity(
+    model: Any,
+    trajs: Sequence[Trajectory],
+    version: int,
+    temperature: float,
+    pad_id: int,
+    max_len: int,
+) -> dict:
+    """``sync/logprob_diff_mean``, ``sync/logprob_diff_max``, ``sync/parity_tokens``:
+    :func:`samplers.parity.token_parity` of the tokens that ``version`` sampled, the
+    trainer's logprobs from ``model`` (the params of ``version``) on the batch rows of the
+    trajectories (with the images the sampler saw, if any); ``{}`` when there is none."""
+    trajs = [t for t in trajs if any(v == version for v in t.versions)]
+    if not trajs:
+        return {}
+    b = batch_from_trajectories(trajs, [0.0] * len(trajs), pad_id, max_len, PAD_MULTIPLE)
+    positions, row_images = row_images_of(b)
+    kw = {} if row_images is None else {"positions": positions, "row_images": row_images}
+    picks = [
+        (i, len(t.prompt_ids) - 1 + j, s)
+        for i, t in enumerate(trajs)
+        for j, (m, v, s) in enumerate(zip(t.loss_mask, t.versions, t.logprobs))
+        if m and v == version
+    ]
+    p = token_parity(model, b["input_ids"], b["attention_mask"], picks, temperature, **kw)
+    if not p:
+        return {}
+    return {
+        "sync/logprob_diff_mean": p["mean_abs_diff"],
+        "sync/logprob_diff_max": p["max_abs_diff"],
+        "sync/parity_tokens": p["num_tokens"],
+    }

@@ -1,0 +1,91 @@
+"""What a run leaves at its end: :class:`RunSummary` (``summary.json`` and the last
+console line, written by :func:`finish` on every way out of ``trainer.train``) and the
+reports (:func:`finish_reports`: the metrics plot and the page of sample trajectories)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verltool_jax.reporting.html_report import write_trajectory_report
+from verltool_jax.reporting.plots import plot_metrics
+from verltool_jax.rollout.trajectory import Trajectory
+from verltool_jax.train import multihost
+
+
+@dataclass
+class RunSummary:
+    """The outcome of one ``train`` call, as ``summary.json`` holds it.
+
+    ``eval_before`` / ``eval_after``: held-out accuracy at the start (or after the SFT
+    warm start) and at the end (None without a held-out set, or when interrupted);
+    ``steps``: the policy version reached; ``interrupted``: stopped by a signal (exit 130);
+    ``sft_interrupted``: stopped during the SFT warm start (nothing saved)."""
+
+    eval_before: float | None = None
+    eval_after: float | None = None
+    steps: int = 0
+    interrupted: bool = False
+    sft_interrupted: bool = False
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def last_line(self, out: Path) -> str:
+        if self.sft_interrupted:
+            return (
+                "[trainer] interrupted during the SFT warm start; nothing saved; "
+                "run the same command to start it again"
+            )
+        if self.interrupted:
+            return (
+                f"[trainer] interrupted at step {self.steps} after {self.wall_s:.0f}s; "
+                f"checkpoint saved in {out}; run the same command to resume"
+            )
+        return (
+            f"[trainer] done in {self.wall_s:.0f}s: held-out accuracy "
+            f"{_fmt(self.eval_before)} -> {_fmt(self.eval_after)} "
+            f"after {self.steps} RL steps; outputs in {out}"
+        )
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def finish(out: Path, summary: RunSummary, say: Callable[[str], None]) -> None:
+    """Write ``out/summary.json`` (process 0) and say the run's last line."""
+    if multihost.is_primary():
+        (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2))
+    say(summary.last_line(out))
+
+
+def finish_reports(
+    run: Any,
+    last_trajs: Sequence[Trajectory],
+    eval_trajs: Sequence[Trajectory],
+    say: Callable[[str], None],
+) -> None:
+    """Close the metrics writer, then the PNG plot of reward/accuracy and the HTML page
+    of sample trajectories (held-out and the last training batch)."""
+    rc = run.config
+    run.writer.close()
+    if rc.logging.plot:
+        try:
+            plot_metrics(run.writer.jsonl_path, run.out / "metrics.png", title=rc.trainer.out_dir)
+        except ValueError as e:  # nothing to plot yet (e.g. zero RL steps)
+            say(f"[trainer] no plot: {e}")
+    k = rc.logging.report_trajectories
+    trajs = list(eval_trajs)[:k] + list(last_trajs)[:k]
+    if trajs:
+        write_trajectory_report(
+            trajs,
+            run.out / "trajectories.html",
+            title=f"{rc.trainer.out_dir}: held-out (greedy) and last training batch",
+            tokenizer=run.tokenizer,
+        )

@@ -1,0 +1,133 @@
+"""The step loop's collaborators, made once in dependency order by :func:`wire`: the
+jitted train step, the trajectory queue, the policy publisher (which pushes the start
+version), the tool client and its guard, the health monitor, the rollout producer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from verltool_jax.reporting.learning_signal import NoSignalWatch
+from verltool_jax.rollout.producer import RolloutProducer
+from verltool_jax.rollout.queue import TrajectoryQueue
+from verltool_jax.tools_client import ToolClient
+from verltool_jax.train import build, multihost
+from verltool_jax.train.checkpoint import Checkpointer
+from verltool_jax.train.config import AlgoConfig
+from verltool_jax.train.evaluate import prompt_item
+from verltool_jax.train.health import HealthMonitor, ToolServerGuard
+from verltool_jax.train.policy_version import PolicyPublisher
+from verltool_jax.train.signals import StopFlag
+from verltool_jax.train.start import RunStart
+from verltool_jax.train.state import TrainState
+from verltool_jax.train.step import make_train_step
+
+
+@dataclass(frozen=True)
+class LoopDeps:
+    """What ``trainer.RLLoop`` works with. ``queue`` is None in sync rollout;
+    ``producer`` is None when the run takes no RL step (only evaluation)."""
+
+    run: Any  # build.Run
+    algo: AlgoConfig
+    train_step: Callable
+    publisher: PolicyPublisher
+    ckpt: Checkpointer
+    prompts: Any
+    client: ToolClient
+    tool_guard: ToolServerGuard
+    health: HealthMonitor
+    queue: TrajectoryQueue | None
+    producer: RolloutProducer | None
+    groups_per_step: int
+    signal_watch: NoSignalWatch
+    stop: StopFlag
+    say: Callable[[str], None]
+
+
+def wire(
+    run: Any, start: RunStart, state: TrainState, version: int, stop: StopFlag, say: Callable
+) -> LoopDeps:
+    """The :class:`LoopDeps` of a run whose policy is at ``version``; starts the sampler
+    and publishes ``state``'s weights to it as ``version``."""
+    rc = run.config
+    train_step = make_train_step(
+        start.algo,
+        state.graphdef,
+        start.optimizer,
+        mesh=run.mesh,
+        # The JAX sampler serves the trainer's own param buffers (no copy): they must not
+        # be donated to the next step while rollouts still read them.
+        donate=build.sampler_backend(rc)[0] != "jax",
+    )
+    rl = rc.stage == "rl" and version < rc.trainer.steps
+    groups = multihost.check_batch_groups(rc.trainer.batch_groups)
+    queue = None
+    if rl and rc.rollout.mode == "async":
+        queue = TrajectoryQueue(
+            max_groups=max(4, 4 * rc.trainer.batch_groups),
+            max_staleness=rc.rollout.max_staleness,
+            groups_per_batch=groups,
+            start_version=version,
+        )
+    publisher = PolicyPublisher(run.open_sampler(), queue)
+    publisher.publish_now(multihost.local_copy(state.sampler_params()), version)
+    ts = rc.tool_server
+    guard = ToolServerGuard(
+        run.tool_url,
+        run.tool_process,
+        max_restarts=ts.max_restarts,
+        down_grace_s=ts.down_grace_s,
+        say=say,
+    )
+    client = guard.watch(ToolClient(run.tool_url, timeout_s=ts.timeout_s + 30))
+    health = HealthMonitor(
+        guard,
+        lambda: run.sampler,
+        run.reward_pool,
+        max_error_rate=rc.trainer.max_error_rate,
+        max_skipped_steps=rc.trainer.max_skipped_steps,
+        say=say,
+    )
+    producer = None
+    if rl:
+        producer = RolloutProducer(
+            _fresh_prompts(start.prompts),
+            n_samples=rc.rollout.n_samples,
+            sampler=run.sampler,
+            tool_client=client,
+            tokenizer=run.tokenizer,
+            cfg=rc.rollout.rollout_config(),
+            queue=queue,
+            replay=_replay_prompts(start),
+            image_processor=run.image_processor,
+        )
+    watch = NoSignalWatch(rc.trainer.no_signal_steps, rc.trainer.no_signal_frac)
+    return LoopDeps(
+        run, start.algo, train_step, publisher, start.ckpt, start.prompts, client, guard,
+        health, queue, producer, groups, watch, stop, say,
+    )  # fmt: skip
+
+
+# Several processes: group ids carry the process (groups meet in one batch), and each
+# process takes its share of the shared prompt stream (strided by process index; the
+# position is the pipeline's count of prompts handed out, which its state saves, so a
+# resumed process keeps its share).
+def _tag() -> str:
+    return f"p{multihost.process_index()}" if multihost.is_multi() else ""
+
+
+def _replay_prompts(start: RunStart) -> list:
+    """Prompts that were in flight at the checkpoint: rolled out again first."""
+    pairs = ((i, start.prompts.example_at(i)) for i in start.resume_data.get("replay", []))
+    return [(i, prompt_item(e, prefix=f"{_tag()}r-")) for i, e in pairs if e is not None]
+
+
+def _fresh_prompts(prompts: Any):
+    tag, serial = _tag(), iter(range(1, 1 << 62))
+    return (
+        (e.index, prompt_item(e, prefix=f"{tag}s{next(serial)}-"))
+        for e in prompts
+        if not tag or multihost.my_share(prompts.consumed - 1)
+    )
