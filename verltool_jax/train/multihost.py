@@ -246,7 +246,7 @@ def data_state(mine: dict) -> dict:
     ``mine`` under ``processes`` (process order) plus ``process_count`` (a collective)."""
     if not is_multi():
         return mine
-    return {"processes": gather_json(mine), "process_count": process_count(), "sft_done": True}
+    return {"processes": gather_json(mine), "process_count": process_count()}
 
 
 def my_data_state(saved: dict) -> dict:

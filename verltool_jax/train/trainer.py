@@ -290,5 +290,5 @@ class RLLoop:
         d = self.deps
         assert d.producer is not None  # only RL steps save
         keys = sorted(set(d.producer.in_flight_keys()))
-        mine = {"prompts": d.prompts.get_state(), "replay": keys, "sft_done": True}
+        mine = {"prompts": d.prompts.get_state(), "replay": keys}
         return multihost.data_state(mine)
