@@ -349,7 +349,7 @@ def test_judge_metrics_reach_the_step_and_eval_summaries():
     from verltool_jax.rewards import assign_rewards
     from verltool_jax.rollout.trajectory import Trajectory
     from verltool_jax.train.evaluate import summarize
-    from verltool_jax.train.trainer import rollout_metrics
+    from verltool_jax.train.metrics import rollout_metrics
 
     row = {"data_source": "nq", "reward_model": {"ground_truth": ["x"]}, "extra_info": {}}
     with ScriptedJudgeServer(lambda req: verdict("Score: 2")) as srv:

@@ -721,7 +721,7 @@ def test_vt_search_tiny_judge_trains_one_step(data, tmp_path):
             "reward.judge.grade=response",
         )
         summary = train(cfg, echo=False).summary
-    assert summary["steps"] == 1 and srv.requests
+    assert summary.steps == 1 and srv.requests
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in rows if "rollout/judge_calls" in r)
     n = step["rollout/num"]
