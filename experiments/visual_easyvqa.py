@@ -132,6 +132,8 @@ def main() -> None:
 
     from tool_server.launcher import run_server
     from verltool_jax.algos.advantages import compute_advantages
+    from verltool_jax.algos.config import AlgoConfig
+    from verltool_jax.algos.optimizer import OptimConfig, make_optimizer
     from verltool_jax.models import load_hf
     from verltool_jax.models.image_inputs import ImageProcessor
     from verltool_jax.models.tiny import build_tiny_vl_hf, mrope_sections
@@ -151,8 +153,6 @@ def main() -> None:
     )
     from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.batch import batch_from_trajectories
-    from verltool_jax.train.config import AlgoConfig
-    from verltool_jax.train.optimizer import OptimConfig, make_optimizer
     from verltool_jax.train.sft import make_sft_step, sft_trajectory_batch
     from verltool_jax.train.state import TrainState
     from verltool_jax.train.step import make_train_step

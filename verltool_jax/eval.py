@@ -210,10 +210,10 @@ def fallback_reward(
 def load_policy(run, checkpoint: str):
     """The model named by ``checkpoint`` (see the module doc), built on ``run``'s model
     structure; (model, description)."""
+    from verltool_jax.algos.optimizer import make_optimizer
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.models.resolve import is_hf_checkpoint, resolve_model_path
     from verltool_jax.train.checkpoint import Checkpointer
-    from verltool_jax.train.optimizer import make_optimizer
     from verltool_jax.train.state import TrainState
 
     rc = run.config

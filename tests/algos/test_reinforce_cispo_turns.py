@@ -319,7 +319,7 @@ def test_train_on_applies_reinforce_pp_counts_and_turn_discount():
 
 
 def test_algo_config_selects_the_new_estimators_loss_and_turn_discount():
-    from verltool_jax.train.config import algo_choices, algo_config
+    from verltool_jax.algos.config import algo_choices, algo_config
 
     cfg = algo_config(
         adv_estimator="reinforce_plus_plus_baseline",

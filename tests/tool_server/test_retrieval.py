@@ -11,13 +11,12 @@ import time
 import numpy as np
 import pytest
 
+from tool_server.kit.search_format import format_information, format_no_results
 from tool_server.retrieval import (
     CorpusError,
     RetrievalIndexError,
     RetrievalService,
     build_index,
-    format_information,
-    format_no_results,
     read_corpus,
     write_corpus,
 )

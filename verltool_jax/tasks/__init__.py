@@ -32,6 +32,7 @@ from typing import Any
 import ml_collections
 
 from tool_server.kit.plugins import PluginGroup, discover
+from verltool_jax.schema import build_section, section_dict
 
 TASKS_GROUP = "verltool_jax.tasks"  # entry-point group of tasks from installed packages
 
@@ -147,16 +148,12 @@ def _spec(name: str) -> TaskSpec:
 
 def task_section(name: str) -> ml_collections.ConfigDict:
     """The ``task`` section of task ``name`` with every field at its default."""
-    from verltool_jax.run_config import section_dict
-
     return section_dict(_spec(name).config_cls(name=name))
 
 
 def task_config(values: Mapping[str, Any]) -> Any:
     """The typed task section of ``values`` (``values["name"]`` picks the task);
     ValueError naming unknown keys or bad values."""
-    from verltool_jax.run_config import build_section
-
     spec = _spec(values["name"])
     problems: list[str] = []
     cfg = build_section(spec.config_cls, values, "task.", problems)
@@ -166,12 +163,14 @@ def task_config(values: Mapping[str, Any]) -> Any:
 
 
 def prepare_task(run_config: Any, out_dir: str | os.PathLike) -> TaskFiles:
-    """Write the data of ``run_config.task`` under ``out_dir``; returns its files.
-    ``run_config``: a ``RunConfig`` or a config dict (validated here)."""
-    from verltool_jax.run_config import RunConfig, run_config_from_dict
-
-    if not isinstance(run_config, RunConfig):
-        run_config = run_config_from_dict(run_config)
+    """Write the data of ``run_config.task`` (a validated ``RunConfig``: see
+    :func:`verltool_jax.run_config.run_config_from_dict`) under ``out_dir``; returns its
+    files."""
+    if not dataclasses.is_dataclass(run_config):
+        raise TypeError(
+            "prepare_task needs a RunConfig; validate a config dict first with "
+            f"verltool_jax.run_config.run_config_from_dict (got {type(run_config).__name__})"
+        )
     return _spec(run_config.task.name).prepare(run_config, Path(out_dir))
 
 
