@@ -126,7 +126,7 @@ class LlamaCppServer:
         import subprocess
 
         from verltool_jax.samplers.remote_vllm import free_port
-        from verltool_jax.train.health import http_healthy
+        from verltool_jax.tools_client import http_healthy
 
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(

@@ -25,6 +25,10 @@ turns in flight on it, and later turns of trajectories that started on it (their
 is gone), fail with a :class:`ToolServerError` naming the replica; new trajectories hash
 over the remaining replicas (rendezvous hashing moves no other trajectory). A dead
 replica is probed again for new trajectories after ``revive_after_s``.
+
+Health: :func:`http_healthy` is the one probe of a tool server (``GET /health``
+answering 200). With several replicas it is True when *any* replica answers, the same
+rule the client routes by: trajectories hash over the replicas still alive.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+import urllib.error
+import urllib.request
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -432,15 +438,16 @@ class ToolClient:
             return
         await self.get_observations(tids, [""] * len(tids), [{} for _ in tids], [True] * len(tids))
 
-    async def health(self) -> bool:
-        """True if ``GET /health`` answers 200 on every replica."""
-        return all(await asyncio.gather(*(self._health(u) for u in self.urls)))
 
-    async def _health(self, base: str) -> bool:
-        session = self._get_session()
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                async with session.get(base + "/health") as resp:
-                    return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+def http_healthy(url: str, timeout_s: float = 2.0) -> bool:
+    """True if ``GET <url>/health`` answers 200 within ``timeout_s`` (a blocking call;
+    from a coroutine use ``asyncio.to_thread``). ``url`` may list tool-server replicas
+    separated by commas (``tool_server.url``): True if any of them answers, since the
+    tool client routes around dead replicas (see the module doc)."""
+    if "," in url:
+        return any(http_healthy(u, timeout_s) for u in url.split(",") if u.strip())
+    try:
+        with urllib.request.urlopen(url.strip().rstrip("/") + "/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

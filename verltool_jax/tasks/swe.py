@@ -702,14 +702,6 @@ def make_row(task: SweTask, split: str = "eval", index: int = 0) -> dict:
     }
 
 
-def load_tasks(out_root: str | os.PathLike) -> list[SweTask]:
-    """The tasks written under ``<out_root>/tasks/*/task.json``."""
-    return [
-        SweTask(**json.loads(p.read_text()))
-        for p in sorted(Path(out_root).glob("tasks/*/task.json"))
-    ]
-
-
 @dataclass(frozen=True)
 class QuixBugsTask:
     """The ``task`` config section of the SWE family on QuixBugs (``configs/vt_swe.py``)."""
