@@ -759,6 +759,12 @@ def test_metrics_and_report_from_token_ids():
     t.response_ids, t.loss_mask = ids, mask
     m = search_qa_metrics([t], tokenizer=tok)
     assert m["hotpotqa"]["em"] == 1.0 and m["hotpotqa"]["gold_retrieved"] == 1.0
+    # the task registers these as its evaluation metrics (run_eval's "search")
+    from verltool_jax.tasks import task_eval_metrics
+
+    rep = task_eval_metrics("search_qa")([t], tok)
+    assert (rep.key, rep.metrics) == ("search", m) and "hotpotqa" in rep.text
+    assert task_eval_metrics("tiny_math") is None
     page = render_report([t], tokenizer=tok)
     assert "model turn 1 · search: who was Chief of Protocol" in page
     assert '<li class="gold"><b>Shirley Temple</b>' in page and "<b>Other</b>" in page
