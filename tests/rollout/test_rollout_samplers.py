@@ -16,10 +16,11 @@ import asyncio
 import os
 
 import pytest
+from support.rollout_fixtures import keyed_items
 
 from verltool_jax.rollout.agent_loop import PromptItem, make_formatter
 from verltool_jax.rollout.config import RolloutConfig
-from verltool_jax.rollout.producer import RolloutProducer, keyed_items
+from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.tools_client import ToolClient
 
