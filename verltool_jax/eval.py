@@ -308,12 +308,12 @@ def run_eval(
     own metrics (:func:`~verltool_jax.tasks.task_eval_metrics`: retrieval QA ``"search"``,
     text-to-SQL ``"sql"``) adds them, of the greedy run; SWE tasks add ``"swe"``.
     ``echo``: print the results (and a progress bar) to the console."""
+    from tool_server.client import ToolClient
     from verltool_jax.models.lora import sampler_params
     from verltool_jax.reporting.pass_at_k import format_set_table, set_metrics
     from verltool_jax.reporting.progress import ProgressBar
     from verltool_jax.tasks import task_eval_metrics
     from verltool_jax.tasks.eval_metrics import format_metrics
-    from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.build import build_run
     from verltool_jax.train.console import console
     from verltool_jax.train.evaluate import rollout_scored, summarize

@@ -34,6 +34,7 @@ from typing import Any
 
 import ml_collections
 
+from tool_server.client import parse_tool_urls
 from verltool_jax.algos.advantages import GROUP_ESTIMATORS
 from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.algos.optimizer import OptimConfig
@@ -54,7 +55,6 @@ from verltool_jax.schema import (  # noqa: F401  (_hints, _inner: tests/train/te
     section_dict,
     spec,
 )
-from verltool_jax.tools_client import parse_tool_urls
 
 DTYPES = ("float32", "bfloat16", "float16")
 

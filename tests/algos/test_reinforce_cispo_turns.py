@@ -404,11 +404,11 @@ def test_turn_credit_on_a_scripted_multi_turn_rollout(tok, tool_url):
 
     from support.scripted_sampler import ScriptedSampler
 
+    from tool_server.client import ToolClient
     from verltool_jax.cli.command_line import parse_command_line
     from verltool_jax.cli.validate import validate_config
     from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
     from verltool_jax.rollout.config import RolloutConfig
-    from verltool_jax.tools_client import ToolClient
     from verltool_jax.train import trainer
 
     turns = {

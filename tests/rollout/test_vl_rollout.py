@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 from PIL import Image
 
+from tool_server.client import ToolClient, ToolResult
 from tool_server.launcher import run_server
 from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.data.images import multimodal_prompt
@@ -27,7 +28,6 @@ from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.turns import TrajectoryBuilder
 from verltool_jax.samplers.base import Completion, SamplerRequestError, SamplingParams
 from verltool_jax.samplers.jax_sampler import JAXSampler
-from verltool_jax.tools_client import ToolClient, ToolResult
 from verltool_jax.train.batch import batch_from_trajectories
 from verltool_jax.train.step import compute_logprobs
 

@@ -670,7 +670,7 @@ def test_demonstrations_show_what_the_search_tool_answers(data, tmp_path):
             tmp_path / "neg",
         )
     # with tool_server.url the demonstrations ask that server (here: none listening)
-    from verltool_jax.tools_client import ToolServerError
+    from tool_server.client import ToolServerError
 
     with pytest.raises(ToolServerError, match="127.0.0.1:9/get_observation unreachable"):
         prepare_task(

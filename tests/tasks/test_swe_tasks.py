@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from support.scripted_sampler import ScriptedSampler
 
+from tool_server.client import ToolClient
 from tool_server.launcher import run_server
 from tool_server.sandbox import sandbox_status
 from verltool_jax.cli.config_loader import load_config
@@ -26,7 +27,6 @@ from verltool_jax.run_config import run_config_from_dict
 from verltool_jax.tasks import prepare_task, swe
 from verltool_jax.tasks.eval_metrics import swe_eval_metrics
 from verltool_jax.tasks.swe_rollout import POLICIES, oracle_actions, run_episode
-from verltool_jax.tools_client import ToolClient
 
 REPO = Path(__file__).resolve().parents[2]
 QUIX = REPO / ".." / "shared" / "data" / "swe" / "quixbugs"

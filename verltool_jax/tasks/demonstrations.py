@@ -51,9 +51,9 @@ def demonstrate(
 ) -> list[dict]:
     """Up to ``limit`` SFT rows from ``proposals`` (in order; see the module doc). Calls
     stop once ``limit`` rows are kept. Raises ValueError when none is kept."""
+    from tool_server.client import ToolClient
     from tool_server.launcher import serve_tools
     from verltool_jax.rollout.turns import row_extra_field
-    from verltool_jax.tools_client import ToolClient
 
     if limit < 1:
         raise ValueError(f"demonstrations: limit must be >= 1, got {limit}")

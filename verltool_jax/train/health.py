@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tool_server.client import http_healthy
 from verltool_jax.rollout.trajectory import Trajectory
-from verltool_jax.tools_client import http_healthy
 
 
 class DependencyDown(RuntimeError):

@@ -11,7 +11,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from verltool_jax.tools_client import ToolClient, ToolServerError, http_healthy, parse_observation
+from tool_server.client import ToolClient, ToolServerError, http_healthy, parse_observation
 
 
 class ProtocolServer:
