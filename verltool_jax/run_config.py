@@ -39,7 +39,7 @@ from verltool_jax.algos.advantages import GROUP_ESTIMATORS
 from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.algos.optimizer import OptimConfig
 from verltool_jax.models.config import ModelConfig
-from verltool_jax.rewards.judge import DEFAULT_RUBRIC
+from verltool_jax.rewards.judge import JudgeSection
 from verltool_jax.rewards.visual_reward import CuriositySettings
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.schema import (  # noqa: F401  (_hints, _inner: tests/train/test_config.py)
@@ -55,6 +55,7 @@ from verltool_jax.schema import (  # noqa: F401  (_hints, _inner: tests/train/te
     section_dict,
     spec,
 )
+from verltool_jax.tasks import task_config
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -251,63 +252,6 @@ class ToolServerSection(Checked):
     tool_opt: dict = spec(default_factory=dict)
 
 
-def _unit_closed() -> tuple:
-    return (lambda v: 0 <= v <= 1), "in [0, 1]"
-
-
-@dataclass(frozen=True)
-class JudgeSection(Checked):
-    """An LLM judge as a reward term (``rewards/judge.py``; docs/data_and_rewards.md)."""
-
-    # "": no judge; "openai": POST {base_url}/chat/completions of an OpenAI-compatible
-    # server; "sampler": one of our samplers (sampler_backend) on the checkpoint `model`
-    backend: str = spec("", choices=("", "openai", "sampler"))
-    model: str = ""  # openai: the served model's name; sampler: a local HF checkpoint dir
-    base_url: str = ""  # openai: e.g. http://127.0.0.1:8000/v1
-    api_key_env: str = "OPENAI_API_KEY"  # environment variable with the key ("": none)
-    sampler_backend: str = spec("jax", choices=("jax", "vllm"))
-    max_model_len: int = spec(2048, check=at_least(64))  # sampler: prompt + verdict
-    rubric: str = DEFAULT_RUBRIC
-    # what is graded: the whole response, or only its extracted final answer (no answer:
-    # no call, judge term 0)
-    grade: str = spec("response", choices=("response", "answer"))
-    weight: float = spec(1.0, check=_unit_closed())  # (1-w) * rule + w * judge
-    correct_threshold: float = spec(1.0, check=_unit_closed())  # judge >= it: correct
-    score_min: float = 0.0  # the rubric's scale, mapped to [0, 1]
-    score_max: float = 10.0
-    max_tokens: int = spec(256, check=at_least(1))
-    temperature: float = spec(0.0, check=at_least(0))
-    timeout_s: float = spec(60.0, check=above(0))  # per request
-    max_retries: int = spec(2, check=at_least(0))  # after backoff_s * 2**k seconds
-    backoff_s: float = spec(1.0, check=at_least(0))
-    max_concurrency: int = spec(8, check=at_least(1))  # requests in flight
-    cache_size: int = spec(4096, check=at_least(0, "0: no cache"))  # verdicts kept
-    on_error: str = spec("error", choices=("error", "zero"))  # unparseable / failed
-    price_prompt_per_1m: float = spec(0.0, check=at_least(0))  # USD per 1M tokens
-    price_completion_per_1m: float = spec(0.0, check=at_least(0))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        problems = []
-        if self.backend and not self.model:
-            what = "the served model's name" if self.backend == "openai" else "a checkpoint dir"
-            problems.append(f"model is empty; backend={self.backend!r} needs {what}")
-        if self.backend == "openai" and not self.base_url.startswith(("http://", "https://")):
-            problems.append(
-                f"base_url={self.base_url!r} must be the server's http(s) URL, "
-                "e.g. http://127.0.0.1:8000/v1"
-            )
-        if self.score_max <= self.score_min:
-            problems.append(
-                f"score_max={self.score_max} must be > score_min={self.score_min} "
-                "(the rubric's scale)"
-            )
-        if self.backend and not self.rubric.strip():
-            problems.append("rubric is empty; say what earns which score")
-        if problems:
-            raise ValueError("; ".join(problems))
-
-
 @dataclass(frozen=True)
 class RewardSection(Checked):
     name: str = ""  # empty: chosen per row by data_source
@@ -482,8 +426,6 @@ def run_config_from_dict(config: Any) -> RunConfig:
     rc = None if problems else build_section(RunConfig, d, "", problems)
     task = None
     if task_values is not None and (task_values.get("name") or ""):
-        from verltool_jax.tasks import task_config
-
         try:
             task = task_config(task_values)
         except ValueError as e:
