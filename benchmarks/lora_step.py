@@ -29,10 +29,10 @@ def main() -> None:
     import jax
     import numpy as np
 
+    from verltool_jax.algos.optimizer import OptimConfig, make_optimizer
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.models.lora import with_lora
     from verltool_jax.models.resolve import resolve_model_path
-    from verltool_jax.train.optimizer import OptimConfig, make_optimizer
     from verltool_jax.train.sft import make_sft_step
     from verltool_jax.train.state import TrainState
 

@@ -125,8 +125,8 @@ class LlamaCppServer:
     def __init__(self, binary: str, gguf: str, slots: int, max_len: int, threads: int):
         import subprocess
 
+        from tool_server.client import http_healthy
         from verltool_jax.samplers.remote_vllm import free_port
-        from verltool_jax.train.health import http_healthy
 
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(

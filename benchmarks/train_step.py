@@ -23,10 +23,10 @@ import jax
 import numpy as np
 from flax import nnx
 
+from verltool_jax.algos.config import algo_config
+from verltool_jax.algos.optimizer import make_optimizer
 from verltool_jax.models.config import ModelConfig
 from verltool_jax.models.transformer import Transformer
-from verltool_jax.train.config import algo_config
-from verltool_jax.train.optimizer import make_optimizer
 from verltool_jax.train.state import TrainState
 from verltool_jax.train.step import make_train_step
 

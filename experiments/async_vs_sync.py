@@ -231,7 +231,7 @@ def lower_bound(
 
 async def measure_python_alone(url: str, n: int = 5) -> float:
     """Fastest of ``n`` single ``python_code`` calls (the uncontended tool latency)."""
-    from verltool_jax.tools_client import ToolClient
+    from tool_server.client import ToolClient
 
     best = float("inf")
     async with ToolClient(url, timeout_s=60.0) as client:
@@ -296,9 +296,9 @@ def cpu_line(before: dict, after: dict, wall: float) -> str:
 
 
 async def run_profile(mode: str, prompts, n_samples, sampler, url, tok, cfg):
+    from tool_server.client import ToolClient
     from verltool_jax.rollout.agent_loop import run_rollout
     from verltool_jax.rollout.sync_baseline import run_rollout_sync
-    from verltool_jax.tools_client import ToolClient
 
     fn = run_rollout if mode == "async" else run_rollout_sync
     async with ToolClient(url, timeout_s=60.0, max_connections=512) as client:
@@ -311,7 +311,7 @@ async def run_profile(mode: str, prompts, n_samples, sampler, url, tok, cfg):
 async def measure_tool_peak(url: str, n: int) -> float:
     """The python tool's peak throughput (calls/s): ``n`` single calls submitted at once,
     sampler idle, best of 2."""
-    from verltool_jax.tools_client import ToolClient
+    from tool_server.client import ToolClient
 
     best = 0.0
     async with ToolClient(url, timeout_s=60.0, max_connections=512) as client:

@@ -32,11 +32,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tool_server.client import ToolClient  # noqa: E402
 from tool_server.launcher import run_server  # noqa: E402
 from verltool_jax.tasks import swe  # noqa: E402
 from verltool_jax.tasks.eval_metrics import format_metrics, format_swe_tasks, swe_eval_metrics  # noqa: E402
 from verltool_jax.tasks.swe_rollout import POLICIES, run_episode, unique_id  # noqa: E402
-from verltool_jax.tools_client import ToolClient  # noqa: E402
 
 
 async def run_policy(url: str, tasks, policy: str, concurrency: int, timeout_s: float):

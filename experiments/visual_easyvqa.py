@@ -61,10 +61,10 @@ def evaluate(items, sampler, url, tok, cfg, proc):
     """Greedy accuracy and image-tool calls per question over ``items``."""
     import dataclasses
 
+    from tool_server.client import ToolClient
     from verltool_jax.rewards.visual_reward import visual_answer_reward
     from verltool_jax.rollout.agent_loop import run_rollout
     from verltool_jax.rollout.response_text import model_text
-    from verltool_jax.tools_client import ToolClient
 
     gcfg = dataclasses.replace(cfg, temperature=0.0)
 
@@ -130,8 +130,11 @@ def main() -> None:
     import jax
     from transformers import AutoTokenizer
 
+    from tool_server.client import ToolClient
     from tool_server.launcher import run_server
     from verltool_jax.algos.advantages import compute_advantages
+    from verltool_jax.algos.config import AlgoConfig
+    from verltool_jax.algos.optimizer import OptimConfig, make_optimizer
     from verltool_jax.models import load_hf
     from verltool_jax.models.image_inputs import ImageProcessor
     from verltool_jax.models.tiny import build_tiny_vl_hf, mrope_sections
@@ -149,10 +152,7 @@ def main() -> None:
         generate,
         zoom_action,
     )
-    from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.batch import batch_from_trajectories
-    from verltool_jax.train.config import AlgoConfig
-    from verltool_jax.train.optimizer import OptimConfig, make_optimizer
     from verltool_jax.train.sft import make_sft_step, sft_trajectory_batch
     from verltool_jax.train.state import TrainState
     from verltool_jax.train.step import make_train_step

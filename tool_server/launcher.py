@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -23,7 +24,11 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -217,3 +222,60 @@ def run_server(
     with ToolServerProcess(tools, startup_timeout=startup_timeout, env=env, **flags) as server:
         assert server.url is not None  # entering the context started the server
         yield server.url
+
+
+class ToolServerSettings(Protocol):
+    """What :func:`serve_tools` reads: the run config's ``tool_server`` section."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def tools(self) -> Sequence[str]: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def max_concurrency(self) -> int: ...
+    @property
+    def tool_opt(self) -> Mapping[str, object]: ...
+
+
+@contextlib.contextmanager
+def serve_tools(
+    ts: ToolServerSettings, out: str | os.PathLike | None = None
+) -> Iterator[tuple[str, ToolServerProcess | None]]:
+    """``(url, process)``: ``ts.url`` with no process if set, else a server we launch (a
+    :class:`ToolServerProcess`, which can be restarted) with ``ts.tools`` and the
+    ``ts.tool_opt`` options (empty values left out), stopped and its scratch directory
+    removed on exit. The scratch directory is temporary, so a web search cache not
+    configured otherwise lives in the run directory ``out`` (paid results survive
+    restarts and resumes). A tool the server cannot load stops the start
+    (:func:`refuse_unavailable_tools`)."""
+    if ts.url:
+        yield ts.url, None
+        return
+    tool_opt = {k: v for k, v in ts.tool_opt.items() if v not in (None, "")}
+    if (
+        out is not None
+        and "web_search" in ts.tools
+        and "web_search_cache" not in tool_opt
+        and not os.environ.get("VERLTOOL_WEB_SEARCH_CACHE")
+    ):
+        tool_opt["web_search_cache"] = str(Path(out).resolve() / "web_search_cache.sqlite")
+    with ToolServerProcess(
+        list(ts.tools), timeout=ts.timeout_s, max_concurrency=ts.max_concurrency, tool_opt=tool_opt
+    ) as proc:
+        assert proc.url is not None  # entering the context started the server
+        log.info("tool server with %s at %s", ",".join(ts.tools), proc.url)
+        refuse_unavailable_tools(get_json(proc.url + "/health"))
+        yield proc.url, proc
+
+
+def refuse_unavailable_tools(health: dict) -> None:
+    """A run needs every tool it names: the server serves the others when a plugin tool
+    cannot be loaded (``unavailable_tools`` in its ``/health``), the run does not start."""
+    bad = health.get("unavailable_tools") or {}
+    if bad:
+        raise ValueError(
+            f"the tool server cannot serve {sorted(bad)} of tool_server.tools: "
+            + "; ".join(bad.values())
+        )

@@ -210,10 +210,10 @@ def fallback_reward(
 def load_policy(run, checkpoint: str):
     """The model named by ``checkpoint`` (see the module doc), built on ``run``'s model
     structure; (model, description)."""
+    from verltool_jax.algos.optimizer import make_optimizer
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.models.resolve import is_hf_checkpoint, resolve_model_path
     from verltool_jax.train.checkpoint import Checkpointer
-    from verltool_jax.train.optimizer import make_optimizer
     from verltool_jax.train.state import TrainState
 
     rc = run.config
@@ -304,15 +304,16 @@ def run_eval(
     ``limit`` problems each; 0: all of a ``data`` file, ``data.max_eval_examples`` of the
     config's own); returns
     ``{"what", "overall" (greedy summary), "modes": {mode: {set: metrics}}}`` with modes
-    ``greedy`` and, for ``samples`` > 0, ``T=<temperature>,n=<samples>``; retrieval QA
-    adds ``"search"`` (:func:`~verltool_jax.reporting.search_metrics.search_qa_metrics`
-    of the greedy run), text-to-SQL ``"sql"`` (:func:`sql_results`), SWE tasks ``"swe"``.
+    ``greedy`` and, for ``samples`` > 0, ``T=<temperature>,n=<samples>``; a task with its
+    own metrics (:func:`~verltool_jax.tasks.task_eval_metrics`: retrieval QA ``"search"``,
+    text-to-SQL ``"sql"``) adds them, of the greedy run; SWE tasks add ``"swe"``.
     ``echo``: print the results (and a progress bar) to the console."""
+    from tool_server.client import ToolClient
     from verltool_jax.models.lora import sampler_params
     from verltool_jax.reporting.pass_at_k import format_set_table, set_metrics
     from verltool_jax.reporting.progress import ProgressBar
+    from verltool_jax.tasks import task_eval_metrics
     from verltool_jax.tasks.eval_metrics import format_metrics
-    from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.build import build_run
     from verltool_jax.train.console import console
     from verltool_jax.train.evaluate import rollout_scored, summarize
@@ -407,25 +408,12 @@ def run_eval(
         errors = error_summary(trajs + ([t for g in sampled for t in g] if sampled else []))
         if errors:
             say("[eval] WARNING: trajectories ended by an error (they score 0):\n" + errors)
-        search = None
-        if run.config.task is not None and run.config.task.name == "search_qa":
-            from verltool_jax.reporting.search_metrics import (
-                format_search_metrics,
-                search_qa_metrics,
-            )
-
-            search = search_qa_metrics(trajs, tokenizer=run.tokenizer)
-            say("[eval] retrieval QA by data set:\n" + format_search_metrics(search))
-        sql = (
-            sql_results(trajs)
-            if (run.config.task is not None and run.config.task.name == "spider")
-            else None
-        )
-        if sql is not None:
-            say(
-                "[eval] text-to-SQL (greedy; execution accuracy by Spider hardness):\n"
-                + format_metrics(sql)
-            )
+        reports = {}
+        task_metrics = task_eval_metrics(rc.task.name) if rc.task is not None else None
+        if task_metrics is not None:
+            rep = task_metrics(trajs, run.tokenizer)
+            say(f"[eval] {rep.title}:\n{rep.text}")
+            reports[rep.key] = rep.metrics  # of the greedy run
         swe = swe_results(trajs, walls["greedy"], rcfg.max_concurrency or len(trajs))
         if swe is not None:
             say("[eval] SWE tasks (greedy):\n" + swe.pop("table"))
@@ -440,29 +428,10 @@ def run_eval(
             shown = trajs + ([t for g in sampled for t in g] if sampled else [])
             write_trajectory_report(shown, report, title=f"eval: {what}", tokenizer=run.tokenizer)
             say(f"[eval] trajectories: {report}")
-    out = {"what": what, "overall": overall, "modes": modes}
-    if search is not None:
-        out["search"] = search  # greedy: EM, F1, searches, gold retrieved per set
-    if sql is not None:
-        out["sql"] = sql  # greedy: exec accuracy overall and per level, calls
+    out = {"what": what, "overall": overall, "modes": modes, **reports}
     if swe is not None:
         out["swe"] = swe
     return out
-
-
-def sql_results(trajs: list) -> dict[str, float]:
-    """:func:`~verltool_jax.tasks.eval_metrics.sql_eval_metrics` of scored trajectories
-    (each trajectory's reward and ``reward_info``, as ``assign_rewards`` wrote them)."""
-    from verltool_jax.rewards.base import RewardResult
-    from verltool_jax.tasks.eval_metrics import sql_eval_metrics
-
-    rewards = [
-        None
-        if t.reward is None
-        else RewardResult(t.reward, bool(t.reward_info.get("acc")), dict(t.reward_info))
-        for t in trajs
-    ]
-    return sql_eval_metrics(trajs, rewards)
 
 
 def swe_results(trajs: list, wall_s: float, concurrency: int) -> dict | None:

@@ -214,12 +214,12 @@ def measure(
 ) -> list[PromptRate]:
     """Measure (or finish measuring) the pool; returns every prompt's rate (see the
     module doc). ``write_pool``: write the kept rows there."""
+    from tool_server.client import ToolClient
     from verltool_jax.data.pipeline import _prompt_transform
     from verltool_jax.data.readers import read_files, write_rows
     from verltool_jax.eval import load_policy
     from verltool_jax.models.lora import sampler_params
     from verltool_jax.reporting.progress import ProgressBar
-    from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.build import build_run
     from verltool_jax.train.console import console
     from verltool_jax.train.evaluate import prompt_item, rollout_scored

@@ -9,17 +9,18 @@ Everything else follows from these classes:
 * command-line overrides (``verltool_jax.cli``) parse a value as the type of the field it
   replaces, so the field types here decide what ``--config.a.b=...`` accepts;
 * validation is :func:`run_config_from_dict`: it builds a :class:`RunConfig` from the
-  ``ConfigDict``, each section checks its own fields (``choices`` / ``check`` metadata
-  here, plus the component dataclasses' own ``__post_init__``), and every problem is
-  reported at once, naming the dotted key and what it must be;
+  ``ConfigDict``; each section checks its own fields (the :mod:`verltool_jax.schema`
+  field specs) and then its cross-field rules (its ``__post_init__``), and every problem
+  is reported at once, naming the dotted key and what it must be;
 * the trainer and the entry points read the typed :class:`RunConfig`, never raw values.
 
-Sections whose component already owns a settings dataclass reuse it:
-``rollout`` extends :class:`~verltool_jax.rollout.config.RolloutConfig`, ``algo`` is
-:class:`~verltool_jax.train.config.AlgoConfig`, ``optimizer`` extends
-:class:`~verltool_jax.train.optimizer.OptimConfig`. A field that the run derives from
-another section (``algo.temperature`` from ``rollout.temperature``, ``optimizer.total_steps``
-from ``trainer.steps``) is not part of the config dict (:data:`DERIVED`).
+Sections whose component already owns a settings dataclass use it, declared beside what
+it configures: ``rollout`` extends :class:`~verltool_jax.rollout.config.RolloutConfig`,
+``algo`` is :class:`~verltool_jax.algos.config.AlgoConfig`, ``optimizer`` is
+:class:`~verltool_jax.algos.optimizer.OptimConfig`. A field that the run derives from
+another section (``algo.temperature`` from ``rollout.temperature``,
+``optimizer.total_steps`` from ``trainer.steps``) is a ``derived`` spec: not part of the
+config dict.
 
 The ``task`` section is typed by the task named in ``task.name`` (see
 :mod:`verltool_jax.tasks`); ``task.name = ""`` means the data comes from ``data.*``.
@@ -28,92 +29,35 @@ The ``task`` section is typed by the task named in ``task.name`` (see
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
-import typing
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ml_collections
-from ml_collections import config_dict
 
+from tool_server.client import parse_tool_urls
+from verltool_jax.algos.advantages import GROUP_ESTIMATORS
+from verltool_jax.algos.config import AlgoConfig
+from verltool_jax.algos.optimizer import OptimConfig
 from verltool_jax.models.config import ModelConfig
-from verltool_jax.rewards.judge import DEFAULT_RUBRIC
+from verltool_jax.rewards.judge import JudgeSection
 from verltool_jax.rewards.visual_reward import CuriositySettings
 from verltool_jax.rollout.config import RolloutConfig
-from verltool_jax.train.config import AlgoConfig
-from verltool_jax.train.optimizer import OptimConfig
-
-
-class ConfigError(ValueError):
-    """A config file, override or value is wrong; the message names the key and the fix."""
-
-
-def spec(
-    default: Any = dataclasses.MISSING,
-    *,
-    choices: tuple | None = None,
-    check: tuple[Callable[[Any], bool], str] | None = None,
-    default_factory: Any = dataclasses.MISSING,
-) -> Any:
-    """A dataclass field with validation metadata: ``choices`` (allowed values) or
-    ``check`` = ``(predicate, "what the value must be")``; ``None`` is always allowed for
-    an ``Optional`` field."""
-    md = {"choices": choices, "check": check}
-    if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata=md)
-    return field(default=default, metadata=md)
-
-
-def at_least(bound: float, note: str = "") -> tuple:
-    return (lambda v: v >= bound), f">= {bound}" + (f" ({note})" if note else "")
-
-
-def above(bound: float) -> tuple:
-    return (lambda v: v > bound), f"> {bound}"
-
-
-def in_unit_interval() -> tuple:
-    return (lambda v: 0 < v <= 1), "in (0, 1]"
-
+from verltool_jax.schema import (  # noqa: F401  (_hints, _inner: tests/train/test_config.py)
+    Checked,
+    ConfigError,
+    _hints,
+    _inner,
+    above,
+    at_least,
+    build_section,
+    config_fields,
+    in_unit_interval,
+    section_dict,
+    spec,
+)
+from verltool_jax.tasks import task_config
 
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def check_fields(cls: type, values: Mapping[str, Any], prefix: str) -> list[str]:
-    """Problems of ``values`` (field name -> value) against the ``choices`` / ``check``
-    metadata of dataclass ``cls``'s fields."""
-    problems = []
-    for f in dataclasses.fields(cls):
-        v = values.get(f.name)
-        if v is None:
-            continue
-        choices, check = f.metadata.get("choices"), f.metadata.get("check")
-        if choices is not None and v not in choices:
-            problems.append(f"{prefix}{f.name}={v!r} must be one of {list(choices)}")
-        if check is not None:
-            ok, what = check
-            try:
-                good = bool(ok(v))
-            except TypeError:
-                good = False
-            if not good:
-                problems.append(f"{prefix}{f.name}={v!r} must be {what}")
-    return problems
-
-
-def _values(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-
-
-class Checked:
-    """Mixin: ``__post_init__`` raises a ValueError listing every metadata violation."""
-
-    def __post_init__(self) -> None:
-        problems = check_fields(type(self), _values(self), "")
-        if problems:
-            raise ValueError("; ".join(problems))
 
 
 # ----------------------------------------------------------------------------- sections
@@ -176,18 +120,6 @@ class RolloutSection(RolloutConfig):
     rollout knobs: group size, staleness bound, async|sync mode, prompt length cap,
     whether observation tokens stay out of the loss."""
 
-    # Inherited fields re-declared only to attach their checks (defaults stay the component's).
-    max_turns: int = spec(RolloutConfig.max_turns, check=at_least(0))
-    max_response_tokens: int = spec(RolloutConfig.max_response_tokens, check=at_least(1))
-    max_obs_tokens: int = spec(RolloutConfig.max_obs_tokens, check=at_least(1))
-    obs_truncate_side: str = spec(RolloutConfig.obs_truncate_side, choices=("head", "tail"))
-    temperature: float = spec(RolloutConfig.temperature, check=at_least(0))
-    top_p: float = spec(RolloutConfig.top_p, check=in_unit_interval())
-    top_k: int = spec(RolloutConfig.top_k, check=(lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"))
-    obs_template: str = spec(
-        RolloutConfig.obs_template,
-        check=(lambda v: v.count("{obs}") == 1, "a string containing {obs} once"),
-    )
     mode: str = spec("async", choices=("async", "sync"))  # sync: the ablation baseline
     n_samples: int = spec(8, check=at_least(1))  # trajectories per prompt (group)
     max_staleness: int = spec(1, check=at_least(0))  # versions a group may lag
@@ -196,21 +128,10 @@ class RolloutSection(RolloutConfig):
     # mask prevents); their behaviour logprobs are the trainer's own before the update.
     mask_observations: bool = True
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        problems = check_fields(type(self), _values(self), "")
-        if problems:
-            raise ValueError("; ".join(problems))
-
     def rollout_config(self) -> RolloutConfig:
         """The component's settings (this section without the trainer's knobs)."""
         names = {f.name for f in dataclasses.fields(RolloutConfig)}
         return RolloutConfig(**{k: getattr(self, k) for k in names})
-
-
-@dataclass(frozen=True)
-class OptimizerSection(OptimConfig):
-    """optax AdamW (see ``train/optimizer.py``); ``total_steps`` is ``trainer.steps``."""
 
 
 @dataclass(frozen=True)
@@ -226,8 +147,6 @@ class SamplerSection(Checked):
 
 
 def _tool_urls_ok(v: Any) -> bool:
-    from verltool_jax.tools_client import parse_tool_urls
-
     if v == "":
         return True
     try:
@@ -331,63 +250,6 @@ class ToolServerSection(Checked):
     # ``--tool-opt key=value`` options of a started server (e.g. retrieval_index, topk);
     # a free-form map whose keys the experiment config defines.
     tool_opt: dict = spec(default_factory=dict)
-
-
-def _unit_closed() -> tuple:
-    return (lambda v: 0 <= v <= 1), "in [0, 1]"
-
-
-@dataclass(frozen=True)
-class JudgeSection(Checked):
-    """An LLM judge as a reward term (``rewards/judge.py``; docs/data_and_rewards.md)."""
-
-    # "": no judge; "openai": POST {base_url}/chat/completions of an OpenAI-compatible
-    # server; "sampler": one of our samplers (sampler_backend) on the checkpoint `model`
-    backend: str = spec("", choices=("", "openai", "sampler"))
-    model: str = ""  # openai: the served model's name; sampler: a local HF checkpoint dir
-    base_url: str = ""  # openai: e.g. http://127.0.0.1:8000/v1
-    api_key_env: str = "OPENAI_API_KEY"  # environment variable with the key ("": none)
-    sampler_backend: str = spec("jax", choices=("jax", "vllm"))
-    max_model_len: int = spec(2048, check=at_least(64))  # sampler: prompt + verdict
-    rubric: str = DEFAULT_RUBRIC
-    # what is graded: the whole response, or only its extracted final answer (no answer:
-    # no call, judge term 0)
-    grade: str = spec("response", choices=("response", "answer"))
-    weight: float = spec(1.0, check=_unit_closed())  # (1-w) * rule + w * judge
-    correct_threshold: float = spec(1.0, check=_unit_closed())  # judge >= it: correct
-    score_min: float = 0.0  # the rubric's scale, mapped to [0, 1]
-    score_max: float = 10.0
-    max_tokens: int = spec(256, check=at_least(1))
-    temperature: float = spec(0.0, check=at_least(0))
-    timeout_s: float = spec(60.0, check=above(0))  # per request
-    max_retries: int = spec(2, check=at_least(0))  # after backoff_s * 2**k seconds
-    backoff_s: float = spec(1.0, check=at_least(0))
-    max_concurrency: int = spec(8, check=at_least(1))  # requests in flight
-    cache_size: int = spec(4096, check=at_least(0, "0: no cache"))  # verdicts kept
-    on_error: str = spec("error", choices=("error", "zero"))  # unparseable / failed
-    price_prompt_per_1m: float = spec(0.0, check=at_least(0))  # USD per 1M tokens
-    price_completion_per_1m: float = spec(0.0, check=at_least(0))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        problems = []
-        if self.backend and not self.model:
-            what = "the served model's name" if self.backend == "openai" else "a checkpoint dir"
-            problems.append(f"model is empty; backend={self.backend!r} needs {what}")
-        if self.backend == "openai" and not self.base_url.startswith(("http://", "https://")):
-            problems.append(
-                f"base_url={self.base_url!r} must be the server's http(s) URL, "
-                "e.g. http://127.0.0.1:8000/v1"
-            )
-        if self.score_max <= self.score_min:
-            problems.append(
-                f"score_max={self.score_max} must be > score_min={self.score_min} "
-                "(the rubric's scale)"
-            )
-        if self.backend and not self.rubric.strip():
-            problems.append("rubric is empty; say what earns which score")
-        if problems:
-            raise ValueError("; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -516,7 +378,7 @@ class RunConfig(Checked):
     model: ModelSection = spec(default_factory=ModelSection)
     rollout: RolloutSection = spec(default_factory=RolloutSection)
     algo: AlgoConfig = spec(default_factory=AlgoConfig)
-    optimizer: OptimizerSection = spec(default_factory=OptimizerSection)
+    optimizer: OptimConfig = spec(default_factory=OptimConfig)
     sampler: SamplerSection = spec(default_factory=SamplerSection)
     placement: PlacementSection = spec(default_factory=PlacementSection)
     tool_server: ToolServerSection = spec(default_factory=ToolServerSection)
@@ -527,7 +389,7 @@ class RunConfig(Checked):
     checkpoint: CheckpointSection = spec(default_factory=CheckpointSection)
     sft: SFTSection = spec(default_factory=SFTSection)
     logging: LoggingSection = spec(default_factory=LoggingSection)
-    task: Any = None
+    task: Any = spec(None, derived=True)  # built by run_config_from_dict from task.name
 
     def algo_for_run(self) -> AlgoConfig:
         """``algo`` with its derived field: logprobs at the sampling temperature."""
@@ -541,52 +403,7 @@ class RunConfig(Checked):
         return OptimConfig(**d)
 
 
-# Fields not in the config dict: the run sets them from other sections.
-DERIVED: dict[type, frozenset[str]] = {
-    AlgoConfig: frozenset({"temperature"}),
-    OptimizerSection: frozenset({"total_steps"}),
-    RunConfig: frozenset({"task"}),
-}
-
-
 # ----------------------------------------------------------------------------- dict <-> typed
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _inner(tp: Any) -> Any:
-    """``Optional[X]`` -> X; ``tuple[X, ...]`` -> tuple; else the type itself."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _inner(args[0]) if len(args) == 1 else Any
-    if origin in (tuple, list):
-        return tuple
-    return tp
-
-
-def config_fields(cls: type) -> list[dataclasses.Field]:
-    """The fields of section ``cls`` that appear in the config dict."""
-    derived = DERIVED.get(cls, frozenset())
-    return [f for f in dataclasses.fields(cls) if f.name not in derived]
-
-
-def section_dict(obj: Any) -> ml_collections.ConfigDict:
-    """A section dataclass instance as a ``ConfigDict`` (None -> a typed placeholder)."""
-    hints = _hints(type(obj))
-    c = ml_collections.ConfigDict()
-    for f in config_fields(type(obj)):
-        v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
-            c[f.name] = section_dict(v)
-        elif v is None:
-            inner = _inner(hints[f.name])
-            c[f.name] = config_dict.placeholder(inner if isinstance(inner, type) else object)
-        else:
-            c[f.name] = v
-    return c
-
-
 def default_config_dict() -> ml_collections.ConfigDict:
     """Every section at its defaults, plus ``task.name = ""`` (no generated task)."""
     c = section_dict(RunConfig())
@@ -594,49 +411,10 @@ def default_config_dict() -> ml_collections.ConfigDict:
     return c
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, ml_collections.ConfigDict):
-        return v.to_dict()
-    if isinstance(v, list):
-        return tuple(v)
-    return v
-
-
-def build_section(cls: type, values: Mapping[str, Any], path: str, problems: list[str]) -> Any:
-    """``cls(**values)`` with nested sections built recursively; unknown keys and every
-    validation error are appended to ``problems`` (prefixed with the dotted ``path``)."""
-    fields = {f.name: f for f in config_fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for k in values.keys():
-        if k not in fields:
-            close = difflib.get_close_matches(k, list(fields), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            problems.append(f"{path}{k}: unknown key{hint} (known: {sorted(fields)})")
-            continue
-        v = values[k]
-        sub = fields[k].default_factory
-        if isinstance(v, (ml_collections.ConfigDict, dict)) and dataclasses.is_dataclass(sub):
-            v = build_section(sub, v, f"{path}{k}.", problems)
-            if v is None:
-                return None
-        kwargs[k] = _plain(v)
-    n_before = len(problems)
-    problems.extend(
-        p if p.startswith(path) else f"{path}{p}" for p in check_fields(cls, kwargs, "")
-    )
-    if len(problems) > n_before:
-        return None
-    try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as e:
-        problems.append(f"{path.rstrip('.') or cls.__name__}: {e}")
-        return None
-
-
 def run_config_from_dict(config: Any) -> RunConfig:
     """The typed :class:`RunConfig` of a ``ConfigDict`` / mapping; :class:`ConfigError`
     listing every bad key (unknown keys, values outside their allowed set, wrong types)."""
-    from verltool_jax.train.config import algo_choices
+    from verltool_jax.algos.config import algo_choices
 
     problems: list[str] = []
     d = {k: config[k] for k in config.keys()}
@@ -648,15 +426,11 @@ def run_config_from_dict(config: Any) -> RunConfig:
     rc = None if problems else build_section(RunConfig, d, "", problems)
     task = None
     if task_values is not None and (task_values.get("name") or ""):
-        from verltool_jax.tasks import task_config
-
         try:
             task = task_config(task_values)
         except ValueError as e:
             problems.append(f"task: {e}")
     if rc is not None:
-        from verltool_jax.algos.advantages import GROUP_ESTIMATORS
-
         n, est = rc.rollout.n_samples, rc.algo.adv_estimator
         if est in GROUP_ESTIMATORS and n < 2:
             problems.append(

@@ -320,7 +320,7 @@ def test_train_on_applies_reinforce_pp_counts_and_turn_discount():
 
 
 def test_algo_config_selects_the_new_estimators_loss_and_turn_discount():
-    from verltool_jax.train.config import algo_choices, algo_config
+    from verltool_jax.algos.config import algo_choices, algo_config
 
     cfg = algo_config(
         adv_estimator="reinforce_plus_plus_baseline",
@@ -405,11 +405,11 @@ def test_turn_credit_on_a_scripted_multi_turn_rollout(tok, tool_url):
 
     from support.scripted_sampler import ScriptedSampler
 
+    from tool_server.client import ToolClient
     from verltool_jax.cli.command_line import parse_command_line
     from verltool_jax.cli.validate import validate_config
     from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
     from verltool_jax.rollout.config import RolloutConfig
-    from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.batch import make_batch
 
     turns = {

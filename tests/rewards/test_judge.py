@@ -16,6 +16,7 @@ from verltool_jax.rewards import RewardPool, ShapingSettings
 from verltool_jax.rewards.judge import (
     Judge,
     JudgeError,
+    JudgeSection,
     OpenAIEndpoint,
     VerdictParseError,
     backoff_delays,
@@ -28,7 +29,7 @@ from verltool_jax.rewards.judge import (
     parse_verdict,
     reference_text,
 )
-from verltool_jax.run_config import ConfigError, JudgeSection
+from verltool_jax.run_config import ConfigError
 
 
 # --------------------------------------------------------------------------- pure parts

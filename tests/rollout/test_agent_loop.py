@@ -9,14 +9,15 @@ import asyncio
 import socket
 
 import pytest
+from support.rollout_fixtures import keyed_items
 from support.scripted_sampler import ScriptedSampler
 
+from tool_server.client import ToolClient
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
-from verltool_jax.rollout.producer import RolloutProducer, keyed_items
+from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.rollout.sync_baseline import run_rollout_sync
-from verltool_jax.tools_client import ToolClient
 
 PROMPT = "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n"
 

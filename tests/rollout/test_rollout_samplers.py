@@ -16,12 +16,13 @@ import asyncio
 import os
 
 import pytest
+from support.rollout_fixtures import keyed_items
 
+from tool_server.client import ToolClient
 from verltool_jax.rollout.agent_loop import PromptItem, make_formatter
 from verltool_jax.rollout.config import RolloutConfig
-from verltool_jax.rollout.producer import RolloutProducer, keyed_items
+from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.queue import TrajectoryQueue
-from verltool_jax.tools_client import ToolClient
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

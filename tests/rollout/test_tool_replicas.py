@@ -9,10 +9,10 @@ import psutil
 import pytest
 from support.scripted_sampler import ScriptedSampler
 
+from tool_server.client import ToolClient, ToolServerError, parse_tool_urls, rendezvous_index
 from tool_server.launcher import get_json, run_server
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
-from verltool_jax.tools_client import ToolClient, ToolServerError, parse_tool_urls, rendezvous_index
 
 PROMPT = "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n"
 

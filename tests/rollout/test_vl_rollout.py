@@ -14,7 +14,9 @@ import pytest
 from flax import nnx
 from PIL import Image
 
+from tool_server.client import ToolClient, ToolResult
 from tool_server.launcher import run_server
+from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.data.images import multimodal_prompt
 from verltool_jax.data.pipeline import PromptPipeline
 from verltool_jax.data.rows import DataRowError
@@ -26,9 +28,7 @@ from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.turns import TrajectoryBuilder
 from verltool_jax.samplers.base import Completion, SamplerRequestError, SamplingParams
 from verltool_jax.samplers.jax_sampler import JAXSampler
-from verltool_jax.tools_client import ToolClient, ToolResult
 from verltool_jax.train.batch import batch_from_trajectories
-from verltool_jax.train.config import AlgoConfig
 from verltool_jax.train.step import compute_logprobs
 
 MAX_PIXELS = 64 * 64

@@ -7,6 +7,12 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def keyed_items(items):
+    """A finite list of prompts as the ``(position, item)`` pairs ``RolloutProducer``
+    takes (production feeds it from the prompt pipeline instead)."""
+    return iter(enumerate(items))
+
+
 @pytest.fixture(scope="session")
 def tok(tmp_path_factory):
     """The tiny project tokenizer (byte-level BPE with atomic markup tokens, ChatML)."""

@@ -11,13 +11,13 @@ import numpy as np
 import optax
 from flax import nnx
 
+from verltool_jax.algos.config import algo_config
+from verltool_jax.algos.optimizer import make_optimizer
 from verltool_jax.models.config import ModelConfig
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.models.transformer import Transformer
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.train.batch import batch_from_trajectories
-from verltool_jax.train.config import algo_config
-from verltool_jax.train.optimizer import make_optimizer
 from verltool_jax.train.state import TrainState
 from verltool_jax.train.step import make_train_step
 

@@ -137,15 +137,15 @@ def rollout(sampler, model, tok, proc, picture) -> dict:
     from flax import nnx
     from PIL import Image
 
+    from tool_server.client import ToolClient
     from tool_server.launcher import run_server
+    from verltool_jax.algos.config import AlgoConfig
     from verltool_jax.data.images import multimodal_prompt
     from verltool_jax.models.logprobs import token_logprobs
     from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
     from verltool_jax.rollout.config import RolloutConfig
     from verltool_jax.samplers.base import Completion
-    from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.batch import batch_from_trajectories
-    from verltool_jax.train.config import AlgoConfig
     from verltool_jax.train.step import compute_logprobs
 
     buf = io.BytesIO()

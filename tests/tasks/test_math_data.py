@@ -213,6 +213,7 @@ def test_cli_writes_parquet_and_reports_bad_rows(tmp_path, capsys):
 
 def test_vt_math_configs(tmp_path):
     from configs import vt_math
+    from verltool_jax.run_config import run_config_from_dict
     from verltool_jax.train.build import prepare_task_files
 
     paper = vt_math.get_config("paper")
@@ -237,7 +238,7 @@ def test_vt_math_configs(tmp_path):
     tiny = vt_math.get_config("tiny")
     _data("gsm8k/train.jsonl")
     tiny.task.data_dir = str(DATA)
-    files = prepare_task_files(tiny, tmp_path)
+    files = prepare_task_files(run_config_from_dict(tiny), tmp_path)
     assert len(read_rows(files["train"][0])) == 16
     assert [Path(f).name for f in files["eval"]] == [
         "eval_gsm8k.parquet",

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tool_server.kit.search_format import format_information, format_no_results
 from tool_server.retrieval.corpus import CorpusError, Document
-from tool_server.retrieval.format import format_information, format_no_results
 from tool_server.retrieval.index import RetrievalIndexError, build_index, check_index
 from tool_server.retrieval.questions import QuestionError, read_questions
 from tool_server.retrieval.recall import answerable_ids, recall_at_k, retrieve_all
 from tool_server.retrieval.service import RetrievalService
 from tool_server.retrieval.sources import load_corpus_sources, passage_id
+from verltool_jax.run_config import run_config_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 QA = REPO / ".." / "shared" / "data" / "qa"
@@ -297,7 +298,7 @@ def test_vt_search_task_rows(data, tmp_path):
     from verltool_jax.tasks import prepare_task
 
     cfg = _cfg("vt_search.py:tiny", data, "task.num_train=0", "task.num_eval=10")
-    files = prepare_task(cfg, tmp_path / "data")
+    files = prepare_task(run_config_from_dict(cfg), tmp_path / "data")
     train, evals = read_rows(files.train), read_rows(files.eval)
     assert (len(train), len(evals)) == (52 - 10, 10) and files.sft is None
 
@@ -331,7 +332,7 @@ def test_vt_search_task_rows(data, tmp_path):
         "task.num_eval=2",
         f"task.answerable_ids={data['dir'] / 'answerable.json'}",
     )
-    files = prepare_task(cfg, tmp_path / "ans")
+    files = prepare_task(run_config_from_dict(cfg), tmp_path / "ans")
     keep = set(json.loads((data["dir"] / "answerable.json").read_text())["ids"])
     got = ids(read_rows(files.train)) | ids(read_rows(files.eval))
     assert got and got <= keep
@@ -368,7 +369,7 @@ def test_search_r1_parquet_read_as_is(data, tmp_path):
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     cfg = _cfg("vt_search.py:tiny", data, "task.num_eval=1", train=[str(path)])
-    files = prepare_task(cfg, tmp_path / "data")
+    files = prepare_task(run_config_from_dict(cfg), tmp_path / "data")
     out = read_rows(files.train) + read_rows(files.eval)
     assert sorted(r["prompt"][0]["content"] for r in out) == sorted(
         r["prompt"][0]["content"] for r in rows
@@ -382,7 +383,7 @@ def test_search_r1_parquet_read_as_is(data, tmp_path):
     rows[1]["reward_model"]["ground_truth"]["target"] = []
     pq.write_table(pa.Table.from_pylist(rows), path)
     with pytest.raises(QuestionError, match=r"row 1: field 'reward_model.ground_truth.target'"):
-        prepare_task(cfg, tmp_path / "bad")
+        prepare_task(run_config_from_dict(cfg), tmp_path / "bad")
 
 
 def test_errors_before_training(data, tmp_path):
@@ -469,7 +470,7 @@ def test_deepsearch_rows_carry_the_f1_threshold(data, tmp_path):
         "task.f1_threshold=0.5",
         train=[str(data["dir"] / "hotpotqa_dev_subsampled.jsonl")],
     )
-    row = read_rows(prepare_task(cfg, tmp_path / "d").train)[0]
+    row = read_rows(prepare_task(run_config_from_dict(cfg), tmp_path / "d").train)[0]
     assert (
         "<python>" in row["prompt"][-1]["content"]
         and row["extra_info"]["answer_f1_threshold"] == 0.5
@@ -579,7 +580,7 @@ def test_search_qa_metrics_and_report(tmp_path):
     assert (
         "<b>Kiss and Tell (1945 film)</b>" in page and "No results found for the query: x" in page
     )
-    from tool_server.retrieval.format import parse_information
+    from tool_server.kit.search_format import parse_information
 
     assert parse_information(info[:60]) == [[("Shirley Temple", "Shirley Temple wa")]]
     assert "&lt;information&gt;" not in page.split("Response")[1].split("No results")[0]
@@ -588,11 +589,10 @@ def test_search_qa_metrics_and_report(tmp_path):
 def test_started_tool_server_searches_the_configured_index(data, tmp_path):
     """configs/vt_deepsearch.py:tiny: the tool server the trainer starts gets the config's
     tool options (local web_search over the index, python_code)."""
-    from tool_server.launcher import get_json, post_json
-    from verltool_jax.train import build
+    from tool_server.launcher import get_json, post_json, serve_tools
 
     cfg = _cfg("vt_deepsearch.py:tiny", data)
-    with build.tool_server(cfg) as (url, _):
+    with serve_tools(run_config_from_dict(cfg).tool_server) as (url, _):
         tools = json.dumps(get_json(url + "/tools"))
         status, body = post_json(
             url + "/get_observation",
@@ -631,14 +631,13 @@ def test_demonstrations_show_what_the_search_tool_answers(data, tmp_path):
     """Every demonstration searches its own question, its observation is exactly what the
     started tool server answers to that action (same index, topk and format), and its
     answer is a gold answer found in that observation. Bad settings are clear errors."""
-    from tool_server.launcher import post_json
+    from tool_server.launcher import post_json, serve_tools
     from tool_server.retrieval.answers import contains_answer
     from verltool_jax.data import read_rows
     from verltool_jax.tasks import prepare_task
-    from verltool_jax.train import build
 
     cfg = _cfg("vt_search.py:tiny", data, "task.num_train=0", "task.num_eval=4", "task.num_demos=6")
-    files = prepare_task(cfg, tmp_path / "data")
+    files = prepare_task(run_config_from_dict(cfg), tmp_path / "data")
     demos, train = read_rows(files.sft), read_rows(files.train)
     assert 1 <= len(demos) <= 6
     train_ids = {r["extra_info"]["id"] for r in train}
@@ -654,7 +653,7 @@ def test_demonstrations_show_what_the_search_tool_answers(data, tmp_path):
         said = answer["text"].removeprefix("<answer> ").removesuffix(" </answer>")
         assert said in gold and contains_answer(obs["text"], [said])
         actions.append(search["text"])
-    with build.tool_server(cfg) as (url, _):
+    with serve_tools(run_config_from_dict(cfg).tool_server) as (url, _):
         status, body = post_json(
             url + "/get_observation",
             {
@@ -666,18 +665,23 @@ def test_demonstrations_show_what_the_search_tool_answers(data, tmp_path):
     assert status == 200, body
     assert [d["response_segments"][1]["text"] for d in demos] == body["observations"]
     with pytest.raises(ValueError, match="num_demos"):
-        prepare_task(_cfg("vt_search.py:tiny", data, "task.num_demos=-1"), tmp_path / "neg")
+        prepare_task(
+            run_config_from_dict(_cfg("vt_search.py:tiny", data, "task.num_demos=-1")),
+            tmp_path / "neg",
+        )
     # with tool_server.url the demonstrations ask that server (here: none listening)
-    from verltool_jax.tools_client import ToolServerError
+    from tool_server.client import ToolServerError
 
     with pytest.raises(ToolServerError, match="127.0.0.1:9/get_observation unreachable"):
         prepare_task(
-            _cfg(
-                "vt_search.py:tiny",
-                data,
-                "task.num_demos=2",
-                "tool_server.url=http://127.0.0.1:9",
-                "tool_server.tool_opt.retrieval_index=",
+            run_config_from_dict(
+                _cfg(
+                    "vt_search.py:tiny",
+                    data,
+                    "task.num_demos=2",
+                    "tool_server.url=http://127.0.0.1:9",
+                    "tool_server.tool_opt.retrieval_index=",
+                )
             ),
             tmp_path / "remote",
         )
@@ -755,6 +759,12 @@ def test_metrics_and_report_from_token_ids():
     t.response_ids, t.loss_mask = ids, mask
     m = search_qa_metrics([t], tokenizer=tok)
     assert m["hotpotqa"]["em"] == 1.0 and m["hotpotqa"]["gold_retrieved"] == 1.0
+    # the task registers these as its evaluation metrics (run_eval's "search")
+    from verltool_jax.tasks import task_eval_metrics
+
+    rep = task_eval_metrics("search_qa")([t], tok)
+    assert (rep.key, rep.metrics) == ("search", m) and "hotpotqa" in rep.text
+    assert task_eval_metrics("tiny_math") is None
     page = render_report([t], tokenizer=tok)
     assert "model turn 1 · search: who was Chief of Protocol" in page
     assert '<li class="gold"><b>Shirley Temple</b>' in page and "<b>Other</b>" in page

@@ -145,10 +145,10 @@ def test_rollout_end_to_end_through_the_sandboxed_tool(tool_url, tok):
     one); the real tool server runs the code, the reward pool scores with the scorer."""
     from support.scripted_sampler import ScriptedSampler
 
+    from tool_server.client import ToolClient
     from verltool_jax.data.pipeline import _prompt_transform
     from verltool_jax.rewards.compute import RewardPool
     from verltool_jax.rollout.config import RolloutConfig
-    from verltool_jax.tools_client import ToolClient
     from verltool_jax.train.evaluate import prompt_item, rollout_scored
 
     rows = _rows(("products", "leg_counting", "calendar_arithmetic"), n=2)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from support.scripted_sampler import ScriptedSampler
 
+from tool_server.client import ToolClient
 from tool_server.launcher import run_server
 from tool_server.sandbox import sandbox_status
 from verltool_jax.cli.config_loader import load_config
@@ -18,13 +19,14 @@ from verltool_jax.cli.validate import validate_config
 from verltool_jax.data.readers import read_rows
 from verltool_jax.models.tiny import build_tokenizer
 from verltool_jax.rewards import get_reward_fn
+from verltool_jax.rewards.swe_reward import swe_reward_from_result
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.sync_baseline import run_rollout_sync
+from verltool_jax.run_config import run_config_from_dict
 from verltool_jax.tasks import prepare_task, swe
 from verltool_jax.tasks.eval_metrics import swe_eval_metrics
 from verltool_jax.tasks.swe_rollout import POLICIES, oracle_actions, run_episode
-from verltool_jax.tools_client import ToolClient
 
 REPO = Path(__file__).resolve().parents[2]
 QUIX = REPO / ".." / "shared" / "data" / "swe" / "quixbugs"
@@ -61,10 +63,10 @@ def test_parse_outcomes_and_reward_rule():
         "a/test_x.py::test_3": "ERROR",
     }
     ok = {"passed": 3, "failed": 0, "errors": 0, "exit_code": 0, "timed_out": False}
-    assert swe.swe_reward_from_result(ok, 3) == 1.0
-    assert swe.swe_reward_from_result(ok, 4) == 0.0  # a test went missing
-    assert swe.swe_reward_from_result(dict(ok, failed=1, exit_code=1), 3) == 0.0
-    assert swe.swe_reward_from_result(dict(ok, timed_out=True), 3) == 0.0
+    assert swe_reward_from_result(ok, 3) == 1.0
+    assert swe_reward_from_result(ok, 4) == 0.0  # a test went missing
+    assert swe_reward_from_result(dict(ok, failed=1, exit_code=1), 3) == 0.0
+    assert swe_reward_from_result(dict(ok, timed_out=True), 3) == 0.0
     fn = get_reward_fn("swe")
     gt = {"fail_to_pass": ["a"], "pass_to_pass": ["b", "c"]}
     assert fn("", gt, {"hidden_test_result": ok}).score == 1.0
@@ -250,7 +252,7 @@ def test_registered_quixbugs_task_rows(tmp_path):
     c = load_config(f"{REPO}/configs/vt_swe.py:tiny", lock=False)
     c.task.quixbugs_dir = str(QUIX)
     c.task.programs = ("gcd",)
-    files = prepare_task(c, tmp_path)
+    files = prepare_task(run_config_from_dict(c), tmp_path)
     evals, train = read_rows(files.eval), read_rows(files.train)
     assert [r["extra_info"]["task_id"] for r in evals] == ["gcd"]
     assert len(train) == 1 and train[0]["extra_info"]["source"] == "quixbugs-mutant"

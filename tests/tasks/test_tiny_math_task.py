@@ -7,12 +7,13 @@ from support.tiny_data import tiny_tokenizer
 
 from verltool_jax.cli import load_config
 from verltool_jax.data import PromptPipeline, SFTPipeline, read_rows, validate_sft_row
+from verltool_jax.run_config import run_config_from_dict
 from verltool_jax.tasks import prepare_task, tiny_math
 
 
 def test_generate_and_write(tmp_path):
     cfg = load_config("configs/tiny_math.py:smoke")
-    files = prepare_task(cfg, tmp_path / "data")
+    files = prepare_task(run_config_from_dict(cfg), tmp_path / "data")
     train, evals = read_rows(files.train), read_rows(files.eval)
     sft = read_rows(files.sft, validate=validate_sft_row)
     assert (len(train), len(evals), len(sft)) == (
@@ -68,4 +69,4 @@ def test_custom_obs_template_and_bad_sizes():
     cfg = load_config("configs/tiny_math.py:smoke")
     cfg.task.name = "tiny_mth"
     with pytest.raises(ValueError, match="task.name='tiny_mth' is not a known task"):
-        prepare_task(cfg, "/nonexistent")
+        prepare_task(run_config_from_dict(cfg), "/nonexistent")

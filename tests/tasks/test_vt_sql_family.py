@@ -12,6 +12,7 @@ from verltool_jax.cli.validate import validate_config
 from verltool_jax.data.readers import read_rows
 from verltool_jax.rewards import get_reward_fn
 from verltool_jax.rewards.base import RewardResult
+from verltool_jax.run_config import run_config_from_dict
 from verltool_jax.tasks import prepare_task
 from verltool_jax.tasks.eval_metrics import sql_eval_metrics
 
@@ -131,7 +132,7 @@ def test_vt_sql_variants_load_and_validate():
 def test_registered_spider_task_writes_train_and_eval(tmp_path):
     c = load_config(f"{REPO}/configs/vt_sql.py:tiny", lock=False)
     c.task.spider_dir = str(SPIDER)
-    files = prepare_task(c, tmp_path)
+    files = prepare_task(run_config_from_dict(c), tmp_path)
     train, evals = read_rows(files.train), read_rows(files.eval)
     assert len(train) == 16 and len(evals) == 8
     assert {r["extra_info"]["db_id"] for r in train + evals} <= {"concert_singer", "pets_1"}
@@ -145,7 +146,7 @@ def test_registered_spider_task_writes_train_and_eval(tmp_path):
         assert fn(f"<solution>{gold}</solution>", gold, r["extra_info"]).score == 1.0
     c.task.spider_dir = ""
     with pytest.raises(ValueError, match="task.spider_dir"):
-        prepare_task(c, tmp_path / "x")
+        prepare_task(run_config_from_dict(c), tmp_path / "x")
 
 
 @pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(), reason=f"no Spider at {SPIDER}")
@@ -155,22 +156,22 @@ def test_max_schema_chars_keeps_databases_with_a_short_schema(tmp_path):
     c = load_config(f"{REPO}/configs/vt_sql.py:tiny", lock=False)
     c.task.spider_dir = str(SPIDER)
     c.task.num_train = c.task.num_eval = 0
-    every = prepare_task(c, tmp_path / "all")
+    every = prepare_task(run_config_from_dict(c), tmp_path / "all")
     rows = read_rows(every.train) + read_rows(every.eval)
     size = {r["extra_info"]["db_id"]: len(schema_text(r["extra_info"]["db_path"])) for r in rows}
     assert len(size) == 2 and len(set(size.values())) == 2
     small = min(size, key=size.get)
     c.task.max_schema_chars = size[small]  # the limit is inclusive
-    kept = prepare_task(c, tmp_path / "short")
+    kept = prepare_task(run_config_from_dict(c), tmp_path / "short")
     rows_kept = read_rows(kept.train) + read_rows(kept.eval)
     assert {r["extra_info"]["db_id"] for r in rows_kept} == {small}
     assert len(rows_kept) == sum(r["extra_info"]["db_id"] == small for r in rows)
     c.task.max_schema_chars = min(size.values()) - 1
     with pytest.raises(ValueError, match="max_schema_chars"):
-        prepare_task(c, tmp_path / "none")
+        prepare_task(run_config_from_dict(c), tmp_path / "none")
     c.task.max_schema_chars = -1
     with pytest.raises(ValueError, match="task.max_schema_chars"):
-        prepare_task(c, tmp_path / "bad")
+        prepare_task(run_config_from_dict(c), tmp_path / "bad")
 
 
 @pytest.mark.skipif(not (SPIDER / "test_queries.csv").is_file(), reason=f"no Spider at {SPIDER}")
@@ -178,18 +179,17 @@ def test_sql_demonstrations_run_the_gold_query_with_the_sql_tool(tmp_path):
     """Each demonstration runs its row's gold query with the started sql tool (on the row's
     own database), shows that result as the observation, and ends with the gold query as
     the solution; the SFT tokenization wraps the observation as the rollout does."""
-    from tool_server.launcher import post_json
+    from tool_server.launcher import post_json, serve_tools
     from verltool_jax.data.sft import tokenize_sft_row
     from verltool_jax.rollout.agent_loop import make_formatter
     from verltool_jax.run_config import run_config_from_dict
     from verltool_jax.tasks.spider import solution_after
-    from verltool_jax.train import build
     from verltool_jax.train.build import load_tokenizer, prepare_model_dir
 
     c = load_config(f"{REPO}/configs/vt_sql.py:tiny", lock=False)
     c.task.spider_dir = str(SPIDER)
     c.task.num_demos = 5
-    files = prepare_task(c, tmp_path / "data")
+    files = prepare_task(run_config_from_dict(c), tmp_path / "data")
     demos, train = read_rows(files.sft), read_rows(files.train)
     assert len(demos) == 5
     by_q = {r["extra_info"]["question"]: r for r in train}
@@ -205,7 +205,7 @@ def test_sql_demonstrations_run_the_gold_query_with_the_sql_tool(tmp_path):
         assert obs["observation"] and not obs["loss"]
         assert (final["text"], final["loss"]) == (f"<solution>{gold}</solution>", True)
     rc = run_config_from_dict(c)
-    with build.tool_server(rc) as (url, _):
+    with serve_tools(rc.tool_server) as (url, _):
         status, body = post_json(
             url + "/get_observation",
             {

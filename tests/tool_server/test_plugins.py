@@ -15,7 +15,7 @@ import pytest
 from support.plugins import BROKEN_MODULE, GOOD_TOOL, TOOL_GROUP, forget_modules, write_dist
 
 from tool_server.kit.plugins import PluginError, discover
-from tool_server.launcher import ToolServerProcess, get_json, post_json
+from tool_server.launcher import ToolServerProcess, get_json, post_json, refuse_unavailable_tools
 from tool_server.registry import (
     BUILTIN_TOOL_DIR,
     _check_tool,
@@ -25,7 +25,6 @@ from tool_server.registry import (
     tool_plugins,
     tools_in_module,
 )
-from verltool_jax.train.build import refuse_unavailable_tools
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = ("goodtools", "brokentools")

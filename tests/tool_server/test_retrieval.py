@@ -10,19 +10,19 @@ import time
 
 import numpy as np
 import pytest
+from support.retrieval import synthetic_index
 
+from tool_server.kit.search_format import format_information, format_no_results
 from tool_server.retrieval import (
     CorpusError,
     RetrievalIndexError,
     RetrievalService,
     build_index,
-    format_information,
-    format_no_results,
     read_corpus,
     write_corpus,
 )
 from tool_server.retrieval.batcher import AsyncBatcher
-from tool_server.retrieval.synthetic import make_corpus, synthetic_index, town_name
+from tool_server.retrieval.synthetic import make_corpus, town_name
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -18,6 +18,7 @@ import sqlite3
 import sys
 
 import pytest
+from support.retrieval import synthetic_index
 from support.tool_server import one
 
 from tool_server.dispatcher import Dispatcher
@@ -27,7 +28,6 @@ from tool_server.kit.base import ToolSettings
 from tool_server.kit.compat import verltool_usage_block
 from tool_server.launcher import post_json, run_server
 from tool_server.protocol import parse_request
-from tool_server.retrieval.synthetic import synthetic_index
 from tool_server.tools.finish import FinishTool
 from tool_server.tools.search_retrieval import SearchRetrievalTool
 from tool_server.tools.sql import SqlTool

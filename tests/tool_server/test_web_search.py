@@ -9,10 +9,10 @@ import socket
 import time
 
 import pytest
+from support.retrieval import synthetic_index
 
 from tool_server.kit.base import ToolSettings
 from tool_server.retrieval.options import RetrievalOptions
-from tool_server.retrieval.synthetic import synthetic_index
 from tool_server.tools.web_search import WebSearchTool
 from tool_server.websearch import (
     CachedBackend,

@@ -11,13 +11,13 @@ from jax.sharding import NamedSharding
 from support.models import tiny_ckpt
 from support.train import batch, host
 
+from verltool_jax.algos.optimizer import make_optimizer
 from verltool_jax.models.hf_io import load_hf
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.run_config import RunConfig
 from verltool_jax.samplers.weight_sync import named_tensors_from_params, pack_named_tensors
 from verltool_jax.sharding import BATCH_AXES, param_spec
 from verltool_jax.train.build import trainer_mesh
-from verltool_jax.train.optimizer import make_optimizer
 from verltool_jax.train.state import TrainState
 from verltool_jax.train.step import make_train_step, shard_batch
 

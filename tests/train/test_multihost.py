@@ -94,11 +94,11 @@ def _index(group_id: str) -> int:
 
 @pytest.mark.slow
 def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_path):
+    from verltool_jax.algos.optimizer import make_optimizer
     from verltool_jax.rollout.trajectory import load_trajectories
     from verltool_jax.train import build
     from verltool_jax.train.batch import make_batch
     from verltool_jax.train.checkpoint import Checkpointer
-    from verltool_jax.train.optimizer import make_optimizer
     from verltool_jax.train.sft import run_sft
     from verltool_jax.train.state import TrainState
     from verltool_jax.train.step import make_train_step, train_on

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from support.train import CONFIGS, MODEL_CFG, batch, host, new_model, new_state, step_for
 
+from verltool_jax.algos.config import algo_config
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.train.batch import batch_from_trajectories, check_batch, shift_targets
-from verltool_jax.train.config import algo_config
 from verltool_jax.train.step import make_loss_fn, shard_batch
 
 
@@ -249,7 +249,7 @@ def test_sharded_step_equals_unsharded(whole_and_micro):
 
 # ------------------------------------------------------------------ optimizer
 def test_lr_schedules_hand_values():
-    from verltool_jax.train.optimizer import lr_schedule, optimizer_config
+    from verltool_jax.algos.optimizer import lr_schedule, optimizer_config
 
     cos = lr_schedule(
         optimizer_config(lr=1.0, warmup_steps=2, total_steps=6, schedule="cosine", min_lr_ratio=0.1)
@@ -286,7 +286,7 @@ def test_lr_schedules_hand_values():
 def test_optimizer_clips_global_norm_then_adamw():
     import optax
 
-    from verltool_jax.train.optimizer import make_optimizer
+    from verltool_jax.algos.optimizer import make_optimizer
 
     params = {"w": jnp.ones((3,)), "b": jnp.zeros((2,))}
     grads = {"w": jnp.array([3.0, 4.0, 0.0]), "b": jnp.array([0.0, 0.0])}  # norm 5

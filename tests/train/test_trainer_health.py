@@ -20,13 +20,13 @@ import pytest
 import support.rewards_testlib as rewards_testlib  # noqa: F401  (registers the test rewards)
 from support.scripted_sampler import ScriptedSampler
 
+from tool_server.client import ToolClient
 from tool_server.launcher import ToolServerProcess, run_server
 from verltool_jax.cli import parse_command_line
 from verltool_jax.rewards import RewardItem, RewardPool
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.trajectory import Trajectory
-from verltool_jax.tools_client import ToolClient
 from verltool_jax.train import trainer as trainer_mod
 from verltool_jax.train.health import DependencyDown, ToolServerGuard, batch_health
 

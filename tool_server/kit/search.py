@@ -10,8 +10,8 @@ from typing import Any
 
 from tool_server.kit.base import BaseTool, Observation
 from tool_server.kit.observations import invalid_observation
+from tool_server.kit.search_format import format_information, format_no_results
 from tool_server.kit.tags import last_tag_body
-from tool_server.retrieval.format import format_information, format_no_results
 
 log = logging.getLogger(__name__)
 

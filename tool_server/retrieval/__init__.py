@@ -7,7 +7,6 @@ Use: ``get_service(idx).search(query, k)`` (async) or ``.search_batch(queries, k
 """
 
 from .corpus import CorpusError, Document, read_corpus, write_corpus
-from .format import format_information, format_no_results
 from .index import RetrievalIndexError, build_index, check_index, read_meta
 from .questions import Question, QuestionError, read_questions
 from .service import Hit, RetrievalService, get_service
@@ -18,8 +17,6 @@ __all__ = [
     "Document",
     "read_corpus",
     "write_corpus",
-    "format_information",
-    "format_no_results",
     "RetrievalIndexError",
     "build_index",
     "read_meta",

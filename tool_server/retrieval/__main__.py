@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
 
-    from .format import format_information
+    from tool_server.kit.search_format import format_information
+
     from .service import RetrievalService
 
     svc = RetrievalService(args.index)

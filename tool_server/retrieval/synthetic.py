@@ -154,33 +154,3 @@ def make_corpus(n: int = 50) -> list[Document]:
             )
         )
     return docs
-
-
-_built: dict[tuple[str, int], str] = {}
-
-
-def synthetic_index(kind: str, n: int = 50, root: str | None = None) -> str:
-    """Build (once per process) an index of ``make_corpus(n)`` and return its folder.
-
-    For tests and benchmarks; ``root`` defaults to a temporary folder removed at exit.
-    """
-    import atexit
-    import os
-    import shutil
-    import tempfile
-
-    from .corpus import write_corpus
-    from .index import build_index
-
-    key = (kind, n)
-    if key not in _built:
-        if root is None:
-            root = tempfile.mkdtemp(prefix="verltool_synth_idx_")
-            atexit.register(shutil.rmtree, root, True)
-        corpus = os.path.join(root, f"corpus_{n}.jsonl")
-        if not os.path.exists(corpus):
-            write_corpus(corpus, make_corpus(n))
-        out = os.path.join(root, f"{kind}_{n}")
-        build_index(corpus, out, kind)
-        _built[key] = out
-    return _built[key]

@@ -224,12 +224,6 @@ def iter_hf_tensors(reader, hf_config: dict, path) -> Iterator[tuple[str, np.nda
         yield name, arr
 
 
-def read_gguf_config(path: str | os.PathLike) -> dict:
-    """The HF ``config.json`` dict of a GGUF file (nothing dequantised)."""
-    reader = _reader(path)
-    return gguf_hf_config(_meta(reader), {t.name for t in reader.tensors}, path)
-
-
 def load_gguf(
     path: str | os.PathLike,
     mesh=None,

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tool_server.kit.search_format import parse_information
 from tool_server.kit.tags import last_tag_body
-from tool_server.retrieval.format import parse_information
 from verltool_jax.rollout.response_text import response_segments
 
 _DATA_URL_RE = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,[A-Za-z0-9+/=\s]+")

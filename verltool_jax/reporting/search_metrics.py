@@ -20,8 +20,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tool_server.kit.search_format import parse_information
 from tool_server.kit.tags import last_tag_body
-from tool_server.retrieval.format import parse_information
 from tool_server.retrieval.sources import clean_text
 from verltool_jax.rewards.answer_extraction import extract_answer
 from verltool_jax.rewards.qa_reward import exact_match, f1_score, gold_answers

@@ -3,8 +3,8 @@
 The judge is either any OpenAI-compatible endpoint (``POST {base_url}/chat/completions``,
 e.g. ``vllm serve``; plain HTTP from the standard library) or one of our samplers on its
 own checkpoint (``samplers.make_sampler``: the JAX sampler or vLLM). Settings are the
-config section ``reward.judge`` (``run_config.JudgeSection``: the one place of its
-defaults and allowed values). ``RewardPool`` calls :meth:`Judge.rescore` after the
+config section ``reward.judge`` (:class:`JudgeSection`, declared here beside what it
+configures: the one place of its defaults and allowed values). ``RewardPool`` calls :meth:`Judge.rescore` after the
 rule-based rewards of a batch, in the scoring thread of the trainer's process, so the
 judge's cache and its client are shared by every item.
 
@@ -53,10 +53,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from verltool_jax.rewards.answer_extraction import extract_answer
 from verltool_jax.rewards.base import RewardResult
 from verltool_jax.rewards.shaping import ShapingSettings, shaped_score
+from verltool_jax.schema import Checked, above, at_least, spec
 
 if TYPE_CHECKING:
     from verltool_jax.rewards.compute import RewardItem
-    from verltool_jax.run_config import JudgeSection
 
 DEFAULT_RUBRIC = (
     "Grade whether the RESPONSE answers the QUESTION correctly, taking the REFERENCE "
@@ -64,6 +64,64 @@ DEFAULT_RUBRIC = (
     "wording, units or an equivalent form are fine), 5 when it is partly right or right "
     "but hedged between several answers, and 0 when it is wrong, missing or off topic."
 )
+
+
+def _unit_closed() -> tuple:
+    return (lambda v: 0 <= v <= 1), "in [0, 1]"
+
+
+@dataclass(frozen=True)
+class JudgeSection(Checked):
+    """An LLM judge as a reward term (``rewards/judge.py``; docs/data_and_rewards.md)."""
+
+    # "": no judge; "openai": POST {base_url}/chat/completions of an OpenAI-compatible
+    # server; "sampler": one of our samplers (sampler_backend) on the checkpoint `model`
+    backend: str = spec("", choices=("", "openai", "sampler"))
+    model: str = ""  # openai: the served model's name; sampler: a local HF checkpoint dir
+    base_url: str = ""  # openai: e.g. http://127.0.0.1:8000/v1
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable with the key ("": none)
+    sampler_backend: str = spec("jax", choices=("jax", "vllm"))
+    max_model_len: int = spec(2048, check=at_least(64))  # sampler: prompt + verdict
+    rubric: str = DEFAULT_RUBRIC
+    # what is graded: the whole response, or only its extracted final answer (no answer:
+    # no call, judge term 0)
+    grade: str = spec("response", choices=("response", "answer"))
+    weight: float = spec(1.0, check=_unit_closed())  # (1-w) * rule + w * judge
+    correct_threshold: float = spec(1.0, check=_unit_closed())  # judge >= it: correct
+    score_min: float = 0.0  # the rubric's scale, mapped to [0, 1]
+    score_max: float = 10.0
+    max_tokens: int = spec(256, check=at_least(1))
+    temperature: float = spec(0.0, check=at_least(0))
+    timeout_s: float = spec(60.0, check=above(0))  # per request
+    max_retries: int = spec(2, check=at_least(0))  # after backoff_s * 2**k seconds
+    backoff_s: float = spec(1.0, check=at_least(0))
+    max_concurrency: int = spec(8, check=at_least(1))  # requests in flight
+    cache_size: int = spec(4096, check=at_least(0, "0: no cache"))  # verdicts kept
+    on_error: str = spec("error", choices=("error", "zero"))  # unparseable / failed
+    price_prompt_per_1m: float = spec(0.0, check=at_least(0))  # USD per 1M tokens
+    price_completion_per_1m: float = spec(0.0, check=at_least(0))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problems = []
+        if self.backend and not self.model:
+            what = "the served model's name" if self.backend == "openai" else "a checkpoint dir"
+            problems.append(f"model is empty; backend={self.backend!r} needs {what}")
+        if self.backend == "openai" and not self.base_url.startswith(("http://", "https://")):
+            problems.append(
+                f"base_url={self.base_url!r} must be the server's http(s) URL, "
+                "e.g. http://127.0.0.1:8000/v1"
+            )
+        if self.score_max <= self.score_min:
+            problems.append(
+                f"score_max={self.score_max} must be > score_min={self.score_min} "
+                "(the rubric's scale)"
+            )
+        if self.backend and not self.rubric.strip():
+            problems.append("rubric is empty; say what earns which score")
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 SYSTEM_PROMPT = (
     "You are a strict, fair grader. Grade the RESPONSE with the RUBRIC. Reason briefly, "

@@ -5,7 +5,7 @@ computed from the response text: the agent loop runs the task's hidden test comm
 (``extra_info["hidden_test_cmd"]``) through the ``run_tests`` tool before the trajectory is
 released (:mod:`verltool_jax.rollout.final_check`) and puts the run's metrics into
 ``extra_info["hidden_test_result"]``. The score is then
-:func:`verltool_jax.tasks.swe.swe_reward_from_result` with ``n_expected =
+:func:`swe_reward_from_result` with ``n_expected =
 |FAIL_TO_PASS| + |PASS_TO_PASS|`` from the ground truth.
 """
 
@@ -16,11 +16,23 @@ from typing import Any
 from verltool_jax.rewards.base import RewardResult, register_reward
 
 
+def swe_reward_from_result(result: dict, n_expected: int) -> float:
+    """1.0 iff the hidden run exited 0, nothing failed or errored, and at least
+    ``n_expected`` (= |FAIL_TO_PASS| + |PASS_TO_PASS|) tests passed; else 0.0.
+    ``result``: the ``run_tests`` metrics (passed, failed, errors, exit_code, timed_out)."""
+    ok = (
+        result.get("exit_code") == 0
+        and not result.get("timed_out")
+        and int(result.get("failed", 0)) == 0
+        and int(result.get("errors", 0)) == 0
+        and int(result.get("passed", 0)) >= max(1, n_expected)
+    )
+    return 1.0 if ok else 0.0
+
+
 @register_reward("swe", "swe", "quixbugs", "swebench")
 def swe_reward(response_text: str, ground_truth: Any, extra_info: dict) -> RewardResult:
     """1.0 iff ``extra_info["hidden_test_result"]`` shows every listed test passing."""
-    from verltool_jax.tasks.swe import swe_reward_from_result
-
     result = (extra_info or {}).get("hidden_test_result")
     if not isinstance(result, dict):
         raise ValueError(

@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tool_server.client import ToolClient
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.final_check import final_check
 from verltool_jax.rollout.observation import ObservationFormatter
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.rollout.turns import TrajectoryBuilder
 from verltool_jax.samplers.base import Sampler
-from verltool_jax.tools_client import ToolClient
 
 
 @dataclass

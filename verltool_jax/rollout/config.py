@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from verltool_jax.samplers.base import SamplingParams
+from verltool_jax.schema import Checked, at_least, in_unit_interval, spec
 
 OBS_TEMPLATE_CHATML = "<|im_end|>\n<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
 OBS_TEMPLATE_RESULT = "<result>\n{obs}\n</result>"
 
 
+def _stop_strings_ok(v: Any) -> bool:
+    return not isinstance(v, str) and all(isinstance(s, str) and s for s in v)
+
+
 @dataclass(frozen=True)
-class RolloutConfig:
+class RolloutConfig(Checked):
     """How one trajectory is rolled out.
 
     * ``max_turns``: how many tool calls a trajectory may make. After the last allowed
@@ -38,59 +43,43 @@ class RolloutConfig:
       ``(seed, tid, t)`` (reproducible, yet different across the samples of a group).
     """
 
-    max_turns: int = 4
-    max_response_tokens: int = 1024
-    max_action_tokens: int | None = None
-    max_obs_tokens: int = 256
-    obs_truncate_side: str = "tail"
+    SECTION: ClassVar[str] = "rollout"
+
+    max_turns: int = spec(4, check=at_least(0))
+    max_response_tokens: int = spec(1024, check=at_least(1))
+    max_action_tokens: int | None = spec(None, check=at_least(1, "None: the remaining budget"))
+    max_obs_tokens: int = spec(256, check=at_least(1))
+    obs_truncate_side: str = spec("tail", choices=("head", "tail"))
     obs_truncate_marker: str = "...[truncated]..."
-    action_stop_strings: tuple[str, ...] = ("</python>", "</search>", "</sql>", "</tool_call>")
-    final_stop_strings: tuple[str, ...] = ()
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    obs_template: str = OBS_TEMPLATE_RESULT
+    action_stop_strings: tuple[str, ...] = spec(
+        ("</python>", "</search>", "</sql>", "</tool_call>"),
+        check=(_stop_strings_ok, "a tuple of non-empty strings, e.g. ('</python>',)"),
+    )
+    final_stop_strings: tuple[str, ...] = spec(
+        (),
+        check=(_stop_strings_ok, "a tuple of non-empty strings, e.g. ('</solution>',), or ()"),
+    )
+    temperature: float = spec(1.0, check=at_least(0))
+    top_p: float = spec(1.0, check=in_unit_interval())
+    top_k: int = spec(-1, check=(lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"))
+    obs_template: str = spec(
+        OBS_TEMPLATE_RESULT,
+        check=(lambda v: v.count("{obs}") == 1, "a string containing {obs} once"),
+    )
     close_action_on_length: str | None = None
-    max_concurrency: int | None = None
+    max_concurrency: int | None = spec(None, check=at_least(1, "None: unbounded"))
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> None:
-            raise ValueError(f"RolloutConfig.{name} {why}")
-
-        if self.max_turns < 0:
-            bad("max_turns", f"must be >= 0, got {self.max_turns}")
-        if self.max_response_tokens < 1:
-            bad("max_response_tokens", f"must be >= 1, got {self.max_response_tokens}")
-        if self.max_action_tokens is not None and self.max_action_tokens < 1:
-            bad("max_action_tokens", f"must be >= 1 or None, got {self.max_action_tokens}")
-        if self.max_obs_tokens < 1:
-            bad("max_obs_tokens", f"must be >= 1, got {self.max_obs_tokens}")
-        if self.obs_truncate_side not in ("head", "tail"):
-            bad("obs_truncate_side", f"must be 'head' or 'tail', got {self.obs_truncate_side!r}")
-        if isinstance(self.action_stop_strings, str) or not all(
-            isinstance(s, str) and s for s in self.action_stop_strings
-        ):
-            bad("action_stop_strings", "must be a tuple of non-empty strings, e.g. ('</python>',)")
-        if isinstance(self.final_stop_strings, str) or not all(
-            isinstance(s, str) and s for s in self.final_stop_strings
-        ):
-            bad(
-                "final_stop_strings",
-                "must be a tuple of non-empty strings, e.g. ('</solution>',), or () for none",
-            )
+        super().__post_init__()
         both = sorted(set(self.action_stop_strings) & set(self.final_stop_strings))
         if both:
-            bad(
-                "final_stop_strings",
-                f"and action_stop_strings share {both}: a stop string "
-                "either ends the trajectory or calls a tool; remove it from one of them",
+            raise ValueError(
+                f"rollout.final_stop_strings and rollout.action_stop_strings share {both}: "
+                "a stop string either ends the trajectory or calls a tool; remove it from "
+                "one of them"
             )
-        if self.obs_template.count("{obs}") != 1:
-            bad("obs_template", f"must contain '{{obs}}' exactly once, got {self.obs_template!r}")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            bad("max_concurrency", f"must be >= 1 or None, got {self.max_concurrency}")
-        # Validate the sampling knobs early with the sampler's own checks.
+        # The sampling knobs together, with the sampler's own checks.
         SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
     @classmethod

@@ -29,11 +29,6 @@ from verltool_jax.rollout.trajectory import Trajectory
 Keyed = tuple[Hashable, PromptItem]
 
 
-def keyed_items(items: Sequence[PromptItem]) -> Iterator[Keyed]:
-    """A finite list of prompts as ``(position, item)`` pairs."""
-    return iter(enumerate(items))
-
-
 class RolloutProducer:
     """Rolls out prompts from ``prompts`` (an iterator of ``(key, PromptItem)``; it may
     block, so it is advanced in a worker thread) ``n_samples`` times each."""

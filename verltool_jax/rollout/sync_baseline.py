@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tool_server.client import ToolClient
 from verltool_jax.rollout.agent_loop import PromptLike, as_prompt_item, make_formatter
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.final_check import final_check
@@ -20,7 +21,6 @@ from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.rollout.turns import TrajectoryBuilder
 from verltool_jax.samplers.base import Sampler
-from verltool_jax.tools_client import ToolClient
 
 
 async def _generate(b: TrajectoryBuilder, sampler: Sampler) -> str | None:

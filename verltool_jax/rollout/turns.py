@@ -13,12 +13,12 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from tool_server.client import ToolResult
 from verltool_jax.models.image_inputs import ImageInputError, check_placeholders
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.observation import ObservationFormatter, encode
 from verltool_jax.rollout.trajectory import Trajectory, TrajectoryImage
 from verltool_jax.samplers.base import Completion, SamplingParams
-from verltool_jax.tools_client import ToolResult
 
 
 def derive_seed(seed: int, trajectory_id: str, turn: int) -> int:

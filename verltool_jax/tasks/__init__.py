@@ -8,12 +8,14 @@ and writes the data with :func:`prepare_task`. A task may also offer
 ``prepare_eval(run_config, out_dir) -> tuple[Path, ...]`` that writes only its held-out
 files (an evaluation then reads no training data: :func:`prepare_task_eval`) and name
 its family's reward (``reward``: the reward of a held-out row whose ``data_source`` has
-none of its own, :func:`task_reward`).
+none of its own, :func:`task_reward`) and its own evaluation metrics (``eval_metrics``:
+``(trajectories, tokenizer) -> EvalReport`` of the greedy evaluation run,
+:func:`task_eval_metrics`), so the evaluator knows no task by name.
 
 Installed packages add tasks through the entry-point group ``verltool_jax.tasks``: the
 entry point's name is the task's name and its value a module (or any object) with the
 built-ins' two attributes, ``TASK_CONFIG`` and ``write_task_from_config`` (and
-optionally ``write_eval_from_config`` and ``TASK_REWARD``). They are
+optionally ``write_eval_from_config``, ``TASK_REWARD`` and ``EVAL_METRICS``). They are
 found by :mod:`tool_server.kit.plugins` (a clash with a built-in or between packages, or
 a failed import, is a ``PluginError`` naming the package when that name is used);
 ``python -m verltool_jax.plugins --list-tasks`` lists them. See docs/plugins.md.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from typing import Any
 import ml_collections
 
 from tool_server.kit.plugins import PluginGroup, discover
+from verltool_jax.schema import build_section, section_dict
 
 TASKS_GROUP = "verltool_jax.tasks"  # entry-point group of tasks from installed packages
 
@@ -47,7 +50,8 @@ class TaskFiles:
 
 # Built-in tasks: name -> module of verltool_jax.tasks defining ``TASK_CONFIG`` (the
 # dataclass of its ``task`` section) and ``write_task_from_config(run_config, out_dir)``,
-# optionally ``write_eval_from_config(run_config, out_dir)`` and ``TASK_REWARD``.
+# optionally ``write_eval_from_config(run_config, out_dir)``, ``TASK_REWARD`` and
+# ``EVAL_METRICS``.
 # A module is imported on first use, so ``python -m verltool_jax.tasks.<module>`` runs it
 # cleanly and a run imports only its own task.
 BUILTIN = {
@@ -62,11 +66,26 @@ BUILTIN = {
 
 
 @dataclass(frozen=True)
+class EvalReport:
+    """A task's own metrics of an evaluation's greedy run."""
+
+    key: str  # where run_eval's result holds them (e.g. "search")
+    title: str  # the console heading
+    metrics: dict
+    text: str  # the metrics as printed
+
+
+# (trajectories of the greedy run, tokenizer) -> the task's report
+EvalMetricsFn = Callable[[Sequence[Any], Any], EvalReport]
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     config_cls: type
     prepare: Callable[[Any, Path], TaskFiles]
     prepare_eval: Callable[[Any, Path], tuple[Path, ...]] | None = None
     reward: str = ""  # the family's reward ("": none to fall back on)
+    eval_metrics: EvalMetricsFn | None = None  # the task's own evaluation metrics
 
 
 TASKS: dict[str, TaskSpec] = {}
@@ -78,13 +97,14 @@ def register_task(
     prepare: Callable[[Any, Path], TaskFiles],
     prepare_eval: Callable[[Any, Path], tuple[Path, ...]] | None = None,
     reward: str = "",
+    eval_metrics: EvalMetricsFn | None = None,
 ) -> None:
     """Add a task (a plugin's own, or a built-in on first use); see the module doc."""
     if not dataclasses.is_dataclass(config_cls) or "name" not in {
         f.name for f in dataclasses.fields(config_cls)
     }:
         raise TypeError(f"task {name!r}: config_cls must be a dataclass with a 'name' field")
-    TASKS[name] = TaskSpec(config_cls, prepare, prepare_eval, reward)
+    TASKS[name] = TaskSpec(config_cls, prepare, prepare_eval, reward, eval_metrics)
 
 
 def _check_task(name: str, obj: object) -> str | None:
@@ -124,6 +144,7 @@ def _register_module(name: str, mod: Any) -> None:
         mod.write_task_from_config,
         getattr(mod, "write_eval_from_config", None),
         getattr(mod, "TASK_REWARD", ""),
+        getattr(mod, "EVAL_METRICS", None),
     )
 
 
@@ -147,16 +168,12 @@ def _spec(name: str) -> TaskSpec:
 
 def task_section(name: str) -> ml_collections.ConfigDict:
     """The ``task`` section of task ``name`` with every field at its default."""
-    from verltool_jax.run_config import section_dict
-
     return section_dict(_spec(name).config_cls(name=name))
 
 
 def task_config(values: Mapping[str, Any]) -> Any:
     """The typed task section of ``values`` (``values["name"]`` picks the task);
     ValueError naming unknown keys or bad values."""
-    from verltool_jax.run_config import build_section
-
     spec = _spec(values["name"])
     problems: list[str] = []
     cfg = build_section(spec.config_cls, values, "task.", problems)
@@ -166,12 +183,14 @@ def task_config(values: Mapping[str, Any]) -> Any:
 
 
 def prepare_task(run_config: Any, out_dir: str | os.PathLike) -> TaskFiles:
-    """Write the data of ``run_config.task`` under ``out_dir``; returns its files.
-    ``run_config``: a ``RunConfig`` or a config dict (validated here)."""
-    from verltool_jax.run_config import RunConfig, run_config_from_dict
-
-    if not isinstance(run_config, RunConfig):
-        run_config = run_config_from_dict(run_config)
+    """Write the data of ``run_config.task`` (a validated ``RunConfig``: see
+    :func:`verltool_jax.run_config.run_config_from_dict`) under ``out_dir``; returns its
+    files."""
+    if not dataclasses.is_dataclass(run_config):
+        raise TypeError(
+            "prepare_task needs a RunConfig; validate a config dict first with "
+            f"verltool_jax.run_config.run_config_from_dict (got {type(run_config).__name__})"
+        )
     return _spec(run_config.task.name).prepare(run_config, Path(out_dir))
 
 
@@ -189,3 +208,8 @@ def prepare_task_eval(run_config: Any, out_dir: str | os.PathLike) -> tuple[Path
 def task_reward(name: str) -> str:
     """The reward of task ``name``'s family ("" when it names none)."""
     return _spec(name).reward
+
+
+def task_eval_metrics(name: str) -> EvalMetricsFn | None:
+    """Task ``name``'s own evaluation metrics (None when it has none)."""
+    return _spec(name).eval_metrics

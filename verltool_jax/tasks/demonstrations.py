@@ -51,9 +51,9 @@ def demonstrate(
 ) -> list[dict]:
     """Up to ``limit`` SFT rows from ``proposals`` (in order; see the module doc). Calls
     stop once ``limit`` rows are kept. Raises ValueError when none is kept."""
+    from tool_server.client import ToolClient
+    from tool_server.launcher import serve_tools
     from verltool_jax.rollout.turns import row_extra_field
-    from verltool_jax.tools_client import ToolClient
-    from verltool_jax.train.build import tool_server
 
     if limit < 1:
         raise ValueError(f"demonstrations: limit must be >= 1, got {limit}")
@@ -83,7 +83,7 @@ def demonstrate(
                     if len(kept) >= limit:
                         return
 
-    with tool_server(rc) as (url, _):
+    with serve_tools(rc.tool_server) as (url, _):
         asyncio.run(go(url))
     log.info("demonstrations: %d kept of %d tool calls (%d dropped)", len(kept), seen, dropped)
     if not kept:

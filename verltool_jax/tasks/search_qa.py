@@ -37,13 +37,14 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tool_server.retrieval.answers import contains_normalized, normalize_answer
 from tool_server.retrieval.index import RetrievalIndexError, build_command, check_index, read_meta
 from tool_server.retrieval.questions import Question, QuestionError, read_questions
 from verltool_jax.data.readers import write_rows
 from verltool_jax.rewards.qa_reward import F1_THRESHOLD_KEY
-from verltool_jax.tasks import TaskFiles
+from verltool_jax.tasks import EvalReport, TaskFiles
 
 # The Search-R1 instruction, in our own words, with its tags.
 SEARCH_R1_PROMPT = (
@@ -266,3 +267,15 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
 
 
 TASK_CONFIG = SearchQATask
+
+
+def eval_metrics(trajectories: Sequence[Any], tokenizer: Any) -> EvalReport:
+    """EM, F1, searches and gold retrieved per test set
+    (:func:`~verltool_jax.reporting.search_metrics.search_qa_metrics`)."""
+    from verltool_jax.reporting.search_metrics import format_search_metrics, search_qa_metrics
+
+    m = search_qa_metrics(trajectories, tokenizer=tokenizer)
+    return EvalReport("search", "retrieval QA by data set", m, format_search_metrics(m))
+
+
+EVAL_METRICS = eval_metrics

@@ -48,10 +48,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from verltool_jax.data.readers import write_rows
 from verltool_jax.rewards.sql_tokens import Token, is_kw, tokenize
-from verltool_jax.tasks import TaskFiles
+from verltool_jax.tasks import EvalReport, TaskFiles
 from verltool_jax.tasks.spider_hardness import hardness
 
 DATA_SOURCE = "spider"
@@ -659,6 +660,27 @@ class SpiderTask:
 
 
 TASK_CONFIG = SpiderTask
+
+
+def eval_metrics(trajectories: Sequence[Any], tokenizer: Any = None) -> EvalReport:
+    """Execution accuracy overall and by Spider hardness, SQL calls
+    (:func:`~verltool_jax.tasks.eval_metrics.sql_eval_metrics`) of scored trajectories
+    (each trajectory's reward and ``reward_info``, as ``assign_rewards`` wrote them)."""
+    from verltool_jax.rewards.base import RewardResult
+    from verltool_jax.tasks.eval_metrics import format_metrics, sql_eval_metrics
+
+    rewards = [
+        None
+        if t.reward is None
+        else RewardResult(t.reward, bool(t.reward_info.get("acc")), dict(t.reward_info))
+        for t in trajectories
+    ]
+    m = sql_eval_metrics(trajectories, rewards)
+    title = "text-to-SQL (greedy; execution accuracy by Spider hardness)"
+    return EvalReport("sql", title, m, format_metrics(m))
+
+
+EVAL_METRICS = eval_metrics
 
 
 def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:

@@ -11,7 +11,8 @@ command, base64-encoded, and written over whatever the agent left; pytest config
 files the agent may have added at the root are removed), then runs exactly the tests that
 must pass: ``FAIL_TO_PASS`` (fail before the fix, pass after) and ``PASS_TO_PASS`` (pass
 on both). The SWE reward is 1 iff that run exits 0 with no failure or error and at least
-``len(FAIL_TO_PASS) + len(PASS_TO_PASS)`` tests passed (:func:`swe_reward_from_result`).
+``len(FAIL_TO_PASS) + len(PASS_TO_PASS)`` tests passed
+(:func:`verltool_jax.rewards.swe_reward.swe_reward_from_result`).
 
 Sources:
 
@@ -239,23 +240,6 @@ def validate_task(
         )
     task.meta["validate_s"] = round(before.seconds + after.seconds, 3)
     return task
-
-
-# ----------------------------------------------------------------------------- reward
-
-
-def swe_reward_from_result(result: dict, n_expected: int) -> float:
-    """1.0 iff the hidden run exited 0, nothing failed or errored, and at least
-    ``n_expected`` (= |FAIL_TO_PASS| + |PASS_TO_PASS|) tests passed; else 0.0.
-    ``result``: the ``run_tests`` metrics (passed, failed, errors, exit_code, timed_out)."""
-    ok = (
-        result.get("exit_code") == 0
-        and not result.get("timed_out")
-        and int(result.get("failed", 0)) == 0
-        and int(result.get("errors", 0)) == 0
-        and int(result.get("passed", 0)) >= max(1, n_expected)
-    )
-    return 1.0 if ok else 0.0
 
 
 # ----------------------------------------------------------------------------- QuixBugs
@@ -716,14 +700,6 @@ def make_row(task: SweTask, split: str = "eval", index: int = 0) -> dict:
             "index": index,
         },
     }
-
-
-def load_tasks(out_root: str | os.PathLike) -> list[SweTask]:
-    """The tasks written under ``<out_root>/tasks/*/task.json``."""
-    return [
-        SweTask(**json.loads(p.read_text()))
-        for p in sorted(Path(out_root).glob("tasks/*/task.json"))
-    ]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tool_server.launcher import serve_tools
 from verltool_jax.run_config import RunConfig, run_config_from_dict
 
 if TYPE_CHECKING:
@@ -154,7 +155,6 @@ def engine_device_env(rc: RunConfig, engine: int) -> dict:
 
 @contextlib.contextmanager
 def _env(values: dict) -> Iterator[None]:
-    import os
 
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
@@ -261,48 +261,6 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
     from verltool_jax.samplers.pool import SamplerPool
 
     return SamplerPool(engines)
-
-
-@contextlib.contextmanager
-def tool_server(rc: RunConfig, out: Path | None = None) -> Iterator[tuple[str, Any | None]]:
-    """``(url, process)``: ``tool_server.url`` with no process if set, else a server we
-    launch (a real subprocess, a :class:`~tool_server.launcher.ToolServerProcess` that
-    can be restarted) with ``tool_server.tools`` and the ``tool_server.tool_opt`` options
-    (empty values left out), stopped and its scratch directory removed on exit. The
-    scratch directory is temporary, so a web search cache not configured otherwise lives
-    in the run directory ``out`` (paid results survive restarts and resumes)."""
-    ts = rc.tool_server
-    if ts.url:
-        yield ts.url, None
-        return
-    from tool_server.launcher import ToolServerProcess, get_json
-
-    tool_opt = {k: v for k, v in ts.tool_opt.items() if v not in (None, "")}
-    if (
-        out is not None
-        and "web_search" in ts.tools
-        and "web_search_cache" not in tool_opt
-        and not os.environ.get("VERLTOOL_WEB_SEARCH_CACHE")
-    ):
-        tool_opt["web_search_cache"] = str(Path(out).resolve() / "web_search_cache.sqlite")
-    with ToolServerProcess(
-        list(ts.tools), timeout=ts.timeout_s, max_concurrency=ts.max_concurrency, tool_opt=tool_opt
-    ) as proc:
-        assert proc.url is not None  # entering the context started the server
-        log.info("tool server with %s at %s", ",".join(ts.tools), proc.url)
-        refuse_unavailable_tools(get_json(proc.url + "/health"))
-        yield proc.url, proc
-
-
-def refuse_unavailable_tools(health: dict) -> None:
-    """A run needs every tool it names: the server serves the others when a plugin tool
-    cannot be loaded (``unavailable_tools`` in its ``/health``), the run does not start."""
-    bad = health.get("unavailable_tools") or {}
-    if bad:
-        raise ValueError(
-            f"the tool server cannot serve {sorted(bad)} of tool_server.tools: "
-            + "; ".join(bad.values())
-        )
 
 
 def hf_export(model, tokenizer, path: Path) -> Path:
@@ -500,7 +458,7 @@ def build_run(
         stack.callback(writer.close)
         reward_pool = RewardPool.from_config(rc.reward)
         stack.callback(reward_pool.close)
-        url, tool_process = stack.enter_context(tool_server(rc, out))
+        url, tool_process = stack.enter_context(serve_tools(rc.tool_server, out))
         run = Run(
             config=rc,
             out=out,

@@ -25,12 +25,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tool_server.client import http_healthy
 from verltool_jax.rollout.trajectory import Trajectory
 
 
@@ -49,19 +48,6 @@ def failure_reason(t: Trajectory) -> str:
     if t.termination == "error":
         return t.error or "error"
     return "reward scoring killed (reward worker died or wedged)"
-
-
-def http_healthy(url: str, timeout_s: float = 2.0) -> bool:
-    """True if ``GET <url>/health`` answers 200 within ``timeout_s``. ``url`` may list
-    tool-server replicas separated by commas (``tool_server.url``): True if any of them
-    answers, since the tool client routes around dead replicas."""
-    if "," in url:
-        return any(http_healthy(u, timeout_s) for u in url.split(",") if u.strip())
-    try:
-        with urllib.request.urlopen(url.strip().rstrip("/") + "/health", timeout=timeout_s) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 class ToolServerGuard:

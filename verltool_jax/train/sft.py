@@ -114,8 +114,8 @@ def run_sft(run, say, should_stop: Callable[[], bool] | None = None) -> nnx.Modu
     signal): True ends the loop early. Returns the fine-tuned model (as far as it got)."""
     import time
 
+    from verltool_jax.algos.optimizer import OptimConfig, make_optimizer
     from verltool_jax.data.pipeline import SFTPipeline
-    from verltool_jax.train.optimizer import OptimConfig, make_optimizer
 
     c = run.config
     steps = c.sft.steps

@@ -38,6 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from verltool_jax.algos.aggregation import aggregate, normaliser_for
+from verltool_jax.algos.config import AlgoConfig, algo_config
 from verltool_jax.algos.kl import get_kl_fn
 from verltool_jax.algos.policy_loss import get_policy_loss, truncated_is_weights
 from verltool_jax.train.batch import (
@@ -47,7 +48,6 @@ from verltool_jax.train.batch import (
     row_images_of,
     shift_targets,
 )
-from verltool_jax.train.config import AlgoConfig, algo_config
 from verltool_jax.train.state import TrainState
 
 LogprobFn = Callable[..., Any]

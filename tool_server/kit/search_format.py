@@ -1,4 +1,4 @@
-"""The observation format shared by the search tools.
+"""The observation format shared by the search tools (``<search>`` tools and their reports).
 
 ``<information>Doc 1 (Title: t1) text1\\nDoc 2 (Title: t2) text2</information>``: one
 line per document, numbered from 1 in rank order, newlines inside a text folded to

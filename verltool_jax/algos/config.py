@@ -1,0 +1,150 @@
+"""The ``algo`` config section: every knob of the advantages, losses and the train step.
+
+:class:`AlgoConfig` is a frozen dataclass validated the :mod:`verltool_jax.schema` way
+(field specs for each field's own rule, ``__post_init__`` for the rules between fields);
+the registry-backed names (``adv_estimator``, ``policy_loss``, ``kl_estimator``,
+``loss_agg_mode``) are checked against their registries once, through the specs'
+``choices``. :func:`algo_config` builds it from an ml_collections ``ConfigDict`` / dict
+(either the ``algo`` section or a whole experiment config holding one). Its defaults are
+the run defaults (``run_config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from verltool_jax.algos.advantages import ADVANTAGES
+from verltool_jax.algos.aggregation import AGGREGATIONS
+from verltool_jax.algos.kl import KL_ESTIMATORS
+from verltool_jax.algos.policy_loss import POLICY_LOSSES, PolicyLossConfig
+from verltool_jax.schema import Checked, above, at_least, in_unit_interval, spec
+
+OLD_LOGPROB_SOURCES = ("sampler", "recompute")
+_BATCH = at_least(1, "None: the whole batch")
+
+
+@dataclass(frozen=True)
+class AlgoConfig(Checked):
+    """RL algorithm and train-step settings (config section ``algo``).
+
+    Batch split: a batch of B sequences is cut into B / ``mini_batch_size`` mini-batches
+    (one optimizer update each), each into ``mini_batch_size / micro_batch_size``
+    micro-batches (gradient accumulation), for ``ppo_epochs`` passes. ``None`` means
+    "the whole batch" / "the whole mini-batch".
+
+    Behaviour logprobs: ``old_logprobs="sampler"`` takes the ratio against the logprobs
+    the sampler reported for the tokens it drew; ``"recompute"`` against the trainer's own
+    logprobs before the update. ``tis_cap`` weighs each token by
+    ``min(exp(old - sampler), tis_cap)``, so it only acts with ``"recompute"``: with the
+    sampler's logprobs as ``old`` the weight is 1 on every token.
+    """
+
+    SECTION: ClassVar[str] = "algo"
+
+    # grpo | drgrpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline
+    adv_estimator: str = spec("grpo", choices=ADVANTAGES.names)
+    # ppo (= grpo / dapo / vanilla) | gspo | cispo
+    policy_loss: str = spec("ppo", choices=POLICY_LOSSES.names)
+    # per-turn credit: turn k of K gets gamma^(K-k) of the advantage (1: off; algos.credit)
+    turn_discount: float = spec(1.0, check=in_unit_interval())
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28  # DAPO clip-higher (0.2: symmetric PPO clip)
+    # None (or 0) disables the dual clip
+    dual_clip_c: float | None = spec(
+        3.0, check=(lambda v: v == 0 or v > 1, "> 1 (0 or None disables)")
+    )
+    loss_agg_mode: str = spec("token-mean", choices=AGGREGATIONS.names)
+    loss_norm_constant: float | None = None
+    # truncated IS weight cap vs sampler; 0/None = off
+    tis_cap: float | None = spec(2.0, check=at_least(0, "0 or None disables"))
+    kl_coef: float = spec(0.0, check=at_least(0))  # KL loss against the reference policy
+    kl_estimator: str = spec("k3", choices=KL_ESTIMATORS.names)
+    entropy_coef: float = spec(0.0, check=at_least(0))  # entropy bonus: loss -= coef * entropy
+    # sampling temperature (logprobs of logits / T); the run sets rollout.temperature
+    temperature: float = spec(1.0, check=above(0), derived=True)
+    ppo_epochs: int = spec(1, check=at_least(1))
+    mini_batch_size: int | None = spec(64, check=_BATCH)  # trajectories per optimizer update
+    micro_batch_size: int | None = spec(16, check=_BATCH)  # trajectories per fwd/bwd pass
+    old_logprobs: str = spec("sampler", choices=OLD_LOGPROB_SOURCES)  # before the update
+    logprob_chunk_size: int | None = spec(None, check=_BATCH)
+    dynamic_sampling: bool = False  # DAPO: drop groups with all-equal rewards
+    # batches in a row with no group left before the run stops (0: no limit; verl's
+    # algorithm.filter_groups.max_num_gen_batches)
+    dynamic_sampling_max_batches: int = spec(0, check=at_least(0, "0: no limit"))
+    overlong_buffer_len: int = 0  # DAPO overlong penalty (0 = off)
+    overlong_penalty_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.policy_loss_config()  # the loss's own rules on the clip / agg fields together
+
+    def policy_loss_config(self) -> PolicyLossConfig:
+        return PolicyLossConfig(
+            self.clip_ratio_low,
+            self.clip_ratio_high,
+            self.dual_clip_c or None,
+            self.loss_agg_mode,
+            self.loss_norm_constant,
+        )
+
+    @property
+    def reads_behaviour_logprobs(self) -> bool:
+        """Whether the train step reads the batch's ``old_logprobs`` / ``sampler_logprobs``:
+        not when it recomputes the old logprobs (``old_logprobs="recompute"``) and applies
+        no truncated IS (``tis_cap`` 0/None), the two uses in ``train.step``."""
+        return self.old_logprobs != "recompute" or bool(self.tis_cap)
+
+    def split_sizes(self, batch_size: int) -> tuple[int, int, int]:
+        """``(num_mini, num_micro, micro)`` for a batch of ``batch_size``; ValueError if uneven."""
+        mini = self.mini_batch_size or batch_size
+        micro = self.micro_batch_size or mini
+        if batch_size % mini:
+            raise ValueError(
+                f"batch size {batch_size} is not a multiple of "
+                f"algo.mini_batch_size={mini}; pad the batch or change it"
+            )
+        if mini % micro:
+            raise ValueError(
+                f"algo.mini_batch_size={mini} is not a multiple of algo.micro_batch_size={micro}"
+            )
+        return batch_size // mini, mini // micro, micro
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(AlgoConfig))
+
+
+def algo_choices() -> dict[str, tuple[str, ...]]:
+    """Allowed names of the registry-backed ``algo`` fields (aliases included)."""
+    return {
+        "adv_estimator": tuple(ADVANTAGES.names()),
+        "policy_loss": tuple(POLICY_LOSSES.names()),
+        "kl_estimator": tuple(KL_ESTIMATORS.names()),
+        "loss_agg_mode": tuple(AGGREGATIONS.names()),
+    }
+
+
+def algo_config(cfg: Any = None, **overrides) -> AlgoConfig:
+    """An :class:`AlgoConfig` from an ``AlgoConfig``, a mapping / ``ConfigDict`` (the
+    ``algo`` section, or a config with an ``algo`` field), or None (defaults).
+
+    Unknown keys raise ValueError naming them (typos never pass silently).
+    """
+    if isinstance(cfg, AlgoConfig):
+        return dataclasses.replace(cfg, **overrides) if overrides else cfg
+    d: dict = {}
+    if cfg is not None:
+        if hasattr(cfg, "to_dict"):
+            cfg = cfg.to_dict()
+        if not isinstance(cfg, Mapping):
+            raise ValueError(f"algo config must be a mapping or AlgoConfig, got {type(cfg)}")
+        if "algo" in cfg and isinstance(cfg["algo"], Mapping):
+            cfg = cfg["algo"]
+        d = dict(cfg)
+    d.update(overrides)
+    unknown = sorted(set(d) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"unknown algo config field(s) {unknown}; known: {list(FIELDS)}")
+    return AlgoConfig(**d)
