@@ -56,7 +56,7 @@ from verltool_jax.train.health import trajectory_failed
 
 if TYPE_CHECKING:
     from verltool_jax.run_config import RunConfig
-    from verltool_jax.train.config import AlgoConfig
+    from verltool_jax.algos.config import AlgoConfig
 
 PAD_MULTIPLE = 16  # sequence lengths are padded to a multiple of this (few jit shapes)
 

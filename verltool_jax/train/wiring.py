@@ -11,10 +11,10 @@ from typing import Any
 from verltool_jax.reporting.learning_signal import NoSignalWatch
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.queue import TrajectoryQueue
-from verltool_jax.tools_client import ToolClient
+from tool_server.client import ToolClient
 from verltool_jax.train import build, multihost
 from verltool_jax.train.checkpoint import Checkpointer
-from verltool_jax.train.config import AlgoConfig
+from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.train.evaluate import prompt_item
 from verltool_jax.train.health import HealthMonitor, ToolServerGuard
 from verltool_jax.train.policy_version import PolicyPublisher
