@@ -393,6 +393,50 @@ def test_dead_engine_is_reported_then_restarted_with_the_synced_weights(vllm_sam
         vllm_sampler.max_restarts = max(old_max, vllm_sampler.restarts + 1)
 
 
+def test_engine_killed_mid_flight_restarts_on_the_current_weights_and_reissues_requests(
+    vllm_sampler, sampler_flax_model
+):
+    """The trainer's weights (version 11) are synced; the engine-core process is killed
+    while requests run. They all complete, with exactly the greedy tokens of version 11
+    (a restart on the checkpoint's weights gives others), on a new engine process. A sync
+    that finds the engine dead restarts it first, then loads."""
+    greedy = SamplingParams(max_tokens=48, temperature=0)
+    before = _gather(vllm_sampler, PROMPTS, greedy)
+    try:
+        vllm_sampler.update_weights(_perturbed(sampler_flax_model), version=11)
+        expected = _gather(vllm_sampler, PROMPTS, greedy)
+        assert [c.token_ids for c in expected] != [c.token_ids for c in before]
+        restarts = vllm_sampler.restarts
+        (pid,) = vllm_sampler.engine_pids()
+
+        async def kill_mid_flight():
+            task = asyncio.gather(*[vllm_sampler.generate(p, greedy) for p in PROMPTS])
+            while vllm_sampler.load == 0:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.05)  # the requests reach the engine
+            in_flight = vllm_sampler.load
+            os.kill(pid, signal.SIGKILL)
+            return in_flight, await task
+
+        in_flight, got = asyncio.run(kill_mid_flight())
+        assert in_flight == len(PROMPTS)
+        assert vllm_sampler.restarts == restarts + 1  # one restart for all of them
+        assert vllm_sampler.alive and vllm_sampler.engine_pids() != [pid]
+        assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+        assert all(c.policy_version == 11 for c in got)
+        # a weight sync into a dead engine: restarted, then the new weights loaded
+        (pid,) = vllm_sampler.engine_pids()
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        restore_checkpoint_weights(vllm_sampler)
+        assert vllm_sampler.restarts == restarts + 2 and vllm_sampler.version == 0
+        again = _gather(vllm_sampler, PROMPTS, greedy)
+        assert [c.token_ids for c in again] == [c.token_ids for c in before]
+    finally:
+        if vllm_sampler.version != 0:
+            restore_checkpoint_weights(vllm_sampler)
+
+
 def test_sync_during_generation_completes_and_records_both_versions(
     vllm_sampler, sampler_flax_model
 ):
