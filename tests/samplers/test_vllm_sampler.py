@@ -421,7 +421,7 @@ def test_engine_killed_mid_flight_restarts_on_the_current_weights_and_reissues_r
         in_flight, got = asyncio.run(kill_mid_flight())
         assert in_flight == len(PROMPTS)
         assert vllm_sampler.restarts == restarts + 1  # one restart for all of them
-        assert vllm_sampler.alive and vllm_sampler.engine_pids() != [pid]
+        assert vllm_sampler.engine_running and vllm_sampler.engine_pids() != [pid]
         assert [c.token_ids for c in got] == [c.token_ids for c in expected]
         assert all(c.policy_version == 11 for c in got)
         # a weight sync into a dead engine: restarted, then the new weights loaded

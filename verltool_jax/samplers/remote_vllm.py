@@ -286,12 +286,18 @@ class RemoteVLLMSampler:
             if self._generation != generation:
                 return  # another request recovered it
             try:
-                if self.server is not None:
-                    self._restart_server(cause)
-                else:
-                    self._wait_for_external(cause)
-                if self._last_manifest is not None:
-                    self._load_manifest(self._last_manifest)
+                while True:
+                    if self.server is not None:
+                        self._restart_server(cause)  # raises once the budget is spent
+                    else:
+                        self._wait_for_external(cause)
+                    if self._last_manifest is None:
+                        break
+                    try:
+                        self._load_manifest(self._last_manifest)
+                        break
+                    except SamplerDeadError as e:  # died again while loading: again
+                        cause = e
             except SamplerDeadError as e:
                 self.down = str(e)
                 raise
@@ -322,6 +328,12 @@ class RemoteVLLMSampler:
                 cause = e
 
     def _wait_for_external(self, cause: BaseException) -> None:
+        if self.budget.next_delay() is None:  # back each time, gone again each time
+            raise SamplerDeadError(
+                f"{self.name}: the vLLM server at {self.url} failed again ({cause}) after "
+                f"{self.budget.spent()}"
+            )
+        self.budget.record()
         deadline = time.monotonic() + self.down_grace_s
         while not self._healthy():
             if time.monotonic() > deadline:

@@ -335,8 +335,15 @@ class VLLMSampler:
         return [p.pid for p in getattr(mgr, "processes", [])]
 
     @property
-    def alive(self) -> bool:
+    def engine_running(self) -> bool:
+        """The engine runs now (not dead, not being restarted)."""
         return self._engine is not None and not self._engine.errored
+
+    @property
+    def alive(self) -> bool:
+        """The sampler can still serve: its engine runs, or it died and the restart budget
+        allows a restart (the health checks stop the run only when it does not)."""
+        return not self._closed and (self.engine_running or self.budget.next_delay() is not None)
 
     @property
     def load(self) -> int:
@@ -349,7 +356,7 @@ class VLLMSampler:
         and only then put it in service; raise SamplerDeadError when the budget is spent."""
         assert self._restart_lock is not None  # made by _start_first_engine
         async with self._restart_lock:
-            if self._generation != generation and self.alive:
+            if self._generation != generation and self.engine_running:
                 return  # someone else restarted it
             old, self._engine = self._engine, None  # new requests wait for the restart
             if old is not None:
@@ -379,7 +386,9 @@ class VLLMSampler:
                 try:
                     engine = await self._new_engine()
                     if self._last_load is not None:  # the policy the trainer published last
-                        await self._reload(*self._last_load, engine=engine)
+                        await self._unless_dead(
+                            engine, self._reload(*self._last_load, engine=engine)
+                        )
                 except Exception as e:  # a failed start counts as a restart
                     cause = e
                     if engine is not None:
@@ -563,10 +572,30 @@ class VLLMSampler:
         progress waited for)."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        engine = self._engine
-        if engine is None or engine.errored:
-            await self._recover(self._generation, EngineDeadError())
-        return await self._reload(method, args, version)
+        while True:  # ends: every retry follows a restart, and restarts are budgeted
+            engine, generation = self._engine, self._generation
+            try:
+                if engine is None or engine.errored:
+                    raise EngineDeadError()
+                return await self._unless_dead(engine, self._reload(method, args, version))
+            except EngineDeadError as e:
+                await self._recover(generation, e)
+
+    @staticmethod
+    async def _unless_dead(engine: Any, coro) -> Any:
+        """Await ``coro``, or raise ``EngineDeadError`` as soon as ``engine`` dies (a
+        utility call that a killed engine core never answers would wait forever)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        task = asyncio.ensure_future(coro)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.2)
+            if done:
+                return task.result()
+            if engine.errored:
+                task.cancel()
+                await asyncio.wait({task}, timeout=5)
+                raise EngineDeadError()
 
     async def _reload(
         self, method: str, args: tuple, version: int | None = None, *, engine: Any = None
