@@ -22,13 +22,13 @@ def test_budget_bounds_restarts_within_the_window_not_over_the_run():
     b.record()
     assert b.next_delay() == 2.0  # the restart failed: back off longer
     b.record()
-    assert b.next_delay() is None  # repeated failure: spent
+    assert b.next_delay() is None and b.in_window() == 2  # repeated failure: spent
     assert "2 restarts within 100 s (max_restarts=2" in b.spent()
     now[0] = 50.0
     assert b.next_delay() is None
     now[0] = 100.0  # both restarts left the window: an occasional death is restarted
     b.served()
-    assert b.next_delay() == 1.0 and b.total == 2
+    assert b.next_delay() == 1.0 and b.total == 2 and b.in_window() == 0
 
 
 def test_budget_rejects_bad_settings():

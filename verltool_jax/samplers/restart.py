@@ -67,10 +67,14 @@ class RestartBudget:
         while self._recent and now - self._recent[0] >= self.window_s:
             self._recent.popleft()
 
+    def in_window(self) -> int:
+        """Restarts within the last ``window_s`` seconds."""
+        self._prune()
+        return len(self._recent)
+
     def next_delay(self) -> float | None:
         """Seconds to wait before the next restart, or None when the budget is spent."""
-        self._prune()
-        if len(self._recent) >= self.max_restarts:
+        if self.in_window() >= self.max_restarts:
             return None
         return backoff_delay(self._attempt, self.backoff_s, self.backoff_cap_s)
 
@@ -87,6 +91,6 @@ class RestartBudget:
     def spent(self) -> str:
         """Why no restart is left, for the error message."""
         return (
-            f"{len(self._recent)} restarts within {self.window_s:g} s "
+            f"{self.in_window()} restarts within {self.window_s:g} s "
             f"(max_restarts={self.max_restarts}, restart_window_s={self.window_s:g})"
         )
