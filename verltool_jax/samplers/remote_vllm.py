@@ -147,6 +147,7 @@ class RemoteVLLMSampler:
         self.budget = RestartBudget(max_restarts, restart_window_s, restart_backoff_s)
         self._recover_lock = threading.Lock()
         self._generation = 0  # bumped by every recovery
+        self._recovering = False  # a request's recovery is under way
         self._last_manifest: str | None = None  # the weights synced last (shared memory)
         self.down: str | None = None  # why the server is down for good
         info = self._wait_models(connect_timeout_s)
@@ -229,7 +230,7 @@ class RemoteVLLMSampler:
             try:
                 text = await self._post_completion(body, headers)
             except SamplerDeadError as e:
-                await asyncio.to_thread(self.recover, generation, e)
+                await self._arecover(generation, e)
                 continue
             self.budget.served()
             return self._to_completion(json.loads(text), version, len(prompt))
@@ -275,6 +276,21 @@ class RemoteVLLMSampler:
             return True
         except OSError:
             return False
+
+    async def _arecover(self, generation: int, cause: BaseException) -> None:
+        """:meth:`recover` from a request: one request's thread restarts the server, the
+        others wait on the event loop (not in threads of its small default pool)."""
+        while self._recovering and self._generation == generation:
+            await asyncio.sleep(0.1)
+        if self._generation != generation:
+            return
+        if self.down is not None:
+            raise SamplerDeadError(self.down)
+        self._recovering = True  # no await since the check: atomic on this loop
+        try:
+            await asyncio.to_thread(self.recover, generation, cause)
+        finally:
+            self._recovering = False
 
     def recover(self, generation: int, cause: BaseException) -> None:
         """Bring the server of ``generation`` back (once per failure, whoever meets it
