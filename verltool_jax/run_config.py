@@ -42,6 +42,12 @@ from verltool_jax.models.config import ModelConfig
 from verltool_jax.rewards.judge import JudgeSection
 from verltool_jax.rewards.visual_reward import CuriositySettings
 from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.samplers.restart import (
+    DEFAULT_DOWN_GRACE_S,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_BACKOFF_S,
+    DEFAULT_RESTART_WINDOW_S,
+)
 from verltool_jax.schema import (  # noqa: F401  (_hints, _inner: tests/train/test_config.py)
     Checked,
     ConfigError,
@@ -144,6 +150,15 @@ class SamplerSection(Checked):
     enforce_eager: bool = True
     max_model_len: int = spec(2048, check=at_least(8))
     seed: int = 0
+    # A vLLM engine (in-process, or a server) that dies is restarted at most max_restarts
+    # times within any restart_window_s seconds, after a backoff from restart_backoff_s
+    # doubled per failed attempt, and gets the last synced weights before it samples again;
+    # a sampler server the run cannot restart (placement.sampler_urls) is waited for
+    # down_grace_s. Past either: exit 3. (samplers/restart.py holds the defaults.)
+    max_restarts: int = spec(DEFAULT_MAX_RESTARTS, check=at_least(0))
+    restart_window_s: float = spec(DEFAULT_RESTART_WINDOW_S, check=above(0))
+    restart_backoff_s: float = spec(DEFAULT_RESTART_BACKOFF_S, check=at_least(0))
+    down_grace_s: float = spec(DEFAULT_DOWN_GRACE_S, check=at_least(0))
 
 
 def _tool_urls_ok(v: Any) -> bool:

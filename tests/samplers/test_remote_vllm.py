@@ -138,7 +138,9 @@ def test_two_vllm_servers_in_a_pool_with_an_in_process_engine(
     from verltool_jax.samplers.parity import logprob_parity
     from verltool_jax.samplers.pool import SamplerPool
 
-    remotes = [RemoteVLLMSampler(s.url, request_timeout_s=300) for s in two_servers]
+    # external servers (not restartable from here): a dead one is waited for 2 s, then
+    # leaves the rotation
+    remotes = [RemoteVLLMSampler(s.url, request_timeout_s=300, down_grace_s=2) for s in two_servers]
     pool = SamplerPool([*remotes, vllm_sampler])
     try:
         # generation: token ids in, ids + logprobs out, the checkpoint's own numbers
@@ -226,3 +228,54 @@ def test_publisher_logs_bytes_and_seconds_of_every_sync(vllm_sampler, sampler_fl
         assert last["pack_seconds"] + last["load_seconds"] <= last["sync_seconds"] + 1e-6
     finally:
         restore_checkpoint_weights(vllm_sampler)
+
+
+@pytest.mark.slow
+def test_an_owned_server_killed_mid_flight_restarts_resyncs_and_reissues(
+    tmp_path, sampler_flax_model
+):
+    """A server this sampler started (``server=``) is SIGKILLed while requests run: it is
+    restarted on its port, the synced weights (version 3) are loaded into it again before
+    any request, and the requests complete with version 3's greedy tokens. A server the
+    sampler does not own, down past ``down_grace_s``: SamplerDeadError naming it."""
+    from support.samplers import SAMPLER_MAX_MODEL_LEN, sampler_ckpt
+
+    from verltool_jax.samplers.base import SamplerDeadError
+    from verltool_jax.samplers.remote_vllm import VLLMServer
+
+    server = VLLMServer(
+        str(sampler_ckpt()),
+        max_model_len=SAMPLER_MAX_MODEL_LEN,
+        log_path=str(tmp_path / "server.log"),
+        max_num_seqs=32,
+    )
+    r = RemoteVLLMSampler(server.url, request_timeout_s=300, server=server, restart_backoff_s=0.1)
+    try:
+        greedy = SamplingParams(max_tokens=48, temperature=0)
+        before = asyncio.run(_gather(r, PROMPTS, greedy))
+        r.update_weights(_perturbed(sampler_flax_model, scale=0.5), version=3)
+        expected = asyncio.run(_gather(r, PROMPTS, greedy))
+        assert [c.token_ids for c in expected] != [c.token_ids for c in before]
+        old_pid = server.pid
+
+        async def kill_mid_flight():
+            task = asyncio.ensure_future(_gather(r, PROMPTS, greedy))
+            while r.load < len(PROMPTS):
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.05)
+            server.kill()
+            return await task
+
+        got = asyncio.run(kill_mid_flight())
+        assert r.budget.total == 1 and server.pid != old_pid and r.alive
+        assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+        assert all(c.policy_version == 3 for c in got)
+        external = RemoteVLLMSampler(server.url, down_grace_s=1)
+        server.kill()
+        with pytest.raises(SamplerDeadError, match="down_grace_s=1"):
+            asyncio.run(external.generate(PROMPTS[0], greedy))
+        assert not external.alive
+        external.close()
+    finally:
+        r.close()
+        server.stop()

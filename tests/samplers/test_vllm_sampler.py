@@ -369,14 +369,41 @@ def test_request_timeout_raises_instead_of_hanging(vllm_sampler):
     assert len(c.token_ids) == 3
 
 
-def test_dead_engine_is_reported_then_restarted_with_the_synced_weights(vllm_sampler):
-    """Kill the engine-core process: with no restarts left -> SamplerDeadError (fast);
-    with one allowed -> restarted, last synced weights re-applied, same outputs."""
-    greedy = SamplingParams(max_tokens=8, temperature=0)
-    before = _gather(vllm_sampler, PROMPTS[:2], greedy)
+def test_a_killed_engine_restarts_on_the_current_weights_until_its_budget_is_spent(
+    vllm_sampler, sampler_flax_model
+):
+    """The trainer's weights (version 11) are synced; the engine-core process is SIGKILLed
+    while requests run: one restart, and they all complete with exactly version 11's greedy
+    tokens (a restart on the checkpoint's weights gives others). Killed again with no
+    restart left: SamplerDeadError naming the budget, at once. With one allowed again, a
+    weight sync into the dead engine restarts it first, then loads the new weights."""
+    greedy = SamplingParams(max_tokens=48, temperature=0)
+    before = _gather(vllm_sampler, PROMPTS, greedy)
     old_max = vllm_sampler.max_restarts
-    vllm_sampler.max_restarts = vllm_sampler.restarts  # none left
     try:
+        vllm_sampler.update_weights(_perturbed(sampler_flax_model), version=11)
+        expected = _gather(vllm_sampler, PROMPTS, greedy)
+        assert [c.token_ids for c in expected] != [c.token_ids for c in before]
+        restarts = vllm_sampler.restarts
+        vllm_sampler.max_restarts = vllm_sampler.budget.in_window() + 1  # one left
+        (pid,) = vllm_sampler.engine_pids()
+
+        async def kill_mid_flight():
+            task = asyncio.gather(*[vllm_sampler.generate(p, greedy) for p in PROMPTS])
+            while vllm_sampler.load == 0:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.05)  # the requests reach the engine
+            in_flight = vllm_sampler.load
+            os.kill(pid, signal.SIGKILL)
+            return in_flight, await task
+
+        in_flight, got = asyncio.run(kill_mid_flight())
+        assert in_flight == len(PROMPTS)
+        assert vllm_sampler.restarts == restarts + 1  # one restart for all of them
+        assert vllm_sampler.engine_running and vllm_sampler.engine_pids() != [pid]
+        assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+        assert all(c.policy_version == 11 for c in got)
+        # repeated failure: no restart left -> SamplerDeadError, fast
         (pid,) = vllm_sampler.engine_pids()
         os.kill(pid, signal.SIGKILL)
         t = time.monotonic()
@@ -384,13 +411,17 @@ def test_dead_engine_is_reported_then_restarted_with_the_synced_weights(vllm_sam
             for _ in range(50):  # until the death is noticed
                 asyncio.run(vllm_sampler.generate(PROMPTS[0], greedy))
                 time.sleep(0.2)
-        assert time.monotonic() - t < 60
-        vllm_sampler.max_restarts = vllm_sampler.restarts + 1  # allow one restart
-        after = _gather(vllm_sampler, PROMPTS[:2], greedy)
-        assert vllm_sampler.alive and vllm_sampler.engine_pids() != [pid]
-        assert [c.token_ids for c in after] == [c.token_ids for c in before]
+        assert time.monotonic() - t < 60 and not vllm_sampler.alive
+        # one more allowed: a weight sync into the dead engine restarts it, then loads
+        vllm_sampler.max_restarts = vllm_sampler.budget.in_window() + 1
+        restore_checkpoint_weights(vllm_sampler)
+        assert vllm_sampler.restarts == restarts + 2 and vllm_sampler.version == 0
+        again = _gather(vllm_sampler, PROMPTS, greedy)
+        assert [c.token_ids for c in again] == [c.token_ids for c in before]
     finally:
-        vllm_sampler.max_restarts = max(old_max, vllm_sampler.restarts + 1)
+        vllm_sampler.max_restarts = max(old_max, vllm_sampler.budget.in_window() + 1)
+        if vllm_sampler.version != 0:
+            restore_checkpoint_weights(vllm_sampler)
 
 
 def test_sync_during_generation_completes_and_records_both_versions(

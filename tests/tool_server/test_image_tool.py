@@ -177,3 +177,81 @@ def test_state_freed_by_ttl(tmp_path, source):
         while live(u) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert live(u) == 0
+
+
+# --- byte budgets: per trajectory, in total, memory returned --------------------------------
+def test_over_budget_and_the_ledger():
+    from tool_server.tools.image import ImageLedger, over_budget
+
+    mib = 1 << 20
+    assert over_budget(40 * mib, 40 * mib, 16 * mib, 56 * mib, 100 * mib) is None  # 56 == 56
+    reason = over_budget(48 * mib, 48 * mib, 16 * mib, 56 * mib, 100 * mib)
+    assert "56.0 MiB limit per trajectory (image_max_trajectory_mb)" in reason
+    reason = over_budget(0, 96 * mib, 16 * mib, 56 * mib, 100 * mib)
+    assert "100.0 MiB limit (image_max_total_mb)" in reason
+    ledger = ImageLedger()
+    ledger.reserve("a", 30, 50, 60)
+    ledger.reserve("b", 30, 50, 60)
+    with pytest.raises(ValueError, match="image_max_total_mb"):
+        ledger.reserve("a", 1, 50, 60)
+    assert ledger.release("a") == 30 and ledger.total == 30 and ledger.held("a") == 0
+    ledger.reserve("a", 20, 50, 60)
+    assert ledger.total == 50
+
+
+def test_a_bad_budget_option_is_refused_at_start():
+    from tool_server.kit.base import ToolSettings
+    from tool_server.tools.image import ImageTool
+
+    with pytest.raises(ValueError, match="image_max_total_mb"):
+        ImageTool(ToolSettings(extra={"image_max_total_mb": "lots"}))
+
+
+def _rss(url: str) -> int:
+    import psutil
+
+    port = int(url.rsplit(":", 1)[1])
+    for c in psutil.net_connections("tcp"):
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+            return psutil.Process(c.pid).memory_info().rss
+    raise AssertionError("server process not found")
+
+
+def test_byte_budgets_refuse_clearly_keep_serving_and_free_the_memory(tmp_path, source):
+    """2048x2048 RGB is 16 MiB decoded. Per trajectory 56 MiB: the source and two rotations
+    fit, the third rotation is refused. In total 90 MiB: a second trajectory's second
+    rotation is refused (48 + 48 > 90). Finishing both gives the memory back, also under
+    the trainer's keep-freed-memory glibc tunables, which the server inherits."""
+    path = tmp_path / "big.png"
+    Image.new("RGB", (2048, 2048), (10, 20, 30)).save(path)
+    keep_freed = (
+        "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
+    )
+    with run_server(
+        ["image"],
+        timeout=20,
+        workdir=str(tmp_path / "wd"),
+        env={"GLIBC_TUNABLES": keep_freed},
+        tool_opt={"image_max_trajectory_mb": 56, "image_max_total_mb": 90},
+    ) as url:
+        rotate, big = tool_call("rotate", angle=90), {"images": [str(path)]}
+        small = {"images": [source[1]]}
+        assert call(url, "warm", rotate, small)[1]  # imports and pools, before the baseline
+        finish(url, "warm")
+        rss0 = _rss(url)
+        a = [call(url, "A", rotate, big) for _ in range(3)]
+        assert [v for _, v in a] == [True, True, False], a[-1]
+        assert "56.0 MiB limit per trajectory (image_max_trajectory_mb)" in a[-1][0]["obs"]
+        assert call(url, "S", rotate, small)[1]  # the server keeps serving
+        b = [call(url, "B", rotate, big) for _ in range(2)]  # A 48 + B 16, 32, 48 MiB
+        assert [v for _, v in b] == [True, False], b[-1]
+        assert "90.0 MiB limit (image_max_total_mb)" in b[-1][0]["obs"]
+        held = _rss(url)
+        assert held - rss0 > 64 << 20, (held - rss0) >> 20  # 80 MiB of pixels held
+        for tid in ("A", "B", "S"):
+            finish(url, tid)
+        freed = _rss(url)
+        assert freed - rss0 < 24 << 20, ((held - rss0) >> 20, (freed - rss0) >> 20)
+        c = [call(url, "C", rotate, big) for _ in range(3)]  # the budgets are free again
+        assert [v for _, v in c] == [True, True, False]
+        finish(url, "C")

@@ -16,10 +16,16 @@ next number, so later calls can address it. Arguments:
 
 The observation is ``{"obs": text with the new image's number and size, "image": data URL}``.
 Every mistake (invalid JSON, unknown name, bad index, bad box) is an observation saying what
-is wrong. Options (``--tool-opt``): ``image_max_images`` (64), ``image_max_side`` (4096),
-``image_max_zoom`` (8), ``image_max_trajectory_mb`` (256: decoded pixels a trajectory's
-images may hold together, the given ones included; an operation that would go over is
-refused with an observation).
+is wrong. Options (``--tool-opt``; defaults in :data:`IMAGE_OPTION_DEFAULTS`):
+``image_max_images``, ``image_max_side``, ``image_max_zoom``, and two byte budgets of
+decoded pixels (:func:`image_bytes`), the given images included: ``image_max_trajectory_mb``
+for one trajectory's images together and ``image_max_total_mb`` for every trajectory's
+images the server holds. An operation (or a given image) that would go over either is
+refused, before it is decoded, with an observation naming the limit and its option; the
+server keeps serving. There is no per-trajectory disk quota to spill to, so nothing spills.
+A trajectory's images are freed when it ends (finish, last step, ``--state-ttl``), and
+the freed heap is handed back to the system (``malloc_trim``): a server started by the
+trainer inherits glibc tunables that otherwise keep freed memory in the process.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import io
 import math
 import os
 import stat
-from collections.abc import Sequence
+import sys
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from PIL import Image, UnidentifiedImageError
@@ -46,6 +54,15 @@ from tool_server.kit.tool_calls import (
 )
 
 IMAGE_TOOL_NAMES = register_names({"crop_image", "zoom_in", "rotate"})
+
+# The one source of the image tool's option defaults (``--tool-opt KEY=VALUE`` overrides).
+IMAGE_OPTION_DEFAULTS: dict[str, int] = {
+    "image_max_images": 64,  # images a trajectory may have, the given ones included
+    "image_max_side": 4096,  # pixels on the longer side of a produced image
+    "image_max_zoom": 8,  # largest zoom_in factor
+    "image_max_trajectory_mb": 256,  # decoded MiB one trajectory's images hold together
+    "image_max_total_mb": 1024,  # decoded MiB every trajectory's images hold together
+}
 
 
 # --- pure geometry -----------------------------------------------------------------------
@@ -128,14 +145,14 @@ def image_bytes(img: Image.Image) -> int:
     return img.width * img.height * (1 if img.mode in ("1", "L", "P") else 4)
 
 
-def load_image(ref: Any, max_bytes: int | None = None) -> Image.Image:
+def load_image(ref: Any, admit: Callable[[int], None] | None = None) -> Image.Image:
     """Open an image given as a file path, a ``data:image/...;base64,`` URL or raw bytes.
-    With ``max_bytes``, an image whose decoded size (:func:`image_bytes`) is larger is
-    refused before it is decoded."""
+    ``admit`` is called with the decoded size (:func:`image_bytes`) read from the header,
+    before the pixels are decoded; it raises ``ValueError`` to refuse the image."""
     if isinstance(ref, (bytes, bytearray)):
         data = bytes(ref)
     elif isinstance(ref, dict) and ("bytes" in ref or "path" in ref):
-        return load_image(ref.get("bytes") or ref.get("path"), max_bytes)
+        return load_image(ref.get("bytes") or ref.get("path"), admit)
     elif isinstance(ref, str) and ref.startswith("data:"):
         header, _, payload = ref.partition(",")
         if ";base64" not in header:
@@ -158,12 +175,8 @@ def load_image(ref: Any, max_bytes: int | None = None) -> Image.Image:
         raise ValueError(f"an image must be a path or a data URL, got {type(ref).__name__}")
     try:
         img = Image.open(io.BytesIO(data))
-        if max_bytes is not None and image_bytes(img) > max_bytes:
-            raise ValueError(
-                f"the image is {img.width}x{img.height} pixels "
-                f"({image_bytes(img) >> 20} MB decoded), over the "
-                f"{max_bytes >> 20} MB limit per trajectory"
-            )
+        if admit is not None:
+            admit(image_bytes(img))
         img.load()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
         raise ValueError(f"cannot decode image: {e}") from None
@@ -186,6 +199,82 @@ def _number(args: dict, key: str, default: float) -> float:
     return float(v)
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def over_budget(
+    held_trajectory: int, held_total: int, new: int, limit_trajectory: int, limit_total: int
+) -> str | None:
+    """Why ``new`` more decoded bytes may not be held, or None when they may.
+
+    They may iff ``held_trajectory + new <= limit_trajectory`` (this trajectory's images)
+    and ``held_total + new <= limit_total`` (every trajectory's images in the server).
+    The reason names the limit and the ``--tool-opt`` that sets it.
+    """
+    if held_trajectory + new > limit_trajectory:
+        return (
+            f"this trajectory's images hold {_mib(held_trajectory)} and the new one needs "
+            f"{_mib(new)}, over the {_mib(limit_trajectory)} limit per trajectory "
+            "(image_max_trajectory_mb); crop to a smaller region or work on a smaller image."
+        )
+    if held_total + new > limit_total:
+        return (
+            f"the server's images hold {_mib(held_total)} for all trajectories and the new "
+            f"one needs {_mib(new)}, over the server's {_mib(limit_total)} limit "
+            "(image_max_total_mb); crop to a smaller region or try again later."
+        )
+    return None
+
+
+class ImageLedger:
+    """Decoded bytes the server's images hold, per trajectory and in total (thread-safe:
+    sync tools run in the server's threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}
+        self.total = 0
+
+    def held(self, trajectory_id: str) -> int:
+        with self._lock:
+            return self._held.get(trajectory_id, 0)
+
+    def reserve(
+        self, trajectory_id: str, new: int, limit_trajectory: int, limit_total: int
+    ) -> None:
+        """Count ``new`` bytes for the trajectory, or raise ``ValueError`` (:func:`over_budget`)."""
+        with self._lock:
+            mine = self._held.get(trajectory_id, 0)
+            reason = over_budget(mine, self.total, new, limit_trajectory, limit_total)
+            if reason is not None:
+                raise ValueError(reason)
+            self._held[trajectory_id] = mine + new
+            self.total += new
+
+    def release(self, trajectory_id: str) -> int:
+        """Forget everything counted for the trajectory; the bytes it held."""
+        with self._lock:
+            freed = self._held.pop(trajectory_id, 0)
+            self.total -= freed
+            return freed
+
+
+def return_freed_memory() -> None:
+    """Hand the free pages of glibc's heap back to the system (``malloc_trim(0)``; a no-op
+    off glibc). Needed because a server started by the trainer inherits its
+    keep-freed-memory tunables (``verltool_jax/malloc_tuning.py``), under which freed
+    image buffers would stay resident until the server exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass
+
+
 class ImageTool(BaseTool):
     """``crop_image`` / ``zoom_in`` / ``rotate`` on the trajectory's images (Pillow)."""
 
@@ -199,8 +288,22 @@ class ImageTool(BaseTool):
     def parse_action(self, action: str) -> tuple[Any, bool]:
         return parse_tool_call_for(action, IMAGE_TOOL_NAMES)
 
-    def _opt(self, key: str, default: int) -> int:
-        return tool_option(self.settings.extra, key, int, default, minimum=1)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ledger = ImageLedger()
+        for key in IMAGE_OPTION_DEFAULTS:
+            self._opt(key)  # a bad --tool-opt value stops the server at start, named
+
+    def _opt(self, key: str) -> int:
+        return tool_option(self.settings.extra, key, int, IMAGE_OPTION_DEFAULTS[key], minimum=1)
+
+    def _reserve(self, trajectory_id: str, new: int) -> None:
+        self.ledger.reserve(
+            trajectory_id,
+            new,
+            self._opt("image_max_trajectory_mb") << 20,
+            self._opt("image_max_total_mb") << 20,
+        )
 
     def _images(self, trajectory_id: str, extra_field: dict) -> list:
         env = self.load_env(trajectory_id)
@@ -209,19 +312,16 @@ class ImageTool(BaseTool):
             if isinstance(refs, (str, bytes, dict)):
                 refs = [refs]
             images: list[Image.Image] = []
-            budget = self._budget_bytes()
             for i, ref in enumerate(refs):
                 try:
-                    images.append(load_image(ref, budget - sum(map(image_bytes, images))))
+                    images.append(load_image(ref, lambda n: self._reserve(trajectory_id, n)))
                 except ValueError as e:
                     for img in images:
                         img.close()
+                    self.ledger.release(trajectory_id)
                     raise ValueError(f'extra_field["images"][{i}]: {e}') from None
             env["images"] = images
         return env["images"]
-
-    def _budget_bytes(self) -> int:
-        return self._opt("image_max_trajectory_mb", 256) << 20
 
     def conduct_action(
         self, trajectory_id: str, parsed: Any, extra_field: dict
@@ -232,15 +332,11 @@ class ImageTool(BaseTool):
         try:
             images = self._images(trajectory_id, extra_field)
             text, img = self._run(parsed, images)
-            held = sum(map(image_bytes, images))
-            if held + image_bytes(img) > self._budget_bytes():
+            try:
+                self._reserve(trajectory_id, image_bytes(img))
+            except ValueError:
                 img.close()
-                raise ValueError(
-                    f"this trajectory's images already hold {held >> 20} MB and "
-                    f"the new one would take {image_bytes(img) >> 20} MB, over the "
-                    f"{self._budget_bytes() >> 20} MB limit per trajectory; crop "
-                    "to a smaller region."
-                )
+                raise
         except ValueError as e:
             msg = f"{parsed.name} failed: {e}"
             return invalid_call(msg)
@@ -259,7 +355,7 @@ class ImageTool(BaseTool):
         args = call.arguments
         if not images:
             raise ValueError('this trajectory has no images (extra_field["images"] is empty).')
-        limit = self._opt("image_max_images", 64)
+        limit = self._opt("image_max_images")
         if len(images) >= limit:
             raise ValueError(f"this trajectory already has {len(images)} images (limit {limit}).")
         index = args.get("image_index", args.get("index", -1))
@@ -272,7 +368,7 @@ class ImageTool(BaseTool):
             )
         src_idx = index % len(images)
         src = images[src_idx]
-        max_side = self._opt("image_max_side", 4096)
+        max_side = self._opt("image_max_side")
         coords = args.get("coords", "auto")
         padding = args.get("padding", 0)
         unknown = set(args) - {
@@ -294,7 +390,7 @@ class ImageTool(BaseTool):
             return f"crop_image of image {src_idx}, box {list(box)} px", src.crop(box)
         if call.name == "zoom_in":
             factor = _number(args, "factor", 2.0)
-            max_zoom = self._opt("image_max_zoom", 8)
+            max_zoom = self._opt("image_max_zoom")
             if not 1.0 <= factor <= max_zoom:
                 raise ValueError(f'"factor" must be between 1 and {max_zoom}, got {factor:g}.')
             box = self._box(
@@ -351,3 +447,5 @@ class ImageTool(BaseTool):
     def on_delete(self, trajectory_id: str, env: dict) -> None:
         for img in env.pop("images", []):
             img.close()
+        if self.ledger.release(trajectory_id):
+            return_freed_memory()

@@ -17,10 +17,16 @@ manifest string; it copies the tensors into the model's parameters in place, see
 host's memory: that needs vLLM's NCCL weight-transfer engine between GPUs, and
 ``update_weights`` says so.
 
-Failures: a refused or dropped connection is :class:`SamplerDeadError` (a
-:class:`SamplerPool` takes the server out of rotation and retries the request on
-another engine); HTTP 400 is :class:`SamplerRequestError`; a request past
-``request_timeout_s`` is :class:`SamplerTimeoutError`.
+Failures: a refused or dropped connection starts a recovery (once for every request that
+met it): a server this sampler owns (``server=``, a :class:`VLLMServer`) is restarted on
+its port under a :class:`~verltool_jax.samplers.restart.RestartBudget`; a server it does
+not own is waited for ``down_grace_s``. Then the last synced weights are loaded into it
+again (a restarted server serves the checkpoint's) before any request is sent, and the
+requests that met the failure are sent again. A recovery that fails is
+:class:`SamplerDeadError` (a :class:`SamplerPool` takes the server out of rotation and
+retries the request on another engine; alone, the run stops with exit 3); HTTP 400 is
+:class:`SamplerRequestError`; a request past ``request_timeout_s`` is
+:class:`SamplerTimeoutError`.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -46,6 +53,13 @@ from .base import (
     SamplerRequestError,
     SamplerTimeoutError,
     SamplingParams,
+)
+from .restart import (
+    DEFAULT_DOWN_GRACE_S,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_BACKOFF_S,
+    DEFAULT_RESTART_WINDOW_S,
+    RestartBudget,
 )
 from .validation import effective_max_tokens
 from .weight_sync import (
@@ -88,6 +102,10 @@ class RemoteVLLMSampler:
         request_timeout_s: a generate that takes longer raises SamplerTimeoutError.
         connect_timeout_s: how long the constructor waits for ``/v1/models``.
         dtype: weight-sync dtype ("float32" | "bfloat16" | "float16"), the server's.
+        server: the :class:`VLLMServer` behind ``url`` when this process started it
+            (restartable); None: an external server, waited for ``down_grace_s``.
+        max_restarts, restart_window_s, restart_backoff_s: the restart budget of an owned
+            server (``restart.py``).
     """
 
     def __init__(
@@ -100,6 +118,11 @@ class RemoteVLLMSampler:
         dtype: str = "float32",
         name: str | None = None,
         bucket_bytes: int = 256 << 20,
+        server: VLLMServer | None = None,
+        down_grace_s: float = DEFAULT_DOWN_GRACE_S,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+        restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(
@@ -119,6 +142,14 @@ class RemoteVLLMSampler:
         # "auto": in place where it applies, else vLLM's reload; "reload" forces the latter
         self.sync_mode = "auto"
         self._sync_paths_logged: set = set()
+        self.server = server
+        self.down_grace_s = float(down_grace_s)
+        self.budget = RestartBudget(max_restarts, restart_window_s, restart_backoff_s)
+        self._recover_lock = threading.Lock()
+        self._generation = 0  # bumped by every recovery
+        self._recovering = False  # a request's recovery is under way
+        self._last_manifest: str | None = None  # the weights synced last (shared memory)
+        self.down: str | None = None  # why the server is down for good
         info = self._wait_models(connect_timeout_s)
         self.model = info["id"]
         self.max_model_len = int(info.get("max_model_len") or 0)
@@ -180,8 +211,6 @@ class RemoteVLLMSampler:
     ) -> Completion:
         """Sample one completion (see :class:`~verltool_jax.samplers.base.Sampler`).
         Images are refused: the server's token-id completions route takes no images."""
-        import aiohttp
-
         if images:
             raise SamplerRequestError(
                 f"{self.name}: a remote vLLM server takes no images (its completions route "
@@ -193,8 +222,22 @@ class RemoteVLLMSampler:
         prompt = [int(t) for t in prompt_token_ids]
         max_new = effective_max_tokens(prompt, params, self.max_model_len, self.vocab_size)
         body = self.request_body(prompt, params, max_new)
-        version = self.version
         headers = {"X-Request-Id": request_id} if request_id else {}
+        while True:  # ends: every retry follows a recovery, and recoveries are bounded
+            if self.down is not None:
+                raise SamplerDeadError(self.down)
+            generation, version = self._generation, self.version
+            try:
+                text = await self._post_completion(body, headers)
+            except SamplerDeadError as e:
+                await self._arecover(generation, e)
+                continue
+            self.budget.served()
+            return self._to_completion(json.loads(text), version, len(prompt))
+
+    async def _post_completion(self, body: dict, headers: dict) -> str:
+        import aiohttp
+
         self._inflight += 1
         try:
             # one short-lived session per request: callers come from any event loop
@@ -210,6 +253,7 @@ class RemoteVLLMSampler:
                         )
                     if resp.status != 200:
                         raise SamplerError(f"{self.name}: HTTP {resp.status}: {text[:500]}")
+                    return text
         except TimeoutError:
             raise SamplerTimeoutError(
                 f"{self.name}: generate did not finish within request_timeout_s="
@@ -221,7 +265,100 @@ class RemoteVLLMSampler:
             ) from e
         finally:
             self._inflight -= 1
-        return self._to_completion(json.loads(text), version, len(prompt))
+
+    @property
+    def alive(self) -> bool:
+        return self.down is None and not self._closed
+
+    def _healthy(self) -> bool:
+        try:
+            urllib.request.urlopen(self.url + "/health", timeout=2).close()
+            return True
+        except OSError:
+            return False
+
+    async def _arecover(self, generation: int, cause: BaseException) -> None:
+        """:meth:`recover` from a request: one request's thread restarts the server, the
+        others wait on the event loop (not in threads of its small default pool)."""
+        while self._recovering and self._generation == generation:
+            await asyncio.sleep(0.1)
+        if self._generation != generation:
+            return
+        if self.down is not None:
+            raise SamplerDeadError(self.down)
+        self._recovering = True  # no await since the check: atomic on this loop
+        try:
+            await asyncio.to_thread(self.recover, generation, cause)
+        finally:
+            self._recovering = False
+
+    def recover(self, generation: int, cause: BaseException) -> None:
+        """Bring the server of ``generation`` back (once per failure, whoever meets it
+        first; blocking) and load the last synced weights into it; raise SamplerDeadError
+        (and mark the sampler down) when it cannot be brought back."""
+        with self._recover_lock:
+            if self.down is not None:
+                raise SamplerDeadError(self.down)
+            if self._generation != generation:
+                return  # another request recovered it
+            try:
+                while True:
+                    if self.server is not None:
+                        self._restart_server(cause)  # raises once the budget is spent
+                    else:
+                        self._wait_for_external(cause)
+                    if self._last_manifest is None:
+                        break
+                    try:
+                        self._load_manifest(self._last_manifest)
+                        break
+                    except SamplerDeadError as e:  # died again while loading: again
+                        cause = e
+            except SamplerDeadError as e:
+                self.down = str(e)
+                raise
+            self._generation += 1
+
+    def _restart_server(self, cause: BaseException) -> None:
+        assert self.server is not None
+        while True:
+            delay = self.budget.next_delay()
+            if delay is None:
+                raise SamplerDeadError(
+                    f"{self.name}: the vLLM server died ({cause}) after "
+                    f"{self.budget.spent()}; see its log "
+                    f"({self.server.log_path or 'not kept'})"
+                )
+            self.budget.record()
+            print(
+                f"[sampler] {self.name}: the vLLM server died ({cause}); restart "
+                f"{self.budget.total} in {delay:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(delay)
+            try:
+                self.server.restart()
+                return
+            except RuntimeError as e:  # did not come up: counts as a restart
+                cause = e
+
+    def _wait_for_external(self, cause: BaseException) -> None:
+        if self.budget.next_delay() is None:  # back each time, gone again each time
+            raise SamplerDeadError(
+                f"{self.name}: the vLLM server at {self.url} failed again ({cause}) after "
+                f"{self.budget.spent()}"
+            )
+        self.budget.record()
+        deadline = time.monotonic() + self.down_grace_s
+        while not self._healthy():
+            if time.monotonic() > deadline:
+                raise SamplerDeadError(
+                    f"{self.name}: the vLLM server at {self.url} has been unreachable for "
+                    f"more than down_grace_s={self.down_grace_s:g} s ({cause}); start it "
+                    "again, then rerun the same command to resume from the last checkpoint"
+                )
+            time.sleep(0.5)
 
     def _to_completion(self, out: dict, version: int, n_prompt: int) -> Completion:
         try:
@@ -309,20 +446,17 @@ class RemoteVLLMSampler:
         self._shm = self._shm or SharedWeightBuffer(self.bucket_bytes)
         manifest = self._shm.write(named, dtype=self.dtype)
         t1 = time.perf_counter()
-        self._post("/pause?mode=keep")
-        try:
-            reply = self._post(
-                "/collective_rpc",
-                {
-                    "method": "verltool_load_shared",
-                    "args": [manifest, self.sync_mode],
-                    "timeout": self.request_timeout_s,
-                },
-            )
-            self._post("/reset_prefix_cache?reset_running_requests=true")
-            self.version = int(version)
-        finally:
-            self._post("/resume")
+        while True:
+            if self.down is not None:
+                raise SamplerDeadError(self.down)
+            generation = self._generation
+            try:
+                reply = self._load_manifest(manifest)
+                break
+            except SamplerDeadError as e:  # restarted (or waited for), then loaded again
+                self.recover(generation, e)
+        self._last_manifest = manifest
+        self.version = int(version)
         t2 = time.perf_counter()
         self.last_sync = {
             "sync_seconds": t2 - t0,
@@ -336,6 +470,24 @@ class RemoteVLLMSampler:
             self.last_sync.update(engine_sync_info(results[0]))
             log_sync_path(self.name, results[0], self._sync_paths_logged)
         return self.last_sync
+
+    def _load_manifest(self, manifest: str) -> Any:
+        """Load the shared-memory weights ``manifest`` describes into the server's workers
+        in place, the running requests paused and recomputed on them."""
+        self._post("/pause?mode=keep")
+        try:
+            reply = self._post(
+                "/collective_rpc",
+                {
+                    "method": "verltool_load_shared",
+                    "args": [manifest, self.sync_mode],
+                    "timeout": self.request_timeout_s,
+                },
+            )
+            self._post("/reset_prefix_cache?reset_running_requests=true")
+        finally:
+            self._post("/resume")
+        return reply
 
     def update_weights(self, params: Any, version: int) -> None:
         """Install the trainer's Flax params (``nnx.State`` / ``Transformer``) as ``version``."""
@@ -452,14 +604,8 @@ class VLLMServer:
         self.argv = vllm_serve_argv(str(model_path), self.port, **serve_kwargs)
         self.log_path = log_path
         self.startup_timeout_s = float(startup_timeout_s)
-        self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            self.argv,
-            env=vllm_serve_env(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self._log: Any = open(log_path, "w") if log_path else subprocess.DEVNULL
+        self._spawn()
         if wait:
             self.wait_ready()
 
@@ -486,6 +632,25 @@ class VLLMServer:
         except BaseException:
             self.stop()
             raise
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=vllm_serve_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def restart(self) -> str:
+        """Stop the server if it still runs, start it again on the same port and wait
+        for ``/health``; its URL (unchanged). Raises RuntimeError if it does not come up."""
+        self.stop()
+        if self.log_path:
+            self._log = open(self.log_path, "a")
+        self._spawn()
+        self.wait_ready()
+        return self.url
 
     @property
     def pid(self) -> int:

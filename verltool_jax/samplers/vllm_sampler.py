@@ -18,9 +18,14 @@ parameters in place, or, where that does not apply, vLLM's ``reload_weights``; s
 with the new weights) -> ``version`` recorded. ``last_sync["sync_path"]`` says which
 load ran; a fallback is logged with its reason.
 
-A dead engine (``EngineDeadError``, killed engine-core process) is restarted up to
-``max_restarts`` times, the last synced weights are re-applied, and the request retried
-once; past that, :class:`SamplerDeadError`. Nothing waits forever.
+A dead engine (``EngineDeadError``, killed engine-core process) is restarted under a
+:class:`~verltool_jax.samplers.restart.RestartBudget` (``max_restarts`` within
+``restart_window_s``, exponential backoff from ``restart_backoff_s``; a start that fails
+counts as one). The new engine gets the last synced weights (the policy the trainer
+published last) before it is put in service, so no request samples the checkpoint's
+weights; the requests in flight when it died are issued again on it, and a weight sync
+that arrives meanwhile waits for the restart. Past the budget: :class:`SamplerDeadError`
+(the run stops with exit 3). Nothing waits forever.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import threading
 import time
@@ -44,6 +50,12 @@ from .base import (
     SamplerTimeoutError,
     SamplingParams,
 )
+from .restart import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_BACKOFF_S,
+    DEFAULT_RESTART_WINDOW_S,
+    RestartBudget,
+)
 from .validation import check_image_request, effective_max_tokens
 from .weight_sync import (
     SharedWeightBuffer,
@@ -55,6 +67,8 @@ from .weight_sync import (
 
 if TYPE_CHECKING:
     from verltool_jax.models.config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {
     "float32": "float32",
@@ -154,7 +168,10 @@ class VLLMSampler:
         request_timeout_s: a generate that has held an engine slot this long while no other
             request finished either (a stalled engine) raises SamplerTimeoutError
             (``max_num_seqs`` run at once; the rest wait their turn).
-        max_restarts: automatic restarts of a dead engine before SamplerDeadError.
+        max_restarts, restart_window_s, restart_backoff_s: a dead engine is restarted at
+            most ``max_restarts`` times within any ``restart_window_s`` seconds, after a
+            backoff of ``restart_backoff_s`` doubled per failed attempt (``restart.py``);
+            past that, SamplerDeadError.
         engine_kwargs: extra ``AsyncEngineArgs`` fields (e.g. tensor_parallel_size).
         trainer_overlaps: on CPU, the trainer computes in this process while the engine
             generates (the engine's cores, KV cache and ``max_num_seqs`` are chosen by
@@ -172,7 +189,9 @@ class VLLMSampler:
         enforce_eager: bool = True,
         enable_prefix_caching: bool = True,
         request_timeout_s: float = 600.0,
-        max_restarts: int = 1,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        restart_window_s: float = DEFAULT_RESTART_WINDOW_S,
+        restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S,
         startup_timeout_s: float = 600.0,
         name: str = "vllm",
         engine_kwargs: dict | None = None,
@@ -203,10 +222,9 @@ class VLLMSampler:
         self.seed = seed
         self.request_timeout_s = float(request_timeout_s)
         self.startup_timeout_s = float(startup_timeout_s)
-        self.max_restarts = int(max_restarts)
+        self.budget = RestartBudget(max_restarts, restart_window_s, restart_backoff_s)
         self.name = name
         self.version = 0
-        self.restarts = 0
         self.last_sync: dict = {}
         self._engine_args: dict[str, Any] = dict(
             model=self.model_path,
@@ -262,7 +280,7 @@ class VLLMSampler:
         self._thread.start()
         self._restart_lock: asyncio.Lock | None = None
         try:
-            self._call(self._start_engine(), self.startup_timeout_s)
+            self._call(self._start_first_engine(), self.startup_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -282,7 +300,7 @@ class VLLMSampler:
                 f"{self.name}: engine call did not finish within {timeout} s"
             ) from None
 
-    async def _start_engine(self) -> None:
+    async def _new_engine(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -290,9 +308,25 @@ class VLLMSampler:
             from .cpu_placement import apply_env
 
             apply_env(self.placement)
-        self._restart_lock = self._restart_lock or asyncio.Lock()
-        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+
+    async def _start_first_engine(self) -> None:
+        self._restart_lock = asyncio.Lock()  # on the engine loop, which it serves
+        self._engine = await self._new_engine()
         self._generation += 1
+
+    @property
+    def max_restarts(self) -> int:
+        return self.budget.max_restarts
+
+    @max_restarts.setter
+    def max_restarts(self, n: int) -> None:
+        self.budget.max_restarts = int(n)
+
+    @property
+    def restarts(self) -> int:
+        """Engine restarts (attempts) over the sampler's life."""
+        return self.budget.total
 
     def engine_pids(self) -> list[int]:
         """PIDs of the engine-core processes (for health monitoring and tests)."""
@@ -301,8 +335,15 @@ class VLLMSampler:
         return [p.pid for p in getattr(mgr, "processes", [])]
 
     @property
-    def alive(self) -> bool:
+    def engine_running(self) -> bool:
+        """The engine runs now (not dead, not being restarted)."""
         return self._engine is not None and not self._engine.errored
+
+    @property
+    def alive(self) -> bool:
+        """The sampler can still serve: its engine runs, or it died and the restart budget
+        allows a restart (the health checks stop the run only when it does not)."""
+        return not self._closed and (self.engine_running or self.budget.next_delay() is not None)
 
     @property
     def load(self) -> int:
@@ -310,28 +351,62 @@ class VLLMSampler:
         return self._inflight
 
     async def _recover(self, generation: int, cause: BaseException) -> None:
-        """Restart a dead engine (once per death) or raise SamplerDeadError."""
-        assert self._restart_lock is not None  # made by _start_engine
+        """Restart the dead engine of ``generation`` (once per death, whoever notices it
+        first) under the restart budget, load the last synced weights into the new engine
+        and only then put it in service; raise SamplerDeadError when the budget is spent."""
+        assert self._restart_lock is not None  # made by _start_first_engine
         async with self._restart_lock:
-            if self._generation != generation and self.alive:
+            if self._generation != generation and self.engine_running:
                 return  # someone else restarted it
-            if self.restarts >= self.max_restarts:
-                raise SamplerDeadError(
-                    f"{self.name}: the vLLM engine died ({type(cause).__name__}: {cause}) and "
-                    f"max_restarts={self.max_restarts} restarts are used up; check the engine "
-                    f"log above for the root cause (out of memory, killed process) and "
-                    f"create a new sampler"
-                ) from cause
-            self.restarts += 1
-            old, self._engine = self._engine, None
-            try:
-                if old is not None:
-                    old.shutdown(timeout=5)  # dead already: its output handler has ended
-            except Exception:
-                pass
-            await self._start_engine()
-            if self._last_load is not None:
-                await self._reload(*self._last_load)
+            old, self._engine = self._engine, None  # new requests wait for the restart
+            if old is not None:
+                try:  # dead already: its output handler has ended
+                    old.shutdown(timeout=5)
+                except Exception:
+                    pass
+            while True:
+                delay = self.budget.next_delay()
+                if delay is None:
+                    raise SamplerDeadError(
+                        f"{self.name}: the vLLM engine died ({type(cause).__name__}: {cause}) "
+                        f"after {self.budget.spent()}; check the engine log for the root "
+                        "cause (out of memory, killed process)"
+                    ) from cause
+                self.budget.record()
+                log.warning(
+                    "%s: the vLLM engine died (%s: %s); restart %d in %.1f s",
+                    self.name,
+                    type(cause).__name__,
+                    cause,
+                    self.budget.total,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                engine = None
+                try:
+                    engine = await self._new_engine()
+                    if self._last_load is not None:  # the policy the trainer published last
+                        await self._unless_dead(
+                            engine, self._reload(*self._last_load, engine=engine)
+                        )
+                except Exception as e:  # a failed start counts as a restart
+                    cause = e
+                    if engine is not None:
+                        try:
+                            engine.shutdown(timeout=5)
+                        except Exception:
+                            pass
+                    continue
+                self._engine = engine
+                self._generation += 1
+                log.warning(
+                    "%s: the vLLM engine was restarted (restart %d) with the weights of "
+                    "version %d; the requests in flight are issued again",
+                    self.name,
+                    self.budget.total,
+                    self.version,
+                )
+                return
 
     # ---------------------------------------------------------------- generation
     def _vllm_params(self, params: SamplingParams, max_new: int):
@@ -394,7 +469,7 @@ class VLLMSampler:
         from vllm.exceptions import VLLMValidationError
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-        for attempt in range(2):
+        while True:  # ends: every retry follows a restart, and restarts are budgeted
             engine, generation = self._engine, self._generation
             try:
                 if engine is None or engine.errored:
@@ -404,21 +479,18 @@ class VLLMSampler:
                 async for out in engine.generate(prompt.tokens_prompt(), vparams, rid):
                     final = out
                 prompt.check_expansion(self.name, final)
-                return self._to_completion(final, version, len(prompt.ids))
+                completion = self._to_completion(final, version, len(prompt.ids))
+                self.budget.served()
+                return completion
             except VLLMValidationError as e:
                 raise SamplerRequestError(f"{self.name}: vLLM refused the request: {e}") from e
             except EngineDeadError as e:
-                if attempt == 1:
-                    raise SamplerDeadError(
-                        f"{self.name}: the vLLM engine died again right after a restart: {e}"
-                    ) from e
                 await self._recover(generation, e)
             except EngineGenerateError as e:
-                if engine is not None and engine.errored and attempt == 0:
+                if engine is not None and engine.errored:
                     await self._recover(generation, e)
                     continue
                 raise SamplerError(f"{self.name}: generation failed: {e.__cause__ or e}") from e
-        raise AssertionError("unreachable")
 
     def _to_completion(self, out, version: int, n_prompt: int) -> Completion:
         if out is None or not out.outputs:
@@ -495,8 +567,40 @@ class VLLMSampler:
             self._inflight -= 1
 
     # ---------------------------------------------------------------- weight sync
-    async def _reload(self, method: str, args: tuple, version: int | None = None):
-        engine = self._engine
+    async def _sync(self, method: str, args: tuple, version: int):
+        """Load new weights; an engine found dead is restarted first (or the restart in
+        progress waited for)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        while True:  # ends: every retry follows a restart, and restarts are budgeted
+            engine, generation = self._engine, self._generation
+            try:
+                if engine is None or engine.errored:
+                    raise EngineDeadError()
+                return await self._unless_dead(engine, self._reload(method, args, version))
+            except EngineDeadError as e:
+                await self._recover(generation, e)
+
+    @staticmethod
+    async def _unless_dead(engine: Any, coro) -> Any:
+        """Await ``coro``, or raise ``EngineDeadError`` as soon as ``engine`` dies (a
+        utility call that a killed engine core never answers would wait forever)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        task = asyncio.ensure_future(coro)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.2)
+            if done:
+                return task.result()
+            if engine.errored:
+                task.cancel()
+                await asyncio.wait({task}, timeout=5)
+                raise EngineDeadError()
+
+    async def _reload(
+        self, method: str, args: tuple, version: int | None = None, *, engine: Any = None
+    ):
+        engine = engine or self._engine
         if engine is None:
             raise SamplerDeadError(f"{self.name}: no engine to load weights into (closed?)")
         await engine.pause_generation(mode="keep", clear_cache=False)
@@ -528,8 +632,8 @@ class VLLMSampler:
 
     def _load_rpc(self, method: str, args: tuple, nbytes: int, version: int) -> dict:
         t0 = time.perf_counter()
-        results = self._call(self._reload(method, args, version), self.request_timeout_s)
-        self._last_load = (method, args) if self.max_restarts > 0 else None
+        results = self._call(self._sync(method, args, version), self.request_timeout_s)
+        self._last_load = (method, args)
         self.last_sync = {
             "sync_seconds": time.perf_counter() - t0,
             "sync_bytes": nbytes,

@@ -27,6 +27,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     prepare_vision_language_sampler(cl.config)
+    from verltool_jax.samplers.base import SamplerDeadError
     from verltool_jax.train.console import run_logged
     from verltool_jax.train.disk import disk_full_message, is_disk_full
     from verltool_jax.train.health import DependencyDown
@@ -34,7 +35,9 @@ def main(argv=None) -> int:
 
     try:
         result = run_logged(cl.config, lambda: train(cl.config))
-    except DependencyDown:  # run_logged has printed the reason on the console
+    except (DependencyDown, SamplerDeadError):  # run_logged has printed the reason
+        # SamplerDeadError escapes the health checks when a weight sync finds the engine
+        # dead past its restart budget (samplers/restart.py)
         return EXIT_DEPENDENCY_DOWN
     except Exception as e:
         if not is_disk_full(e):

@@ -230,7 +230,15 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
         from verltool_jax.samplers.remote_vllm import RemoteVLLMSampler
 
         engines += [
-            RemoteVLLMSampler(u, model_path=str(model_dir), dtype=s.dtype)
+            RemoteVLLMSampler(
+                u,
+                model_path=str(model_dir),
+                dtype=s.dtype,
+                down_grace_s=s.down_grace_s,
+                max_restarts=s.max_restarts,
+                restart_window_s=s.restart_window_s,
+                restart_backoff_s=s.restart_backoff_s,
+            )
             for u in rc.placement.sampler_urls
         ]
     for i in range(0 if rc.placement.mode == "remote" else s.num_engines):
@@ -241,6 +249,9 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
                 seed=s.seed + i,
                 gpu_memory_utilization=s.gpu_memory_utilization,
                 enforce_eager=s.enforce_eager,
+                max_restarts=s.max_restarts,
+                restart_window_s=s.restart_window_s,
+                restart_backoff_s=s.restart_backoff_s,
                 trainer_overlaps=(
                     rc.rollout.mode == "async" if trainer_overlaps is None else trainer_overlaps
                 ),

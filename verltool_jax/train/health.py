@@ -158,6 +158,14 @@ def sampler_alive(sampler: Any) -> bool:
     return bool(getattr(sampler, "alive", True))
 
 
+def sampler_restarts(sampler: Any) -> int:
+    """Engine restarts of a sampler (or of every sampler of a pool) so far."""
+    if hasattr(sampler, "samplers"):
+        return sum(sampler_restarts(s) for s in sampler.samplers)
+    budget = getattr(sampler, "budget", None)
+    return int(getattr(budget, "total", 0))
+
+
 @dataclass
 class BatchHealth:
     """One training batch's failures: how many, the fraction, the commonest reasons."""
@@ -249,5 +257,6 @@ class HealthMonitor:
         return {
             "health/skipped_steps": self.skipped,
             "health/tool_server_restarts": self.tool.restarts,
+            "health/sampler_restarts": sampler_restarts(self.sampler()),
             "health/reward_pool_restarts": getattr(self.reward_pool, "restarts", 0),
         }
