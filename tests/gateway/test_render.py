@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support.chat_templates import DROPS_THINK_TEMPLATE, TOOLS_TEMPLATE
 
 from verltool_jax.gateway.render import (
     RenderError,
@@ -12,38 +13,13 @@ from verltool_jax.gateway.render import (
     render,
 )
 
-# A ChatML template that knows tools (Hermes style, as Qwen2.5's does), written for the test.
-TOOLS_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}"
-    "{{ messages[0].content }}\n\n{% endif %}<tools>{% for t in tools %}\n{{ t | tojson }}"
-    "{% endfor %}\n</tools><|im_end|>\n"
-    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}"
-    "<|im_end|>\n{%- endif %}"
-    "{%- for m in messages %}{% if m.role == 'system' and loop.first %}"
-    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
-    "</tool_response><|im_end|>\n"
-    "{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{{ m.content }}"
-    "{% for c in m.tool_calls %}\n<tool_call>\n"
-    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}\n</tool_call>"
-    "{% endfor %}<|im_end|>\n"
-    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# A template that drops earlier reasoning (as Qwen3's does): history is rewritten.
-DROPS_THINK_TEMPLATE = (
-    "{% for m in messages %}{% if m.role == 'assistant' and '</think>' in m.content %}"
-    "{% set c = m.content.split('</think>')[-1].lstrip('\n') %}{% else %}{% set c = m.content %}"
-    "{% endif %}<|im_start|>{{ m.role }}\n{{ c }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 
 @pytest.fixture
 def tok():
-    from transformers import AutoTokenizer
-
     from support.models import tokenizer_dir
+    from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tokenizer_dir())
 
@@ -57,7 +33,11 @@ def test_plain_chatml_extends_and_tools_go_to_the_system_message(tok):
     got = check_template(tok)
     assert got["case"] == "extend" and not got["template_tools"]
     msgs = normalize_messages(
-        [{"role": "user", "content": "hi"}], TOOLS, raw_replies={}, template=tok.chat_template, fmt="hermes"
+        [{"role": "user", "content": "hi"}],
+        TOOLS,
+        raw_replies={},
+        template=tok.chat_template,
+        fmt="hermes",
     )
     assert msgs[0]["role"] == "system" and '"name": "f"' in msgs[0]["content"]
 
@@ -92,7 +72,10 @@ def test_continuation_cases(tok):
 def test_known_reply_is_rendered_from_raw_text_and_bad_messages_are_named(tok):
     raw = {"call_1": 'ok <tool_call>{"name": "f", "arguments": {}}</tool_call>'}
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ok", "tool_calls": [call]}]
+    msgs = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "ok", "tool_calls": [call]},
+    ]
     out = normalize_messages(msgs, None, raw_replies=raw, template="", fmt="hermes")
     assert out[1] == {"role": "assistant", "content": raw["call_1"]}
     # a call the gateway did not make, on a template without tool_calls: written as text
