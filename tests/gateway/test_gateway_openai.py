@@ -343,3 +343,30 @@ def test_template_that_drops_history_starts_a_new_sample(tiny_tok):
 
 async def _async(fn, *a):
     return fn(*a)
+
+
+def test_example_agent_runs_the_python_tool_through_the_gateway(tiny_tok, tool_url):
+    """examples/openai_agent.py against the gateway and a real tool server: the model's
+    call is run in the sandbox and its output is in the recorded (masked) tokens."""
+    import importlib.util
+    from pathlib import Path
+
+    from support.scripted_sampler import ScriptedSampler
+
+    path = Path(__file__).parents[2] / "examples" / "openai_agent.py"
+    spec = importlib.util.spec_from_file_location("openai_agent", path)
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    replies = [REPLIES["hermes"], "The answer is \\boxed{42}."]
+    sampler = ScriptedSampler(tiny_tok, lambda rid, k: replies[k])
+    gt = GatewayThread(Gateway(sampler, tiny_tok, GatewayConfig(max_model_len=4096)))
+    try:
+        key = gt.open_episode()
+        assert agent.run(gt.gateway.url(key), tool_url, "What is 6*7?") == replies[1]
+        gt.call(lambda: _async(gt.gateway.end, key, 1.0))
+        (t,) = gt.wait(key)
+        observed = tiny_tok.decode([i for i, m in zip(t.response_ids, t.loss_mask) if not m])
+        assert "42" in observed and "python_code" in tiny_tok.decode(t.prompt_ids)
+        assert t.tool_calls == 2 and t.num_turns == 2
+    finally:
+        gt.close()
