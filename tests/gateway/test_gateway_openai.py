@@ -370,3 +370,29 @@ def test_example_agent_runs_the_python_tool_through_the_gateway(tiny_tok, tool_u
         assert t.tool_calls == 2 and t.num_turns == 2
     finally:
         gt.close()
+
+
+def test_a_second_concurrent_call_on_one_key_is_refused(tiny_tok):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from support.scripted_sampler import ScriptedSampler
+
+    sampler = ScriptedSampler(tiny_tok, lambda rid, k: "ok", delay_s=1.0)
+    gt = GatewayThread(Gateway(sampler, tiny_tok, GatewayConfig(max_model_len=4096)))
+    try:
+        key = gt.open_episode()
+        c = _client(gt, key)
+
+        def call():
+            return c.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "x"}]
+            )
+
+        with ThreadPoolExecutor(2) as ex:
+            futs = [ex.submit(call) for _ in range(2)]
+            errs = [f.exception() for f in futs]
+        assert sum(e is None for e in errs) == 1
+        (err,) = [e for e in errs if e is not None]
+        assert isinstance(err, openai.ConflictError) and err.code == "call_in_flight"
+    finally:
+        gt.close()

@@ -270,6 +270,13 @@ class Gateway:
     async def chat(self, key: str | None, body: Any) -> tuple[dict, Completion]:
         """Run one chat completion for episode ``key``; the OpenAI response object."""
         ep = self._episode(key)
+        if ep.in_flight:
+            raise ApiError(
+                409,
+                f"trajectory {ep.key} already has a call in flight; one trajectory's calls "
+                "are sequential (open one key per concurrent conversation)",
+                code="call_in_flight",
+            )
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
         if body.get("n", 1) != 1:
