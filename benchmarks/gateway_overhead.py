@@ -92,13 +92,14 @@ def main() -> None:
 
     from verltool_jax.models.tiny import build_tokenizer
 
-    tok = build_tokenizer(tempfile.mkdtemp(prefix="gw_bench_tok_"))
+    tok_dir = tempfile.mkdtemp(prefix="gw_bench_tok_")
+    tok = build_tokenizer(tok_dir)
     if a.sampler == "jax":
         from verltool_jax.models.tiny import build_tiny_hf
         from verltool_jax.samplers.jax_sampler import JAXSampler
 
         d = tempfile.mkdtemp(prefix="gw_bench_model_")
-        build_tiny_hf(d, "qwen2", tokenizer_dir=tok.name_or_path)
+        build_tiny_hf(d, "qwen2", tokenizer_dir=tok_dir)
         inner = JAXSampler.from_pretrained(d, max_model_len=4096, max_batch_size=2)
     else:
         inner = ConstantSampler(tok)
