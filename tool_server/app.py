@@ -96,7 +96,8 @@ async def health(request: web.Request) -> web.Response:
 
 async def list_tools(request: web.Request) -> web.Response:
     tools = request.app[DISPATCHER_KEY].tools
-    return _json({"tools": [{"name": t.name, "usage": t.usage} for t in tools]})
+    listed = [{"name": t.name, "usage": t.usage, "schema": t.function_schema()} for t in tools]
+    return _json({"tools": listed})
 
 
 def instantiate_tools(

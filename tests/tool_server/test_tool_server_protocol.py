@@ -42,6 +42,8 @@ def test_health_and_tools(server):
     tools = get_json(server + "/tools")["tools"]
     assert [t["name"] for t in tools] == ["faulty", "sql", "synctool"]
     assert all(t["usage"] for t in tools)
+    sql = next(t for t in tools if t["name"] == "sql")["schema"]["function"]
+    assert sql["name"] == "sql" and sql["parameters"]["required"] == ["query"]
 
 
 def test_same_length_and_order_with_mixed_tools(server, tmp_path):

@@ -7,6 +7,7 @@ nothing else needs editing. See ``docs/adding_a_tool.md``.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -60,6 +61,13 @@ class BaseTool:
     # VerlTool's usage text for its tool of the same name (the invalid-action answer of
     # --compat verltool lists it); None: ``usage``.
     verltool_usage: ClassVar[str | None] = None
+    # Native tool calling (docs/gateway.md): a tag tool names the tag its action is written
+    # in (``call_tag``) and the one string argument that fills it (``call_arg``); any other
+    # tool takes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and its
+    # arguments are free-form unless ``call_parameters`` (a JSON Schema object) says more.
+    call_tag: ClassVar[str | None] = None
+    call_arg: ClassVar[str] = "input"
+    call_parameters: ClassVar[dict | None] = None
 
     def __init__(self, settings: ToolSettings | None = None) -> None:
         self.settings = settings or ToolSettings()
@@ -69,6 +77,36 @@ class BaseTool:
         self.compat: str = tool_compat(self.settings, self.name)
 
     # --- the plugin contract -------------------------------------------------------
+    def function_schema(self) -> dict:
+        """This tool as an OpenAI ``tools`` entry (the chat template's ``tools=``): its name,
+        ``usage`` as the description, and the JSON Schema of its arguments."""
+        if self.call_tag is not None:
+            params: dict = {
+                "type": "object",
+                "properties": {self.call_arg: {"type": "string"}},
+                "required": [self.call_arg],
+            }
+        else:
+            params = self.call_parameters or {"type": "object"}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.usage, "parameters": params},
+        }
+
+    def action_from_call(self, name: str, arguments: dict) -> str:
+        """The action text a native call ``name(arguments)`` stands for, as
+        :meth:`parse_action` reads it. Raises ValueError naming a missing argument."""
+        if self.call_tag is None:
+            return (
+                "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+            )
+        value = arguments.get(self.call_arg)
+        if not isinstance(value, str):
+            raise ValueError(
+                f"tool {name!r} needs the string argument {self.call_arg!r}, got {sorted(arguments)}"
+            )
+        return f"<{self.call_tag}>{value}</{self.call_tag}>"
+
     def parse_action(self, action: str) -> tuple[Any, bool]:
         """Return ``(parsed, True)`` if this tool handles ``action``, else ``(None, False)``."""
         raise NotImplementedError

@@ -42,6 +42,8 @@ class QuerySearchTool(BaseTool):
     """
 
     tag: str = "search"
+    call_tag = "search"
+    call_arg = "query"
     topk: int = 3
     search_errors: tuple[type[BaseException], ...] = (Exception,)
     error_reason = "search_error"

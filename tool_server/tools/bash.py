@@ -51,6 +51,8 @@ class BashTool(WorkspaceTool):
     """A persistent bash per trajectory in its sandboxed workspace."""
 
     name = "bash"
+    call_tag = "bash"
+    call_arg = "command"
     usage = "<bash>command</bash> or a ```bash fenced block; runs in the repository workspace."
 
     def parse_action(self, action: str) -> tuple[Any, bool]:

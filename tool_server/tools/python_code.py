@@ -123,6 +123,8 @@ def format_result(r: RunResult, limits: ResourceLimits) -> str:
 
 class PythonCodeTool(BaseTool):
     name = "python_code"
+    call_tag = "python"
+    call_arg = "code"
     usage = (
         "Run Python code in a sandbox: write it inside <python>...</python> (or a "
         "```python fenced block). Print what you want to see; stdout and stderr are "

@@ -137,6 +137,8 @@ def run_query(
 
 class SqlTool(BaseTool):
     name = "sql"
+    call_tag = "sql"
+    call_arg = "query"
     usage = (
         "Query the task's sqlite database: write one SQL statement inside "
         "<sql>...</sql>. The database is read-only; up to 50 rows are shown."
