@@ -13,13 +13,13 @@ import numpy as np
 from flax import nnx
 
 from verltool_jax.algos.advantages import compute_advantages
+from verltool_jax.algos.config import algo_config
+from verltool_jax.algos.optimizer import make_optimizer
 from verltool_jax.models.config import ModelConfig
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.models.transformer import Transformer
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.train.batch import PAD_MULTIPLE, batch_from_trajectories, shift_targets
-from verltool_jax.algos.config import algo_config
-from verltool_jax.algos.optimizer import make_optimizer
 from verltool_jax.train.state import TrainState
 from verltool_jax.train.step import make_train_step
 

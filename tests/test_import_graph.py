@@ -5,6 +5,7 @@ cycles and upward edges, so a passing run means something."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -91,7 +92,9 @@ def test_a_planted_function_local_cycle_fails(tmp_path):
         "verltool_jax.models -> verltool_jax.rollout: verltool_jax/models/config.py:" in (cycles[0])
     )
     assert "verltool_jax.rollout -> verltool_jax.models: verltool_jax/rollout/" in cycles[0]
-    assert any("verltool_jax.models (layer 10) imports verltool_jax.rollout" in p for p in new)
+    assert any(
+        re.match(r"verltool_jax.models \(layer \d+\) imports verltool_jax.rollout", p) for p in new
+    )
 
 
 def test_an_upward_edge_without_a_cycle_fails_and_a_new_unit_must_be_placed():

@@ -180,9 +180,9 @@ def test_sections_feed_the_components():
 def test_defaults_have_one_source():
     """configs/base.py is run_config's defaults; the component dataclasses agree."""
     from configs import base
-    from verltool_jax.run_config import RunConfig, run_config_from_dict
     from verltool_jax.algos.config import AlgoConfig
     from verltool_jax.algos.optimizer import OptimConfig
+    from verltool_jax.run_config import RunConfig, run_config_from_dict
 
     rc = run_config_from_dict(base.get_config())
     assert dataclasses.replace(rc, task=None) == RunConfig()

@@ -55,8 +55,8 @@ from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.train.health import trajectory_failed
 
 if TYPE_CHECKING:
-    from verltool_jax.run_config import RunConfig
     from verltool_jax.algos.config import AlgoConfig
+    from verltool_jax.run_config import RunConfig
 
 PAD_MULTIPLE = 16  # sequence lengths are padded to a multiple of this (few jit shapes)
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import optax
 
+from verltool_jax.algos.config import AlgoConfig
+from verltool_jax.algos.optimizer import make_optimizer
 from verltool_jax.train import multihost
 from verltool_jax.train.checkpoint import Checkpointer
-from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.train.disk import checkpoint_bytes, require_free_space
-from verltool_jax.algos.optimizer import make_optimizer
 from verltool_jax.train.sft import run_sft
 from verltool_jax.train.signals import StopFlag
 from verltool_jax.train.state import TrainState

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tool_server.client import ToolClient
+from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.reporting.learning_signal import NoSignalWatch
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.queue import TrajectoryQueue
-from tool_server.client import ToolClient
 from verltool_jax.train import build, multihost
 from verltool_jax.train.checkpoint import Checkpointer
-from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.train.evaluate import prompt_item
 from verltool_jax.train.health import HealthMonitor, ToolServerGuard
 from verltool_jax.train.policy_version import PolicyPublisher
