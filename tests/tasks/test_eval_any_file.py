@@ -217,7 +217,7 @@ def test_data_alone_evaluates_an_unseen_file(tmp_path, capfd):
     assert not [x for x in everything if " INFO " in x or x.startswith("INFO")]
     assert f"library logs (vLLM, XLA, tool server) go to {out / 'eval.log'}" in console.out
     log = (out / "eval.log").read_text()
-    assert "INFO verltool_jax.train: tool server with python_code" in log
+    assert "INFO tool_server.launcher: tool server with python_code" in log
     assert sorted(p.name for p in (out / "data").iterdir()) == [
         "eval_asdiv20.parquet",
         "eval_unitset.parquet",
