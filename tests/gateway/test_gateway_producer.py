@@ -8,11 +8,12 @@ import asyncio
 import importlib.util
 from pathlib import Path
 
+from support.rollout_fixtures import keyed_items
+
 from verltool_jax.gateway import Gateway, GatewayConfig
 from verltool_jax.gateway.producer import GatewayProducer
 from verltool_jax.rollout.agent_loop import PromptItem
 from verltool_jax.rollout.config import RolloutConfig
-from verltool_jax.rollout.producer import keyed_items
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.train.health import trajectory_failed
 

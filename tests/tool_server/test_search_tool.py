@@ -6,9 +6,10 @@ import json
 import os
 
 import pytest
+from support.retrieval import synthetic_index
 
 from tool_server.kit.base import ToolSettings
-from tool_server.retrieval.synthetic import synthetic_index, town_name
+from tool_server.retrieval.synthetic import town_name
 from tool_server.tools.search_retrieval import SearchRetrievalTool
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
