@@ -4,6 +4,7 @@ config variants, and the oracle / no-op policies end to end through real sandbox
 
 import asyncio
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,7 +116,7 @@ def test_quixbugs_task_validated_and_already_passing_rejected(gcd_task, tmp_path
     )
     # hidden tests restore pristine test files: gutting the test file does not help
     scratch = tmp_path / "edited"
-    swe.shutil.copytree(repo, scratch)
+    shutil.copytree(repo, scratch)
     (scratch / "python_testcases" / "test_gcd.py").write_text("def test_ok():\n    pass\n")
     run = swe.run_on_copy(scratch, t.hidden_test_cmd)
     assert run.exit_code == 1 and len(run.outcomes) == 6
