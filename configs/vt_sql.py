@@ -24,7 +24,7 @@ The task data is prepared from ``task.spider_dir`` (the MySQL-dump Spider layout
 ``<sql>...</sql>`` to query the database (read-only), sees the rows inside
 ``<observation>...</observation>``, and ends with ``<solution>FINAL SQL</solution>``.
 Reward ``sql_solution``: -1 without a ``<solution>``, else execution match 1/0.
-Evaluation metrics: :func:`verltool_jax.tasks.eval_metrics.sql_eval_metrics`.
+Evaluation metrics: :func:`verltool_jax.reporting.eval_metrics.sql_eval_metrics`.
 
 Expected on 2 CPU cores (``smol``, through ``experiments/sql_smollm2.py``): about 38 min
 per seed (SFT, then GRPO, each evaluated on 200 Spider-dev questions); execution accuracy

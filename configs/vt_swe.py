@@ -20,7 +20,7 @@ repository (``extra_info.repo_path``). Reward ``swe``: 1 iff the hidden tests
 (``extra_info.hidden_test_cmd``: FAIL_TO_PASS + PASS_TO_PASS on pristine test files) pass;
 the agent loop runs them before the trajectory is released
 (:mod:`verltool_jax.rollout.final_check`). Evaluation metrics:
-:func:`verltool_jax.tasks.eval_metrics.swe_eval_metrics`; scripted end-to-end check:
+:func:`verltool_jax.reporting.eval_metrics.swe_eval_metrics`; scripted end-to-end check:
 ``experiments/swe_quixbugs_eval.py``.
 
 Expected on 2 CPU cores: evaluating ``smol`` as it comes on the 40 QuixBugs bugs

@@ -13,7 +13,7 @@ workspaces), and runs every task with each policy:
 
 Each episode ends with the hidden test run and the SWE reward. Printed per task: reward,
 tool calls, wall time and sandbox time (time inside tool calls); then per policy the
-eval metrics (:func:`verltool_jax.tasks.eval_metrics.swe_eval_metrics`) and totals.
+eval metrics (:func:`verltool_jax.reporting.eval_metrics.swe_eval_metrics`) and totals.
 The same table and metrics come from ``python -m verltool_jax.eval`` for a model
 (docs/tasks/swe.md).
 """
@@ -34,8 +34,8 @@ if str(REPO) not in sys.path:
 
 from tool_server.client import ToolClient  # noqa: E402
 from tool_server.launcher import run_server  # noqa: E402
+from verltool_jax.reporting.eval_metrics import format_metrics, format_swe_tasks, swe_eval_metrics  # noqa: E402
 from verltool_jax.tasks import swe  # noqa: E402
-from verltool_jax.tasks.eval_metrics import format_metrics, format_swe_tasks, swe_eval_metrics  # noqa: E402
 from verltool_jax.tasks.swe_rollout import POLICIES, run_episode, unique_id  # noqa: E402
 
 

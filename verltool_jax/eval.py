@@ -7,11 +7,11 @@ response length: greedy (one trajectory per problem) and, with ``--samples N``, 
 ``N`` samples per problem at ``--temperature T`` (pass@1 as the mean over samples and the
 unbiased pass@k, ``--k``, default N). For the retrieval-QA task also EM, F1, searches and
 gold-passage retrieval per data set. For text-to-SQL (``configs/vt_sql.py``) also
-:func:`~verltool_jax.tasks.eval_metrics.sql_eval_metrics` of the greedy run: execution
+:func:`~verltool_jax.reporting.eval_metrics.sql_eval_metrics` of the greedy run: execution
 accuracy overall and per Spider hardness level, SQL calls per question, SQL error rate,
 format and execution error rates. For SWE tasks (rows with hidden tests, e.g.
 ``configs/vt_swe.py`` on QuixBugs) also, of the greedy run, a line per task and
-:func:`~verltool_jax.tasks.eval_metrics.swe_eval_metrics`: resolve rate, tool calls per
+:func:`~verltool_jax.reporting.eval_metrics.swe_eval_metrics`: resolve rate, tool calls per
 task, how trajectories ended, wall / sandbox time and generated tokens per task (mean,
 median) and the rollout's total wall time.
 
@@ -310,10 +310,10 @@ def run_eval(
     ``echo``: print the results (and a progress bar) to the console."""
     from tool_server.client import ToolClient
     from verltool_jax.models.lora import sampler_params
+    from verltool_jax.reporting.eval_metrics import format_metrics
     from verltool_jax.reporting.pass_at_k import format_set_table, set_metrics
     from verltool_jax.reporting.progress import ProgressBar
     from verltool_jax.tasks import task_eval_metrics
-    from verltool_jax.tasks.eval_metrics import format_metrics
     from verltool_jax.train.build import build_run
     from verltool_jax.train.console import console
     from verltool_jax.train.evaluate import rollout_scored, summarize
@@ -436,14 +436,14 @@ def run_eval(
 
 def swe_results(trajs: list, wall_s: float, concurrency: int) -> dict | None:
     """For SWE trajectories (rows with hidden tests): ``{"metrics", "tasks", "table"}``
-    (:mod:`verltool_jax.tasks.eval_metrics`); None for other tasks."""
-    from verltool_jax.rollout.final_check import has_final_check
-    from verltool_jax.tasks.eval_metrics import (
+    (:mod:`verltool_jax.reporting.eval_metrics`); None for other tasks."""
+    from verltool_jax.reporting.eval_metrics import (
         format_swe_tasks,
         hidden_test_result,
         swe_eval_metrics,
         swe_task_costs,
     )
+    from verltool_jax.rollout.final_check import has_final_check
 
     if not trajs or not all(has_final_check((t.data or {}).get("extra_info")) for t in trajs):
         return None

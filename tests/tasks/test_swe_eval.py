@@ -13,7 +13,7 @@ import pytest
 
 from tool_server.sandbox import sandbox_status
 from verltool_jax import eval as eval_cli
-from verltool_jax.tasks.eval_metrics import format_swe_tasks, swe_eval_metrics
+from verltool_jax.reporting.eval_metrics import format_swe_tasks, swe_eval_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 QUIX = REPO / ".." / "shared" / "data" / "swe" / "quixbugs"

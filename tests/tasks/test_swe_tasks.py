@@ -19,6 +19,7 @@ from verltool_jax.cli.config_loader import load_config
 from verltool_jax.cli.validate import validate_config
 from verltool_jax.data.readers import read_rows
 from verltool_jax.models.tiny import build_tokenizer
+from verltool_jax.reporting.eval_metrics import swe_eval_metrics
 from verltool_jax.rewards import get_reward_fn
 from verltool_jax.rewards.swe_reward import swe_reward_from_result
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
@@ -26,7 +27,6 @@ from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.sync_baseline import run_rollout_sync
 from verltool_jax.run_config import run_config_from_dict
 from verltool_jax.tasks import prepare_task, swe
-from verltool_jax.tasks.eval_metrics import swe_eval_metrics
 from verltool_jax.tasks.swe_rollout import POLICIES, oracle_actions, run_episode
 
 REPO = Path(__file__).resolve().parents[2]

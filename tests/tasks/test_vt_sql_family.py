@@ -10,11 +10,11 @@ import pytest
 from verltool_jax.cli.config_loader import load_config
 from verltool_jax.cli.validate import validate_config
 from verltool_jax.data.readers import read_rows
+from verltool_jax.reporting.eval_metrics import sql_eval_metrics
 from verltool_jax.rewards import get_reward_fn
 from verltool_jax.rewards.base import RewardResult
 from verltool_jax.run_config import run_config_from_dict
 from verltool_jax.tasks import prepare_task
-from verltool_jax.tasks.eval_metrics import sql_eval_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SPIDER = REPO / ".." / "shared" / "data" / "spider"

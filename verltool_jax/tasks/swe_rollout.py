@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verltool_jax.reporting.eval_metrics import hidden_test_result, swe_task_costs
 from verltool_jax.rewards.swe_reward import swe_reward
 from verltool_jax.rollout.final_check import run_hidden_tests, with_result
-from verltool_jax.tasks.eval_metrics import hidden_test_result, swe_task_costs
 from verltool_jax.tasks.swe import SweTask, make_row
 
 
@@ -68,7 +68,7 @@ POLICIES: dict[str, Callable[[SweTask], list[str]]] = {
 class Episode:
     """One scripted trajectory, with the attributes of a model's
     :class:`~verltool_jax.rollout.trajectory.Trajectory` that the eval metrics read
-    (:mod:`verltool_jax.tasks.eval_metrics`): the row with the hidden test result in
+    (:mod:`verltool_jax.reporting.eval_metrics`): the row with the hidden test result in
     ``data["extra_info"]``, per-call ``tool_latencies`` and ``wall_time_s``."""
 
     task_id: str

@@ -40,10 +40,10 @@ TASK_CONFIG = SpiderTask
 
 def eval_metrics(trajectories: Sequence[Any], tokenizer: Any = None) -> EvalReport:
     """Execution accuracy overall and by Spider hardness, SQL calls
-    (:func:`~verltool_jax.tasks.eval_metrics.sql_eval_metrics`) of scored trajectories
+    (:func:`~verltool_jax.reporting.eval_metrics.sql_eval_metrics`) of scored trajectories
     (each trajectory's reward and ``reward_info``, as ``assign_rewards`` wrote them)."""
+    from verltool_jax.reporting.eval_metrics import format_metrics, sql_eval_metrics
     from verltool_jax.rewards.base import RewardResult
-    from verltool_jax.tasks.eval_metrics import format_metrics, sql_eval_metrics
 
     rewards = [
         None
