@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -56,6 +57,9 @@ from pathlib import Path
 from typing import Any
 
 from verltool_jax.cli import ConfigError, parse_command_line
+
+# by name: run as ``python -m verltool_jax.eval`` this module's __name__ is __main__
+log = logging.getLogger("verltool_jax.eval")
 
 FLAGS = {
     "checkpoint": None,
@@ -244,11 +248,11 @@ def load_policy(run, checkpoint: str):
     return load_hf(model_dir, dtype=rc.model.dtype), f"model {checkpoint} ({model_dir})"
 
 
-def eval_items_per_file(run, limit: int | None = None, say=None) -> list:
+def eval_items_per_file(run, limit: int | None = None) -> list:
     """The held-out prompts, at most ``limit`` (None: all) from each eval file, with the
     policy's image processor (a vision-language policy's rows hold images). Prompts over
-    ``rollout.max_prompt_tokens`` are left out; ``say`` (a print function) says how many
-    problems of a file were kept when fewer than asked."""
+    ``rollout.max_prompt_tokens`` are left out; a line says how many problems of a file
+    were kept when fewer than asked."""
     from verltool_jax.data.pipeline import PromptPipeline
     from verltool_jax.train.evaluate import prompt_items
 
@@ -266,8 +270,8 @@ def eval_items_per_file(run, limit: int | None = None, say=None) -> list:
         )
         want = min(limit or len(pipe.rows), len(pipe.rows))
         got = pipe.next_batch(want)
-        if len(got) < want and say is not None:
-            say(
+        if len(got) < want:
+            log.info(
                 f"[eval] {f}: {len(got)} of {want} problems evaluated; the prompts of the "
                 f"others are longer than rollout.max_prompt_tokens="
                 f"{rc.rollout.max_prompt_tokens}"
@@ -315,18 +319,18 @@ def run_eval(
     from verltool_jax.reporting.progress import ProgressBar
     from verltool_jax.tasks import task_eval_metrics
     from verltool_jax.train.build import build_run
-    from verltool_jax.train.console import console
+    from verltool_jax.train.console import console, console_lines
     from verltool_jax.train.evaluate import rollout_scored, summarize
 
     if data:
         apply_data_flag(config, data, limit)
     out_dir = eval_dir(checkpoint)
-    say = (lambda m: print(m, file=console(), flush=True)) if echo else (lambda m: None)
-    with build_run(config, out_dir=out_dir, write_metrics=False, eval_only=True) as run:
+    with (
+        console_lines(enabled=echo),
+        build_run(config, out_dir=out_dir, write_metrics=False, eval_only=True) as run,
+    ):
         rc = run.config
-        items = eval_items_per_file(
-            run, limit or (None if data else rc.data.max_eval_examples), say
-        )
+        items = eval_items_per_file(run, limit or (None if data else rc.data.max_eval_examples))
         if not items:
             raise ValueError("the config has no held-out prompts (data.eval_files or a task)")
         family = rc.task.name if rc.task is not None else ""
@@ -340,13 +344,13 @@ def run_eval(
             [it.data["data_source"] for it in items], rc.reward.name, family_reward, family
         )
         if unrewarded:
-            say(
+            log.info(
                 f"[eval] data source(s) {', '.join(map(repr, unrewarded))} have no reward of "
                 f"their own: scoring with the {family} task's reward {reward_name!r} "
                 "(--config.reward.name picks another)"
             )
             run.reward_pool.reward_name = reward_name
-        say(f"[eval] {len(items)} problems from {len(run.files['eval'])} file(s)")
+        log.info(f"[eval] {len(items)} problems from {len(run.files['eval'])} file(s)")
         model, what = load_policy(run, checkpoint)
         sampler = run.open_sampler(trainer_overlaps=False)  # nothing trains beside it
         sampler.update_weights(sampler_params(model), 0)  # LoRA folded in
@@ -398,26 +402,26 @@ def run_eval(
         modes = {"greedy": set_metrics(greedy, 1)}
         if sampled is not None:
             modes[f"T={temperature:g},n={samples}"] = set_metrics(sampled, k or samples)
-        say(
+        log.info(
             f"[eval] {what}: "
             + json.dumps(
                 {key: round(v, 4) if isinstance(v, float) else v for key, v in overall.items()}
             )
         )
-        say("[eval] per test set:\n" + format_set_table(modes))
+        log.info("[eval] per test set:\n" + format_set_table(modes))
         errors = error_summary(trajs + ([t for g in sampled for t in g] if sampled else []))
         if errors:
-            say("[eval] WARNING: trajectories ended by an error (they score 0):\n" + errors)
+            log.info("[eval] WARNING: trajectories ended by an error (they score 0):\n" + errors)
         reports = {}
         task_metrics = task_eval_metrics(rc.task.name) if rc.task is not None else None
         if task_metrics is not None:
             rep = task_metrics(trajs, run.tokenizer)
-            say(f"[eval] {rep.title}:\n{rep.text}")
+            log.info(f"[eval] {rep.title}:\n{rep.text}")
             reports[rep.key] = rep.metrics  # of the greedy run
         swe = swe_results(trajs, walls["greedy"], rcfg.max_concurrency or len(trajs))
         if swe is not None:
-            say("[eval] SWE tasks (greedy):\n" + swe.pop("table"))
-            say(
+            log.info("[eval] SWE tasks (greedy):\n" + swe.pop("table"))
+            log.info(
                 f"[eval] SWE: {len(trajs)} tasks, at most "
                 f"{int(swe['metrics']['swe/concurrency'])} at once:\n"
                 + format_metrics(swe["metrics"])
@@ -427,7 +431,7 @@ def run_eval(
 
             shown = trajs + ([t for g in sampled for t in g] if sampled else [])
             write_trajectory_report(shown, report, title=f"eval: {what}", tokenizer=run.tokenizer)
-            say(f"[eval] trajectories: {report}")
+            log.info(f"[eval] trajectories: {report}")
     out = {"what": what, "overall": overall, "modes": modes, **reports}
     if swe is not None:
         out["swe"] = swe

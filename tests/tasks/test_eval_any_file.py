@@ -8,6 +8,7 @@ lines while the library logs go to ``eval.log``."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -263,7 +264,7 @@ def test_smol_command_of_the_readme_on_an_unseen_file(tmp_path):
     assert "INFO" in log and "vllm" in log.lower()
 
 
-def test_items_per_file_limit_and_overlong_prompts_said(tmp_path):
+def test_items_per_file_limit_and_overlong_prompts_said(tmp_path, caplog):
     """``--limit`` caps each file; a file whose prompts are too long for
     ``rollout.max_prompt_tokens`` says how many of its problems were evaluated."""
     from types import SimpleNamespace as NS
@@ -287,9 +288,10 @@ def test_items_per_file_limit_and_overlong_prompts_said(tmp_path):
         image_processor=None,
         config=NS(data=NS(format="auto"), rollout=NS(max_prompt_tokens=300)),
     )
-    said = []
-    items = eval_cli.eval_items_per_file(run, None, said.append)
+    caplog.set_level(logging.INFO, logger="verltool_jax")
+    items = eval_cli.eval_items_per_file(run, None)
+    said = caplog.messages
     assert [it.group_id for it in items] == ["eval0_0", "eval0_1", "eval0_2", "eval0_3", "eval1_0"]
     assert len(said) == 1 and said[0].startswith(f"[eval] {mixed}: 1 of 2 problems evaluated")
-    items = eval_cli.eval_items_per_file(run, 2, said.append)  # at most 2 per file
+    items = eval_cli.eval_items_per_file(run, 2)  # at most 2 per file
     assert [it.group_id for it in items] == ["eval0_0", "eval0_1", "eval1_0"]

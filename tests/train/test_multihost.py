@@ -144,7 +144,7 @@ def test_two_processes_train_resume_and_match_one_process(two_process_run, tmp_p
         rc = run.config
         algo = rc.algo_for_run()
         optimizer = make_optimizer(rc.optimizer_for_run())
-        state = TrainState.create(run_sft(run, lambda m: None), optimizer, seed=rc.trainer.seed)
+        state = TrainState.create(run_sft(run), optimizer, seed=rc.trainer.seed)
         train_step = make_train_step(algo, state.graphdef, optimizer, donate=False)
         for k, logged in zip((1, 2), rl):
             batch = make_batch(rc, algo, steps[k], run.pad_id, state.model)

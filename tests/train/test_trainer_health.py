@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -77,12 +78,12 @@ def _kill(proc) -> int:
     return pid
 
 
-def test_started_tool_server_killed_is_restarted_and_turns_retried(tok):
-    said: list[str] = []
+def test_started_tool_server_killed_is_restarted_and_turns_retried(tok, caplog):
+    caplog.set_level(logging.INFO, logger="verltool_jax")
     server = ToolServerProcess(["python_code"], timeout=10)
     url = server.start()
     first_pid, first_scratch = server.pid, server.scratch
-    guard = ToolServerGuard(url, server, max_restarts=2, say=said.append)
+    guard = ToolServerGuard(url, server, max_restarts=2)
     killed: list[int] = []
 
     def script(rid: str, turn: int) -> str:
@@ -113,7 +114,7 @@ def test_started_tool_server_killed_is_restarted_and_turns_retried(tok):
         assert all(t.tool_calls == 1 and t.observations[0].strip() == "42" for t in trajs)
         assert guard.restarts == 1 and server.restarts == 1 and guard.down is None
         assert server.alive and server.pid != first_pid and server.url == url  # same port
-        assert any("restarted" in s for s in said), said
+        assert any("restarted" in s for s in caplog.messages), caplog.messages
         # the dead server left nothing behind: its scratch dir and sandboxed workers are gone
         assert not os.path.exists(first_scratch)
         time.sleep(0.5)
@@ -264,11 +265,11 @@ def test_killed_reward_worker_is_replaced_and_its_item_is_a_failure():
     assert h.reasons == [("reward scoring killed (reward worker died or wedged)", killed)]
 
 
-def test_external_server_back_within_grace_is_waited_for():
-    said: list[str] = []
+def test_external_server_back_within_grace_is_waited_for(caplog):
+    caplog.set_level(logging.INFO, logger="verltool_jax")
 
     async def go(url, restart):
-        guard = ToolServerGuard(url, None, down_grace_s=30, probe_every_s=0.2, say=said.append)
+        guard = ToolServerGuard(url, None, down_grace_s=30, probe_every_s=0.2)
         loop = asyncio.get_running_loop()
         loop.call_later(0.5, restart)
         return await guard.recover(), guard
@@ -283,12 +284,12 @@ def test_external_server_back_within_grace_is_waited_for():
         # the guard can see the server answer before start() has returned from its own check
         starter.join(timeout=60)
         assert ok and guard.down is None and box == [url]
-        assert any("is back" in s for s in said)
+        assert any("is back" in s for s in caplog.messages)
     finally:
         server.stop()
 
 
-def test_batches_over_the_error_rate_are_skipped_then_the_run_stops():
+def test_batches_over_the_error_rate_are_skipped_then_the_run_stops(caplog):
     from verltool_jax.train.health import HealthMonitor
 
     def batch(n_failed: int, n: int = 4) -> list[Trajectory]:
@@ -303,16 +304,14 @@ def test_batches_over_the_error_rate_are_skipped_then_the_run_stops():
             for i in range(n)
         ]
 
-    said: list[str] = []
+    caplog.set_level(logging.INFO, logger="verltool_jax")
 
     class Alive:
         alive = True
 
     async def go(url):
-        guard = ToolServerGuard(url, None, down_grace_s=0, say=said.append)
-        mon = HealthMonitor(
-            guard, lambda: Alive(), None, max_error_rate=0.25, max_skipped_steps=2, say=said.append
-        )
+        guard = ToolServerGuard(url, None, down_grace_s=0)
+        mon = HealthMonitor(guard, lambda: Alive(), None, max_error_rate=0.25, max_skipped_steps=2)
         assert await mon.admit(batch(1), 0)  # 1/4 = the threshold: trained on
         assert not await mon.admit(batch(2), 1)  # 2/4: skipped
         assert not await mon.admit(batch(4), 1)
@@ -330,7 +329,7 @@ def test_batches_over_the_error_rate_are_skipped_then_the_run_stops():
     with run_server(["python_code"], timeout=5) as url:
         mon = asyncio.run(go(url))
     assert mon.metrics()["health/skipped_steps"] == 5
-    assert said[0].startswith(
+    assert caplog.messages[0].startswith(
         "[health] step 2: 2/4 trajectories failed (2x ToolServerError: "
         "boom), more than trainer.max_error_rate=0.25: not training"
     )

@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 _console: TextIO | None = None
 TAIL_LINES = 40
+CONSOLE = {"console": True}  # ``log.info(line, extra=CONSOLE)``: an untagged console line
 
 
 def console() -> TextIO:
@@ -110,3 +111,43 @@ def run_logged(config, fn: Callable[[], T]) -> T:
                     file=term,
                 )
             raise
+
+
+class ConsoleHandler(logging.Handler):
+    """Writes the project's own ``[tag] ...`` lines (INFO and up, from the ``verltool_jax``
+    loggers; an untagged one with ``extra=CONSOLE``) to :func:`console`, message only. All
+    project lines also propagate to the root logger (the run's log file), where the other
+    project lines go only."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.addFilter(lambda r: getattr(r, "console", False) or r.getMessage().startswith("["))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = console()
+            stream.write(record.getMessage() + "\n")
+            stream.flush()
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def console_lines(enabled: bool = True) -> Iterator[None]:
+    """Show the project's ``[tag]`` lines on the console while inside (entry points:
+    :func:`verltool_jax.train.trainer.train`, :func:`verltool_jax.eval.evaluate`). The
+    ``verltool_jax`` logger is set to INFO so its lines reach the handlers; with
+    ``enabled=False`` (a quiet call, process i > 0) they reach only the run's log file."""
+    project = logging.getLogger("verltool_jax")
+    saved_level = project.level
+    handler = ConsoleHandler() if enabled else None
+    if project.getEffectiveLevel() > logging.INFO:
+        project.setLevel(logging.INFO)
+    if handler is not None:
+        project.addHandler(handler)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            project.removeHandler(handler)
+        project.setLevel(saved_level)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +20,8 @@ from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.train import multihost
 from verltool_jax.train.health import batch_health
+
+log = logging.getLogger(__name__)
 
 
 def prompt_item(example: Any, prefix: str) -> PromptItem:
@@ -109,7 +112,7 @@ async def evaluate(
 
 
 async def evaluate_run(
-    run: Any, tool_client: Any, health: Any, version: int, tag: str, say: Callable[[str], None]
+    run: Any, tool_client: Any, health: Any, version: int, tag: str
 ) -> tuple[dict, list[Trajectory]]:
     """The trainer's held-out evaluation of its current policy (``run``: a ``build.Run``):
     :func:`evaluate` of ``run.eval_items``, ``time/eval_s`` and ``eval/failed`` added,
@@ -141,7 +144,7 @@ async def evaluate_run(
         await health.check_dependencies(f"evaluation {tag}: {h.describe()}")
     m["eval/failed"] = h.failed
     run.writer.write(version, m)
-    say(
+    log.info(
         f"[eval:{tag}] step {version}: held-out accuracy {m['eval/acc']:.3f} "
         f"(reward {m['eval/reward']:.3f}, tool calls {m['eval/tool_calls']:.2f}, "
         f"n={m['eval/num']}, {m['time/eval_s']:.1f}s"

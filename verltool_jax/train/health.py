@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from typing import Any
 
 from tool_server.client import http_healthy
 from verltool_jax.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class DependencyDown(RuntimeError):
@@ -64,7 +67,6 @@ class ToolServerGuard:
         *,
         max_restarts: int = 3,
         down_grace_s: float = 30.0,
-        say: Callable[[str], None] = print,
         probe_every_s: float = 0.5,
     ) -> None:
         self.url = url
@@ -72,7 +74,6 @@ class ToolServerGuard:
         self.max_restarts = max_restarts
         self.down_grace_s = down_grace_s
         self.probe_every_s = probe_every_s
-        self.say = say
         self.restarts = 0
         self.down: str | None = None  # why the server is down for good
         self._clients: list = []
@@ -118,7 +119,7 @@ class ToolServerGuard:
             self.url = url
             for c in self._clients:
                 c.url = url.rstrip("/")
-        self.say(
+        log.info(
             f"[health] the tool server (pid {old}) died; restarted it as pid "
             f"{self.process.pid} at {url} (restart {self.restarts}/{self.max_restarts}); "
             "the tool calls in flight are retried"
@@ -126,7 +127,7 @@ class ToolServerGuard:
         return True
 
     async def _wait_for_external(self) -> bool:
-        self.say(
+        log.info(
             f"[health] the tool server at {self.url} does not answer; waiting up to "
             f"{self.down_grace_s:g}s for it (tool_server.down_grace_s)"
         )
@@ -134,7 +135,7 @@ class ToolServerGuard:
         while time.monotonic() < deadline:
             await asyncio.sleep(self.probe_every_s)
             if await self.healthy():
-                self.say(f"[health] the tool server at {self.url} is back")
+                log.info(f"[health] the tool server at {self.url} is back")
                 return True
         self.down = (
             f"the tool server at {self.url} (tool_server.url) has been unreachable "
@@ -200,14 +201,12 @@ class HealthMonitor:
         *,
         max_error_rate: float,
         max_skipped_steps: int,
-        say: Callable[[str], None] = print,
     ) -> None:
         self.tool = tool
         self.sampler = sampler
         self.reward_pool = reward_pool
         self.max_error_rate = max_error_rate
         self.max_skipped_steps = max_skipped_steps
-        self.say = say
         self.skipped_in_a_row = 0
         self.skipped = 0
 
@@ -236,7 +235,7 @@ class HealthMonitor:
                 f"stopping after trainer.max_skipped_steps="
                 f"{self.max_skipped_steps}. The last good checkpoint is kept"
             )
-        self.say(
+        log.info(
             f"[health] {why}: not training on it, not checkpointing "
             f"({self.skipped_in_a_row}/{self.max_skipped_steps} skipped in a row)"
         )

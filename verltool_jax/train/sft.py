@@ -10,6 +10,7 @@ marks as trained (model turns and EOS); observation tokens have mask 0.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 import jax
@@ -27,6 +28,8 @@ from verltool_jax.train.batch import (
     shift_targets,
 )
 from verltool_jax.train.state import TrainState
+
+log = logging.getLogger(__name__)
 
 SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
 
@@ -107,7 +110,7 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation):
     return jax.jit(step, donate_argnums=(0,))
 
 
-def run_sft(run, say, should_stop: Callable[[], bool] | None = None) -> nnx.Module:
+def run_sft(run, should_stop: Callable[[], bool] | None = None) -> nnx.Module:
     """The supervised warm start of a run (``sft`` section) on ``run.files["sft"]``:
     AdamW with linear warmup to ``sft.lr``, constant after, gradients clipped to norm 1;
     progress every tenth of the steps. ``should_stop()`` is asked before every step (a
@@ -143,13 +146,13 @@ def run_sft(run, say, should_stop: Callable[[], bool] | None = None) -> nnx.Modu
     t0 = time.perf_counter()
     for i in range(steps):
         if should_stop is not None and should_stop():
-            say(f"[sft] stopped before step {i + 1}/{steps}")
+            log.info(f"[sft] stopped before step {i + 1}/{steps}")
             break
         batch = sft_batch(pipe.next_batch(c.sft.batch_size), run.pad_id, c.model.max_seq_len)
         state, m = step_fn(state, batch)
         if (i + 1) % max(1, steps // 10) == 0 or i + 1 == steps:
             metrics = {k: float(v) for k, v in jax.device_get(m).items()}
-            say(
+            log.info(
                 f"[sft] step {i + 1}/{steps} loss {metrics['sft_loss']:.4f} "
                 f"token-prob {metrics['sft_token_prob']:.3f} ({time.perf_counter() - t0:.1f}s)"
             )

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import signal
-from collections.abc import Callable
 
 from verltool_jax.train import multihost
+
+log = logging.getLogger(__name__)
 
 
 class StopFlag:
     """Set by SIGINT/SIGTERM: the loop finishes its step, saves and stops. A second
     signal raises KeyboardInterrupt at once."""
 
-    def __init__(self, say: Callable[[str], None]) -> None:
+    def __init__(self) -> None:
         self.set = False
-        self._say = say
         self._saved: dict = {}
 
     def install(self) -> None:
@@ -22,7 +23,7 @@ class StopFlag:
             if self.set:
                 raise KeyboardInterrupt
             self.set = True
-            self._say(
+            log.info(
                 f"[trainer] signal {signum}: finishing the current step, saving, "
                 "stopping (Ctrl-C again to abort)"
             )

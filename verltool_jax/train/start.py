@@ -5,7 +5,7 @@ SFT warm start (``sft.steps > 0``), or the initial policy."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,8 @@ from verltool_jax.train.disk import checkpoint_bytes, require_free_space
 from verltool_jax.train.sft import run_sft
 from verltool_jax.train.signals import StopFlag
 from verltool_jax.train.state import TrainState
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,7 +36,7 @@ class RunStart:
     resume_data: dict  # this process's data position from the checkpoint ({} if fresh)
 
 
-def start_run(run: Any, stop: StopFlag, say: Callable[[str], None]) -> RunStart:
+def start_run(run: Any, stop: StopFlag) -> RunStart:
     """The :class:`RunStart` of ``run`` (a ``build.Run``)."""
     rc = run.config
     multihost.check_supported(rc, run.mesh)
@@ -58,7 +60,7 @@ def start_run(run: Any, stop: StopFlag, say: Callable[[str], None]) -> RunStart:
     # A newest step cut short by a crash, truncated or corrupted is set aside (named
     # here) and the run resumes from the previous complete one.
     for r in ckpt.rejected:
-        say(f"[trainer] {r.describe()}")
+        log.info(f"[trainer] {r.describe()}")
     prompts = run.prompt_pipeline()
     start = RunStart(None, algo, optimizer, ckpt, prompts, {})
     latest = ckpt.latest_step() if rc.checkpoint.resume else None
@@ -67,15 +69,15 @@ def start_run(run: Any, stop: StopFlag, say: Callable[[str], None]) -> RunStart:
         start.resume_data = multihost.my_data_state(data)
         if prompts is not None and "prompts" in start.resume_data:
             prompts.set_state(start.resume_data["prompts"])
-        say(
+        log.info(
             f"[trainer] resumed from {ckpt.directory} at step {latest}"
             + (", the newest complete checkpoint" if ckpt.rejected else "")
         )
         return start
     if ckpt.rejected and rc.checkpoint.resume:
-        say("[trainer] no complete checkpoint is left: starting from the beginning")
+        log.info("[trainer] no complete checkpoint is left: starting from the beginning")
     if rc.sft.steps > 0:
-        run.model = run_sft(run, say, should_stop=stop.agreed)
+        run.model = run_sft(run, should_stop=stop.agreed)
         if stop.set:
             return start  # an unfinished warm start is not kept
     start.state = multihost.globalize(new_state(run.model), run.mesh)

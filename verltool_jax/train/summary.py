@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from verltool_jax.reporting.html_report import write_trajectory_report
 from verltool_jax.reporting.plots import plot_metrics
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.train import multihost
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,18 +61,17 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def finish(out: Path, summary: RunSummary, say: Callable[[str], None]) -> None:
+def finish(out: Path, summary: RunSummary) -> None:
     """Write ``out/summary.json`` (process 0) and say the run's last line."""
     if multihost.is_primary():
         (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2))
-    say(summary.last_line(out))
+    log.info(summary.last_line(out))
 
 
 def finish_reports(
     run: Any,
     last_trajs: Sequence[Trajectory],
     eval_trajs: Sequence[Trajectory],
-    say: Callable[[str], None],
 ) -> None:
     """Close the metrics writer, then the PNG plot of reward/accuracy and the HTML page
     of sample trajectories (held-out and the last training batch)."""
@@ -79,7 +81,7 @@ def finish_reports(
         try:
             plot_metrics(run.writer.jsonl_path, run.out / "metrics.png", title=rc.trainer.out_dir)
         except ValueError as e:  # nothing to plot yet (e.g. zero RL steps)
-            say(f"[trainer] no plot: {e}")
+            log.info(f"[trainer] no plot: {e}")
     k = rc.logging.report_trajectories
     trajs = list(eval_trajs)[:k] + list(last_trajs)[:k]
     if trajs:

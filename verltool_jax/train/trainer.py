@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +47,7 @@ from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.trajectory import Trajectory, dump_trajectories
 from verltool_jax.train import build, multihost
 from verltool_jax.train.batch import RLBatch, make_batch
-from verltool_jax.train.console import console
+from verltool_jax.train.console import CONSOLE, console, console_lines
 from verltool_jax.train.evaluate import evaluate_run
 from verltool_jax.train.metrics import StepTimer, rollout_metrics, sampler_parity
 from verltool_jax.train.signals import StopFlag
@@ -77,41 +76,39 @@ def train(config: Any, echo: bool = True) -> TrainResult:
     multihost.start()
     echo = echo and multihost.is_primary()
 
-    def say(msg: str) -> None:
-        print(msg, file=console(), flush=True) if echo else log.info(msg)
-
-    stop = StopFlag(say)
+    stop = StopFlag()
     stop.install()
     try:
-        return _train(config, stop, say)
+        with console_lines(enabled=echo):
+            return _train(config, stop)
     finally:
         stop.uninstall()
 
 
-def _train(config: Any, stop: StopFlag, say: Callable[[str], None]) -> TrainResult:
+def _train(config: Any, stop: StopFlag) -> TrainResult:
     t_start = time.perf_counter()
     with build.build_run(config) as run:
-        rc, start = run.config, start_run(run, stop, say)
+        rc, start = run.config, start_run(run, stop)
         state, version, last, evals = start.state, 0, [], []
         if state is None:
             summary = RunSummary(interrupted=True, sft_interrupted=True)
         else:
             version = int(jax.device_get(state.step))  # the one device read of the version
             if run.eval_items or (rc.stage == "rl" and version < rc.trainer.steps):
-                loop = RLLoop(wire(run, start, state, version, stop, say), state)
+                loop = RLLoop(wire(run, start, state, version, stop), state)
                 summary = asyncio.run(loop.train())
                 state, version, last, evals = loop.state, loop.version, loop.last, loop.evals
             else:  # nothing to sample: no sampler (a vLLM engine takes a minute and GBs)
-                say("[trainer] no RL step to run and no held-out set: no sampler started")
+                log.info("[trainer] no RL step to run and no held-out set: no sampler started")
                 summary = RunSummary(steps=version, interrupted=stop.set)
             if multihost.is_primary():
-                finish_reports(run, last, evals, say)
+                finish_reports(run, last, evals)
             if rc.checkpoint.export_hf:
                 params = multihost.to_host(state.params)  # every process takes part
                 if multihost.is_primary():
                     build.hf_export(state.model(params), run.tokenizer, run.out / "hf_model")
     summary.wall_s = time.perf_counter() - t_start
-    finish(run.out, summary, say)
+    finish(run.out, summary)
     return TrainResult(summary, state, version)
 
 
@@ -244,12 +241,12 @@ class RLLoop:
         metrics.update(d.health.metrics())
         warning = d.signal_watch.update(metrics)
         if warning:
-            d.say(f"[trainer] step {v}: {warning}")
+            log.info(f"[trainer] step {v}: {warning}")
         if v % rc.trainer.log_every == 0:
             d.run.writer.write(v, metrics)
         line = bar.update(v, metrics)
         if not rc.logging.progress_bar:
-            d.say(line)
+            log.info(line, extra=CONSOLE)
 
     async def evaluate_and_checkpoint(self) -> None:
         t, v = self.deps.run.config.trainer, self.version
@@ -259,7 +256,7 @@ class RLLoop:
 
     async def evaluate(self, tag: str) -> dict:
         d = self.deps
-        m, trajs = await evaluate_run(d.run, d.client, d.health, self.version, tag, d.say)
+        m, trajs = await evaluate_run(d.run, d.client, d.health, self.version, tag)
         self.evals = trajs or self.evals
         return m
 
@@ -269,7 +266,7 @@ class RLLoop:
         ``algo.dynamic_sampling_max_batches`` in a row (then save and stop with an error)."""
         d, self.uninformative = self.deps, self.uninformative + 1
         limit = d.run.config.algo.dynamic_sampling_max_batches
-        d.say(
+        log.info(
             f"[trainer] step {self.version + 1}: no group in the batch has mixed rewards "
             f"(dynamic sampling): sampling another ({self.uninformative} in a row"
             + (f", at most {limit})" if limit else ")")

@@ -43,12 +43,9 @@ class LoopDeps:
     groups_per_step: int
     signal_watch: NoSignalWatch
     stop: StopFlag
-    say: Callable[[str], None]
 
 
-def wire(
-    run: Any, start: RunStart, state: TrainState, version: int, stop: StopFlag, say: Callable
-) -> LoopDeps:
+def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopFlag) -> LoopDeps:
     """The :class:`LoopDeps` of a run whose policy is at ``version``; starts the sampler
     and publishes ``state``'s weights to it as ``version``."""
     rc = run.config
@@ -79,7 +76,6 @@ def wire(
         run.tool_process,
         max_restarts=ts.max_restarts,
         down_grace_s=ts.down_grace_s,
-        say=say,
     )
     client = guard.watch(ToolClient(run.tool_url, timeout_s=ts.timeout_s + 30))
     health = HealthMonitor(
@@ -88,7 +84,6 @@ def wire(
         run.reward_pool,
         max_error_rate=rc.trainer.max_error_rate,
         max_skipped_steps=rc.trainer.max_skipped_steps,
-        say=say,
     )
     producer = None
     if rl:
@@ -106,7 +101,7 @@ def wire(
     watch = NoSignalWatch(rc.trainer.no_signal_steps, rc.trainer.no_signal_frac)
     return LoopDeps(
         run, start.algo, train_step, publisher, start.ckpt, start.prompts, client, guard,
-        health, queue, producer, groups, watch, stop, say,
+        health, queue, producer, groups, watch, stop,
     )  # fmt: skip
 
 
