@@ -35,7 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (torch and XLA)")
     args = ap.parse_args()
-    from verltool_jax.cpu_threads import configure_xla_cpu
+    from verltool_jax.runtime.cpu_threads import configure_xla_cpu
 
     configure_xla_cpu(args.threads)
     import jax

@@ -15,7 +15,7 @@ one runs while the other waits), so a busy machine slows both alike; the load av
 printed beside every figure. ``--pause S`` sleeps S seconds before each step (a trainer's
 step follows a rollout wait; memory a process returned to the kernel is then faulted in
 again). The command-line entry re-executes itself with the glibc malloc tunables of
-``verltool_jax.malloc_tuning`` (huge pages, freed memory kept in the process;
+``verltool_jax.runtime.malloc_tuning`` (huge pages, freed memory kept in the process;
 ``VERLTOOL_MALLOC_HUGEPAGES=0`` / ``VERLTOOL_MALLOC_KEEP_FREED=0`` to measure without),
 which both workers inherit. Peak memory per token: measured in a fresh process per
 framework that returns freed memory (kept memory would hide the step's peak in what
@@ -271,7 +271,7 @@ def memory_in_subprocess(framework: str) -> int:
     import subprocess
     import sys
 
-    from verltool_jax.malloc_tuning import without_keep_freed
+    from verltool_jax.runtime.malloc_tuning import without_keep_freed
 
     out = subprocess.run(
         [sys.executable, *sys.argv, "--memory-of", framework],
@@ -370,7 +370,7 @@ def main():
     if a.threads:
         cores = cores[: a.threads]
         os.sched_setaffinity(0, cores)
-    from verltool_jax.cpu_threads import configure_xla_cpu
+    from verltool_jax.runtime.cpu_threads import configure_xla_cpu
 
     configure_xla_cpu(len(cores))
     import jax
@@ -470,7 +470,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning
 
     reexec_with_malloc_tuning()  # VERLTOOL_MALLOC_HUGEPAGES=0 / _KEEP_FREED=0: without
     main()

@@ -192,7 +192,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning
 
     reexec_with_malloc_tuning()  # VERLTOOL_MALLOC_HUGEPAGES=0 / _KEEP_FREED=0: without
     main()

@@ -13,6 +13,11 @@ curriculum.
 
 The data (``verltool_jax.tasks.reasoning_gym``) is generated into ``<out_dir>/data``;
 reasoning-gym is the optional extra ``pip install 'verltool-jax[reasoning-gym]'``.
+
+Expected on 2 CPU cores (``smol``, through ``experiments/reasoning_smollm2.py``): SFT
+about 10 min, 40-80 s per GRPO step; greedy held-out accuracy on levels 0-3 from 0.00
+(base) to about 0.66 after SFT, and about 0.69 after 60 GRPO steps at lr 3e-4 (one
+seed; experiments/results/reasoning_smollm2/results.md). ``tiny``: seconds.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning
 
     reexec_with_malloc_tuning()
     sys.exit(main())

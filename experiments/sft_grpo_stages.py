@@ -310,6 +310,7 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
 
     from verltool_jax.eval import run_eval
     from verltool_jax.run_config import run_config_from_dict
+    from verltool_jax.runtime.console import library_output_to, run_logged
     from verltool_jax.train import build
     from verltool_jax.train.trainer import train
 
@@ -331,13 +332,14 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
 
     def evaluate(run_dir: Path, checkpoint: str, seed: int) -> dict:
         c = config(run_dir, [("sampler.seed", str(seed))])
-        return run_eval(
-            c,
-            checkpoint,
-            samples=a.samples,
-            temperature=a.temperature,
-            report=str(run_dir / "trajectories.html"),
-        )
+        with library_output_to(run_dir / "run.log"):  # vLLM's and XLA's lines
+            return run_eval(
+                c,
+                checkpoint,
+                samples=a.samples,
+                temperature=a.temperature,
+                report=str(run_dir / "trajectories.html"),
+            )
 
     def training(stage: str, seed: int, extra: Overrides):
         run_dir = out / f"{stage}_seed{seed}"
@@ -369,7 +371,7 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
                 )
             else:
                 t0 = time.perf_counter()
-                summary = train(c).summary.to_json()
+                summary = run_logged(c, lambda: train(c)).summary.to_json()
                 train_s = time.perf_counter() - t0
                 if summary.get("interrupted"):
                     # a stopped run is not a result: nothing is recorded or evaluated, and
@@ -405,9 +407,10 @@ def main(recipe: Recipe, argv: Sequence[str] | None = None, doc: str = "") -> in
                 ("sft.steps", "0"),
             ],
         )
-        rates = measure(
-            c, "base", run_dir, k, limit=a.filter_limit, write_pool=str(pool), bounds=(lo, hi)
-        )
+        with library_output_to(run_dir / "run.log"):
+            rates = measure(
+                c, "base", run_dir, k, limit=a.filter_limit, write_pool=str(pool), bounds=(lo, hi)
+            )
         kept = sum(lo < r.rate < hi for r in rates)
         return {"summary": summary(rates), "kept": kept, "bounds": [lo, hi]}
 
@@ -591,11 +594,11 @@ def write_training_curves(out: Path, seeds: Sequence[int]) -> Path | None:
 
 def run_script(recipe: Recipe, doc: str) -> None:
     """An experiment script's ``__main__``: glibc malloc tuned for XLA's buffers
-    (``verltool_jax.malloc_tuning``: huge pages, freed memory kept), then
+    (``verltool_jax.runtime.malloc_tuning``: huge pages, freed memory kept), then
     :func:`main` on the command line, its return value the exit status."""
     import sys
 
-    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning
 
     reexec_with_malloc_tuning()
     sys.exit(main(recipe, None, doc))

@@ -36,7 +36,7 @@ from tool_server.client import ToolClient  # noqa: E402
 from tool_server.launcher import run_server  # noqa: E402
 from verltool_jax.reporting.eval_metrics import format_metrics, format_swe_tasks, swe_eval_metrics  # noqa: E402
 from verltool_jax.tasks import swe  # noqa: E402
-from verltool_jax.tasks.swe_rollout import POLICIES, run_episode, unique_id  # noqa: E402
+from verltool_jax.tasks.swe.scripted import POLICIES, run_episode, unique_id  # noqa: E402
 
 
 async def run_policy(url: str, tasks, policy: str, concurrency: int, timeout_s: float):

@@ -314,13 +314,14 @@ def run_eval(
     ``echo``: print the results (and a progress bar) to the console."""
     from tool_server.client import ToolClient
     from verltool_jax.models.lora import sampler_params
+    from verltool_jax.reporting.batch_summary import summarize
     from verltool_jax.reporting.eval_metrics import format_metrics
     from verltool_jax.reporting.pass_at_k import format_set_table, set_metrics
     from verltool_jax.reporting.progress import ProgressBar
+    from verltool_jax.runtime.console import console, console_lines
     from verltool_jax.tasks import task_eval_metrics
     from verltool_jax.train.build import build_run
-    from verltool_jax.train.console import console, console_lines
-    from verltool_jax.train.evaluate import rollout_scored, summarize
+    from verltool_jax.train.evaluate import rollout_scored
 
     if data:
         apply_data_flag(config, data, limit)
@@ -500,8 +501,8 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from verltool_jax.train.__main__ import prepare_vision_language_sampler
-    from verltool_jax.train.console import library_output_to, tail
+    from verltool_jax.runtime.console import library_output_to, tail
+    from verltool_jax.samplers.torchvision_cpu import prepare_vision_language_sampler
 
     prepare_vision_language_sampler(cl.config)
     log_path = (eval_dir(checkpoint) or Path(cl.config.trainer.out_dir)) / "eval.log"
@@ -539,7 +540,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning
 
     reexec_with_malloc_tuning()
     sys.exit(main())

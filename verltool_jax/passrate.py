@@ -220,8 +220,8 @@ def measure(
     from verltool_jax.eval import load_policy
     from verltool_jax.models.lora import sampler_params
     from verltool_jax.reporting.progress import ProgressBar
+    from verltool_jax.runtime.console import console
     from verltool_jax.train.build import build_run
-    from verltool_jax.train.console import console
     from verltool_jax.train.evaluate import prompt_item, rollout_scored
 
     say = (lambda m: print(m, file=console(), flush=True)) if echo else (lambda m: None)
@@ -339,7 +339,7 @@ def measure(
 
 
 def main(argv=None) -> int:
-    from verltool_jax.train.console import library_output_to
+    from verltool_jax.runtime.console import library_output_to
 
     try:
         cl = parse_command_line(sys.argv[1:] if argv is None else argv, FLAGS)
@@ -384,7 +384,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning
 
     reexec_with_malloc_tuning()
     raise SystemExit(main())

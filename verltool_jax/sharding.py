@@ -16,7 +16,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -124,27 +123,6 @@ def param_spec(
         f"no partition rule matches parameter {name!r}; add one to "
         f"verltool_jax.sharding.PARAM_RULES"
     )
-
-
-def state_shardings(state: nnx.State, mesh: Mesh, rules=PARAM_RULES) -> nnx.State:
-    """A pytree like ``state`` holding the ``NamedSharding`` of each parameter (for jit)."""
-
-    def one(path, leaf):
-        return NamedSharding(mesh, param_spec(path, np.shape(leaf), mesh, rules))
-
-    return jax.tree_util.tree_map_with_path(one, state)
-
-
-def shard_state(state: nnx.State, mesh: Mesh, rules=PARAM_RULES) -> nnx.State:
-    """``state`` with every array placed in its rule's sharding."""
-    return jax.device_put(state, state_shardings(state, mesh, rules))
-
-
-def shard_model(model: nnx.Module, mesh: Mesh, rules=PARAM_RULES) -> nnx.Module:
-    """Place every parameter of ``model`` in its sharding (in place); returns ``model``."""
-    state = nnx.state(model)
-    nnx.update(model, shard_state(state, mesh, rules))
-    return model
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:

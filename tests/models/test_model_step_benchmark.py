@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verltool_jax.malloc_tuning import KEEP_FREED_TUNABLES, TUNABLES_GLIBC, glibc_version
+from verltool_jax.runtime.malloc_tuning import KEEP_FREED_TUNABLES, TUNABLES_GLIBC, glibc_version
 
 ROOT = Path(__file__).resolve().parents[2]
 

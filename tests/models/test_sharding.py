@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from support.models import padded_batch, tiny_ckpt
+from support.sharding import shard_model, state_shardings
 
 from verltool_jax.models.hf_io import load_hf
 from verltool_jax.sharding import (
@@ -24,8 +25,6 @@ from verltool_jax.sharding import (
     distributed_init_kwargs,
     make_mesh,
     param_spec,
-    shard_model,
-    state_shardings,
 )
 
 needs8 = pytest.mark.skipif(

@@ -14,11 +14,11 @@ import pytest
 from PIL import Image
 from support.tiny_data import tiny_tokenizer
 
+from verltool_jax import metric_names as names
 from verltool_jax.reporting import (
     MetricsWriter,
     ProgressBar,
     format_progress,
-    names,
     plot_metrics,
     read_metrics,
     write_trajectory_report,

@@ -11,7 +11,6 @@ import dataclasses
 import pytest
 from support.judge_server import ScriptedJudgeServer, sequence, user_text, verdict
 
-from verltool_jax.reporting.reward_summary import reward_metrics
 from verltool_jax.rewards import RewardPool, ShapingSettings
 from verltool_jax.rewards.judge import (
     Judge,
@@ -25,6 +24,7 @@ from verltool_jax.rewards.judge import (
     chat_ids,
     cost_usd,
     judge_messages,
+    judge_metrics,
     normalized_score,
     parse_verdict,
     reference_text,
@@ -200,7 +200,7 @@ def test_unparseable_verdict_error_or_counted_zero_never_cached():
 
 def test_pool_blends_judge_with_rule_reward_and_logs_metrics():
     """RewardPool (in-process) with the judge: 0.5 * EM + 0.5 * judge, then shaping; the
-    batch's judge metrics through reward_metrics."""
+    batch's judge metrics through judge_metrics."""
 
     def answer(req):
         text = user_text(req)
@@ -244,16 +244,14 @@ def test_pool_blends_judge_with_rule_reward_and_logs_metrics():
     assert "question" not in user_text(srv.requests[0]) and "QUESTION:\nWhen?" in user_text(
         srv.requests[0]
     )
-    m = reward_metrics(res)
+    m = judge_metrics([r.info for r in res], "reward")
     assert m["reward/judge_calls"] == 3.0  # the repeated 'late 1972' came from the batch
     assert m["reward/judge_cache_hits"] == 1.0 and m["reward/judge_failures"] == 1.0
     assert m["reward/judge_prompt_tokens"] == 300.0
     assert m["reward/judge_completion_tokens"] == 60.0
     assert m["reward/judge_cost_usd"] == pytest.approx((300 * 1.0 + 60 * 2.0) / 1e6)
     assert m["reward/judge_seconds_max"] >= m["reward/judge_seconds_mean"] > 0
-    assert reward_metrics(res[4:]) == {
-        k: v for k, v in reward_metrics(res[4:]).items() if "judge" not in k
-    }
+    assert judge_metrics([r.info for r in res[4:]], "reward") == {}
 
 
 def test_full_marks_counts_as_correct_when_exact_match_misses():
@@ -347,9 +345,9 @@ def test_vt_search_tiny_judge_config_scores_through_the_judge():
 def test_judge_metrics_reach_the_step_and_eval_summaries():
     """The trainer's per-step metrics (``rollout_metrics`` -> ``summarize``) and the
     evaluation's carry the batch's judge counts from the trajectories' reward_info."""
+    from verltool_jax.reporting.batch_summary import summarize
     from verltool_jax.rewards import assign_rewards
     from verltool_jax.rollout.trajectory import Trajectory
-    from verltool_jax.train.evaluate import summarize
     from verltool_jax.train.metrics import rollout_metrics
 
     row = {"data_source": "nq", "reward_model": {"ground_truth": ["x"]}, "extra_info": {}}

@@ -242,9 +242,10 @@ def test_trajectories_scored_off_the_event_loop(pool):
     assert traj.reward == pytest.approx(0.9) and traj.reward_info["acc"] == 1.0
 
 
-def test_reward_metrics():
-    from verltool_jax.reporting import names, reward_metrics
+def test_batch_summary_counts_reward_failures():
+    from verltool_jax.reporting.batch_summary import summarize
     from verltool_jax.rewards import RewardResult
+    from verltool_jax.rollout.trajectory import Trajectory
 
     res = [
         RewardResult(1.0, True, {"has_answer": True, "seconds": 0.2}),
@@ -252,12 +253,13 @@ def test_reward_metrics():
         RewardResult(0.0, False, {"timeout": True}),
         RewardResult(0.0, False, {"error": "x"}),
     ]
-    m = reward_metrics(res)
-    assert m[names.REWARD] == pytest.approx(0.125) and m[names.ACC] == 0.25
-    assert (m["reward/timeouts"], m["reward/errors"], m["reward/no_answer"]) == (1, 1, 1)
-    e = reward_metrics(res, prefix="eval/")
-    assert e[names.EVAL_ACC] == 0.25 and e["eval/reward/mean"] == pytest.approx(0.125)
-    assert reward_metrics([]) == {}
+    trajs = [Trajectory(f"t{i}", "g", [1], response_ids=[2, 3]) for i in range(4)]
+    assign_rewards(trajs, res)
+    m = summarize(trajs, "eval")
+    assert m["eval/reward"] == pytest.approx(0.125) and m["eval/acc"] == 0.25
+    assert (m["eval/reward_timeouts"], m["eval/reward_errors"], m["eval/no_answer"]) == (1, 1, 1)
+    assert m["eval/num"] == 4 and m["eval/response_len"] == 2.0
+    assert summarize([], "eval") == {}
 
 
 def test_worker_start_failure_is_a_clear_error():

@@ -211,7 +211,7 @@ def test_publisher_logs_bytes_and_seconds_of_every_sync(vllm_sampler, sampler_fl
     import jax
     from support.samplers import restore_checkpoint_weights
 
-    from verltool_jax.reporting import names
+    from verltool_jax import metric_names as names
     from verltool_jax.samplers.pool import SamplerPool
     from verltool_jax.train.policy_version import PolicyPublisher
 

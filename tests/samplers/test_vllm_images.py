@@ -186,7 +186,7 @@ def test_the_trainer_knows_a_vision_language_policy(tmp_path):
 
     from configs.vt_visual import get_config
     from verltool_jax.run_config import run_config_from_dict
-    from verltool_jax.train.__main__ import is_vision_language
+    from verltool_jax.samplers.torchvision_cpu import is_vision_language
 
     rc = run_config_from_dict(get_config("tiny"))
     assert is_vision_language(rc)

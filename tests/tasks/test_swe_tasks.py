@@ -27,7 +27,7 @@ from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.sync_baseline import run_rollout_sync
 from verltool_jax.run_config import run_config_from_dict
 from verltool_jax.tasks import prepare_task, swe
-from verltool_jax.tasks.swe_rollout import POLICIES, oracle_actions, run_episode
+from verltool_jax.tasks.swe.scripted import POLICIES, oracle_actions, run_episode
 
 REPO = Path(__file__).resolve().parents[2]
 QUIX = REPO / ".." / "shared" / "data" / "swe" / "quixbugs"

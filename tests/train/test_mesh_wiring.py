@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from support.models import tiny_ckpt
+from support.sharding import shard_batch
 from support.train import batch, host
 
 from verltool_jax.algos.optimizer import make_optimizer
@@ -19,7 +20,7 @@ from verltool_jax.samplers.weight_sync import named_tensors_from_params, pack_na
 from verltool_jax.sharding import BATCH_AXES, param_spec
 from verltool_jax.train.build import trainer_mesh
 from verltool_jax.train.state import TrainState
-from verltool_jax.train.step import make_train_step, shard_batch
+from verltool_jax.train.step import make_train_step
 
 STEPS = 3
 

@@ -180,7 +180,8 @@ HELPERS_SCRIPT = r"""
 import json
 import jax, numpy as np
 from verltool_jax.rollout.trajectory import Trajectory
-from verltool_jax.sharding import batch_sharding, make_mesh, shard_state
+from verltool_jax.sharding import batch_sharding, make_mesh
+from support.sharding import shard_state
 from verltool_jax.train import multihost
 
 assert multihost.start() and multihost.is_multi()
@@ -230,7 +231,7 @@ def test_helpers_across_two_real_processes():
             JAX_PROCESS_ID=str(pid),
             JAX_PLATFORMS="cpu",
             XLA_FLAGS="--xla_force_host_platform_device_count=1",
-            PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+            PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")]),
         )
         procs.append(
             subprocess.Popen(

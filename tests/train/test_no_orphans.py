@@ -5,7 +5,7 @@ vLLM engine core in the slow test) is alive a moment later.
 
 ``tests/support/orphans.py`` runs the trainer as a child subreaper, so an orphan stays its
 descendant whatever its session or environment; its ``before`` list shows what there was
-to leave behind (the test would fail without the lifeline: tests/test_lifeline.py checks
+to leave behind (the test would fail without the lifeline: tests/runtime/test_lifeline.py checks
 the switch-off case)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from verltool_jax import lifeline
+from verltool_jax.runtime import lifeline
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def _kinds(procs: dict) -> set[str]:
             ("bwrap", "sandbox"),
             ("spawn_main", "reward worker"),
             ("resource_tracker", "resource tracker"),
-            ("verltool_jax.lifeline", "watchdog"),
+            ("verltool_jax.runtime.lifeline", "watchdog"),
             ("EngineCore", "engine core"),
         ):
             if marker in cmd:

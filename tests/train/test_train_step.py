@@ -5,13 +5,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support.sharding import shard_batch, shard_state
 from support.train import CONFIGS, MODEL_CFG, batch, host, new_model, new_state, step_for
 
 from verltool_jax.algos.config import algo_config
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.train.batch import batch_from_trajectories, check_batch, shift_targets
-from verltool_jax.train.step import make_loss_fn, shard_batch
+from verltool_jax.train.step import make_loss_fn
 
 
 def _traj(tid, prompt, resp, mask, lps):
@@ -218,7 +219,7 @@ def test_kl_without_reference_is_a_clear_error():
 
 # ------------------------------------------------------------------ sharded
 def test_sharded_step_equals_unsharded(whole_and_micro):
-    from verltool_jax.sharding import make_mesh, shard_state
+    from verltool_jax.sharding import make_mesh
 
     if jax.device_count() < 8:
         pytest.fail("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (scripts/test.sh)")

@@ -263,7 +263,7 @@ class ImageLedger:
 def return_freed_memory() -> None:
     """Hand the free pages of glibc's heap back to the system (``malloc_trim(0)``; a no-op
     off glibc). Needed because a server started by the trainer inherits its
-    keep-freed-memory tunables (``verltool_jax/malloc_tuning.py``), under which freed
+    keep-freed-memory tunables (``verltool_jax/runtime/malloc_tuning.py``), under which freed
     image buffers would stay resident until the server exits."""
     if not sys.platform.startswith("linux"):
         return

@@ -23,6 +23,7 @@ from typing import Any
 from tool_server.kit.search_format import parse_information
 from tool_server.kit.tags import last_tag_body
 from verltool_jax.rollout.response_text import response_segments
+from verltool_jax.rollout.trajectory import trajectory_field
 
 _DATA_URL_RE = re.compile(r"data:image/(png|jpeg|jpg|gif|webp);base64,[A-Za-z0-9+/=\s]+")
 
@@ -39,12 +40,6 @@ img{max-width:30em;border:1px solid #ccc;margin:.3em 0}
 .info ol{margin:.2em 0;padding-left:1.6em}.info li{margin:.25em 0}
 .info li.gold{background:#e3f5e1}.goldtag{color:#0a7a2f;font-size:.8em;font-weight:600}
 """
-
-
-def _get(t: Any, key: str, default: Any = None) -> Any:
-    if isinstance(t, Mapping):
-        return t.get(key, default)
-    return getattr(t, key, default)
 
 
 def _e(x: Any) -> str:
@@ -81,7 +76,7 @@ def _obs_html(label: str, text: str, gold_titles: set) -> str:
 
 
 def _gold_titles(t: Any) -> set:
-    data = _get(t, "data") or {}
+    data = trajectory_field(t, "data") or {}
     extra = data.get("extra_info") if isinstance(data, Mapping) else None
     titles = (extra or {}).get("gold_titles") or ()
     return {" ".join(str(x).split()) for x in titles}
@@ -105,7 +100,7 @@ def prompt_image_urls(t: Any) -> list[str]:
     import io
 
     out = []
-    for im in _get(t, "images") or []:
+    for im in trajectory_field(t, "images") or []:
         pil = getattr(getattr(im, "image", None), "image", None)
         if getattr(im, "source", "") != "prompt" or pil is None:
             continue
@@ -116,7 +111,7 @@ def prompt_image_urls(t: Any) -> list[str]:
 
 
 def _prompt_html(t: Any, tokenizer) -> str:
-    data = _get(t, "data") or {}
+    data = trajectory_field(t, "data") or {}
     messages = data.get("prompt") if isinstance(data, Mapping) else None
     imgs = "".join(
         f'<div class="label">prompt image {k}</div><img alt="prompt image" src="{_e(u)}">'
@@ -126,14 +121,14 @@ def _prompt_html(t: Any, tokenizer) -> str:
         return imgs + "".join(
             _block("msg", m.get("role", "?"), m.get("content", "")) for m in messages
         )
-    ids = _get(t, "prompt_ids") or []
+    ids = trajectory_field(t, "prompt_ids") or []
     if tokenizer is not None:
         return _block("msg", "prompt", tokenizer.decode(list(ids), skip_special_tokens=False))
     return _block("msg", "prompt", f"({len(ids)} prompt tokens; pass a tokenizer to show them)")
 
 
 def _response_html(t: Any, tokenizer) -> str:
-    ids, mask = _get(t, "response_ids") or [], _get(t, "loss_mask") or []
+    ids, mask = trajectory_field(t, "response_ids") or [], trajectory_field(t, "loss_mask") or []
     gold = _gold_titles(t)
     parts = []
     if tokenizer is not None and ids:
@@ -146,7 +141,10 @@ def _response_html(t: Any, tokenizer) -> str:
                 obs += 1
                 parts.append(_obs_html(f"observation {obs}", text, gold))
     else:
-        actions, observations = _get(t, "actions") or [], _get(t, "observations") or []
+        actions, observations = (
+            trajectory_field(t, "actions") or [],
+            trajectory_field(t, "observations") or [],
+        )
         for i in range(max(len(actions), len(observations))):
             if i < len(actions):
                 parts.append(
@@ -154,7 +152,7 @@ def _response_html(t: Any, tokenizer) -> str:
                 )
             if i < len(observations):
                 parts.append(_obs_html(f"observation {i + 1}", observations[i], gold))
-    for turn, url in image_urls(_get(t, "extras") or []):
+    for turn, url in image_urls(trajectory_field(t, "extras") or []):
         parts.append(
             f'<div class="label">image (turn {_e(turn)})</div>'
             f'<img alt="observation image" src="{_e(url)}">'
@@ -163,30 +161,32 @@ def _response_html(t: Any, tokenizer) -> str:
 
 
 def _summary(i: int, t: Any) -> str:
-    reward = _get(t, "reward")
-    info = _get(t, "reward_info") or {}
+    reward = trajectory_field(t, "reward")
+    info = trajectory_field(t, "reward_info") or {}
     acc = info.get("acc")
     cls = "good" if acc else "bad"
     r = "n/a" if reward is None else f"{reward:.3f}"
-    data = _get(t, "data") or {}
+    data = trajectory_field(t, "data") or {}
     gt = (data.get("reward_model") or {}).get("ground_truth") if isinstance(data, Mapping) else None
     return (
-        f'#{i} <span class="{cls}">reward {_e(r)}</span> · {_e(_get(t, "termination") or "?")}'
-        f" · turns {_e(_get(t, 'num_turns', 0))} · tool calls {_e(_get(t, 'tool_calls', 0))}"
-        f" ({_e(_get(t, 'invalid_tool_calls', 0))} invalid)"
+        f'#{i} <span class="{cls}">reward {_e(r)}</span> · {_e(trajectory_field(t, "termination") or "?")}'
+        f" · turns {_e(trajectory_field(t, 'num_turns', 0))} · tool calls {_e(trajectory_field(t, 'tool_calls', 0))}"
+        f" ({_e(trajectory_field(t, 'invalid_tool_calls', 0))} invalid)"
         + (f" · truth {_e(gt)}" if gt is not None else "")
-        + f" · <code>{_e(_get(t, 'trajectory_id', ''))}</code>"
+        + f" · <code>{_e(trajectory_field(t, 'trajectory_id', ''))}</code>"
     )
 
 
 def _details_table(t: Any) -> str:
     rows = {
-        "group": _get(t, "group_id"),
-        "reward info": json.dumps(_get(t, "reward_info") or {}, default=str, sort_keys=True),
-        "policy versions": sorted({v for v in (_get(t, "versions") or []) if v >= 0}),
-        "response tokens": len(_get(t, "response_ids") or []),
-        "wall time (s)": _get(t, "wall_time_s"),
-        "error": _get(t, "error"),
+        "group": trajectory_field(t, "group_id"),
+        "reward info": json.dumps(
+            trajectory_field(t, "reward_info") or {}, default=str, sort_keys=True
+        ),
+        "policy versions": sorted({v for v in (trajectory_field(t, "versions") or []) if v >= 0}),
+        "response tokens": len(trajectory_field(t, "response_ids") or []),
+        "wall time (s)": trajectory_field(t, "wall_time_s"),
+        "error": trajectory_field(t, "error"),
     }
     return (
         "<table>"
@@ -204,7 +204,7 @@ def render_report(
 ) -> str:
     """The HTML page as a string (see the module doc)."""
     trajs = list(trajectories)
-    rewards = [r for r in (_get(t, "reward") for t in trajs) if r is not None]
+    rewards = [r for r in (trajectory_field(t, "reward") for t in trajs) if r is not None]
     mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "n/a"
     body = [f"<h1>{_e(title)}</h1>", f"<p>{len(trajs)} trajectories · mean reward {_e(mean)}</p>"]
     for i, t in enumerate(trajs):

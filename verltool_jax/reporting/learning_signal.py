@@ -22,7 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from verltool_jax.reporting.names import NO_SIGNAL_FRAC
+from verltool_jax import metric_names as names
+from verltool_jax.metric_names import NO_SIGNAL_FRAC
 
 # (name, lower bound exclusive, upper bound inclusive); 0 and 1 are their own bins
 PASS_RATE_BINS: tuple[tuple[str, float, float], ...] = (
@@ -59,12 +60,12 @@ def signal_metrics(
     rates = [float(cor[idx].mean()) for idx in groups.values()]
     out = {
         NO_SIGNAL_FRAC: float(np.mean(flat)) if flat else 0.0,
-        "signal/zero_groups": float(sum(r == 0.0 for r in rates)),
-        "signal/solved_groups": float(sum(r == 1.0 for r in rates)),
-        "signal/groups": float(len(groups)),
+        names.SIGNAL_ZERO_GROUPS: float(sum(r == 0.0 for r in rates)),
+        names.SIGNAL_SOLVED_GROUPS: float(sum(r == 1.0 for r in rates)),
+        names.SIGNAL_GROUPS: float(len(groups)),
     }
     if advantages is not None:
-        out["signal/nonzero_adv"] = float(np.count_nonzero(np.asarray(advantages)))
+        out[names.SIGNAL_NONZERO_ADV] = float(np.count_nonzero(np.asarray(advantages)))
     out.update({f"signal/pass_rate_{k}": v for k, v in pass_rate_histogram(rates).items()})
     return out
 
@@ -86,8 +87,8 @@ class NoSignalWatch:
         self.run += 1
         if self.run % self.steps:
             return None
-        zero = metrics.get("signal/zero_groups", 0.0)
-        solved = metrics.get("signal/solved_groups", 0.0)
+        zero = metrics.get(names.SIGNAL_ZERO_GROUPS, 0.0)
+        solved = metrics.get(names.SIGNAL_SOLVED_GROUPS, 0.0)
         side = (
             "most of them failed every sample (too hard)"
             if zero >= solved

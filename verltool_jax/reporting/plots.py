@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from verltool_jax.reporting import names
+from verltool_jax import metric_names as names
 from verltool_jax.reporting.metrics_writer import read_metrics
 
 
@@ -48,8 +48,8 @@ def plot_metrics(
         )
     signal = [
         (names.NO_SIGNAL_FRAC, "no signal (equal rewards)"),
-        ("signal/pass_rate_0", "all failed"),
-        ("signal/pass_rate_100", "all solved"),
+        (names.PASS_RATE_0, "all failed"),
+        (names.PASS_RATE_100, "all solved"),
     ]
     if series(records, names.NO_SIGNAL_FRAC)[0]:
         panels.append(("fraction of groups", signal))

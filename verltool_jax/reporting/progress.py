@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-from verltool_jax.reporting import names
+from verltool_jax import metric_names as names
 
 
 def _si(x: float) -> str:

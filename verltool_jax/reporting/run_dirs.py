@@ -3,7 +3,7 @@
 A run directory is what ``python -m verltool_jax.train`` writes into ``trainer.out_dir``:
 ``summary.json`` (``eval_before``, ``eval_after``, ``steps``, ``interrupted``,
 ``wall_s``), ``metrics.jsonl`` (one JSON object per logged step, names in
-:mod:`verltool_jax.reporting.names`; SFT records carry only ``sft/*`` keys) and
+:mod:`verltool_jax.metric_names`; SFT records carry only ``sft/*`` keys) and
 ``config.json``. :func:`read_run` turns that into a :class:`RunRecord`, the unit the
 sweep tables and the reproduction table are built from.
 """
@@ -16,11 +16,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verltool_jax.reporting import names
+from verltool_jax import metric_names as names
 from verltool_jax.reporting.metrics_writer import read_metrics
 
-DROPPED = "queue/dropped_stale"  # cumulative count of groups dropped as too stale
-STALENESS = "rollout/staleness_mean"  # mean policy lag of a step's trajectories
+DROPPED = names.QUEUE_DROPPED_STALE
+STALENESS = names.STALENESS
 
 # The per-run scalars the sweep table reports, in column order: (key, header).
 RUN_SCALARS = (

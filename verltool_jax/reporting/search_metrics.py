@@ -26,12 +26,7 @@ from tool_server.retrieval.sources import clean_text
 from verltool_jax.rewards.answer_extraction import extract_answer
 from verltool_jax.rewards.qa_reward import exact_match, f1_score, gold_answers
 from verltool_jax.rollout.response_text import model_text
-
-
-def _get(t: Any, key: str, default: Any = None) -> Any:
-    if isinstance(t, Mapping):
-        return t.get(key, default)
-    return getattr(t, key, default)
+from verltool_jax.rollout.trajectory import trajectory_field
 
 
 def retrieved_titles(observations: Sequence[str]) -> list[list[str]]:
@@ -48,19 +43,21 @@ def count_searches(actions: Sequence[str], tag: str = "search") -> int:
 
 def trajectory_record(t: Any, text: str, tag: str = "search") -> dict:
     """The per-question figures of one trajectory (``text``: the model's own text)."""
-    data = _get(t, "data") or {}
+    data = trajectory_field(t, "data") or {}
     golds = gold_answers(data["reward_model"]["ground_truth"])
     pred = extract_answer(text)
     gold_titles = {clean_text(x) for x in (data.get("extra_info") or {}).get("gold_titles") or ()}
     seen = {
-        clean_text(x) for titles in retrieved_titles(_get(t, "observations") or []) for x in titles
+        clean_text(x)
+        for titles in retrieved_titles(trajectory_field(t, "observations") or [])
+        for x in titles
     }
     rec = {
         "data_source": data.get("data_source", "?"),
         "answered": pred is not None,
         "em": exact_match(pred, golds) if pred is not None else 0.0,
         "f1": f1_score(pred, golds) if pred is not None else 0.0,
-        "searches": count_searches(_get(t, "actions") or [], tag),
+        "searches": count_searches(trajectory_field(t, "actions") or [], tag),
     }
     if gold_titles:
         rec["gold_any"] = bool(gold_titles & seen)
@@ -82,7 +79,10 @@ def search_qa_metrics(
         if tokenizer is None:
             raise ValueError("search_qa_metrics needs the model texts or a tokenizer")
         texts = [
-            model_text(_get(t, "response_ids"), _get(t, "loss_mask"), tokenizer) for t in trajs
+            model_text(
+                trajectory_field(t, "response_ids"), trajectory_field(t, "loss_mask"), tokenizer
+            )
+            for t in trajs
         ]
     if len(texts) != len(trajs):
         raise ValueError(f"{len(trajs)} trajectories but {len(texts)} texts")

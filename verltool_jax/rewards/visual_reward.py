@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verltool_jax import metric_names as names
 from verltool_jax.rewards.answer_extraction import extract_answer, last_boxed
 from verltool_jax.rewards.base import RewardResult, register_reward
 
@@ -112,4 +113,4 @@ def add_curiosity_terms(
             bonus.append(b)
             penalty.append(p)
     n = max(len(bonus), 1)
-    return {"reward/curiosity_bonus": sum(bonus) / n, "reward/extra_call_penalty": sum(penalty) / n}
+    return {names.CURIOSITY_BONUS: sum(bonus) / n, names.EXTRA_CALL_PENALTY: sum(penalty) / n}

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from verltool_jax import metric_names as names
 from verltool_jax.rollout.trajectory import Trajectory
 
 
@@ -57,16 +58,16 @@ class QueueMetrics:
     def summary(self, depth: int) -> dict:
         s = self.staleness_out
         return {
-            "queue/groups_in": self.groups_in,
-            "queue/groups_out": self.groups_out,
-            "queue/dropped_stale": self.dropped_stale,
-            "queue/depth": depth,
-            "queue/max_depth": self.max_depth,
-            "queue/put_wait_s": self.put_wait_s,
-            "queue/get_wait_s": self.get_wait_s,
-            "queue/admit_wait_s": self.admit_wait_s,
-            "queue/staleness_mean": (sum(s) / len(s)) if s else 0.0,
-            "queue/staleness_max": max(s) if s else 0,
+            names.QUEUE_GROUPS_IN: self.groups_in,
+            names.QUEUE_GROUPS_OUT: self.groups_out,
+            names.QUEUE_DROPPED_STALE: self.dropped_stale,
+            names.QUEUE_DEPTH: depth,
+            names.QUEUE_MAX_DEPTH: self.max_depth,
+            names.QUEUE_PUT_WAIT: self.put_wait_s,
+            names.QUEUE_GET_WAIT: self.get_wait_s,
+            names.QUEUE_ADMIT_WAIT: self.admit_wait_s,
+            names.QUEUE_STALENESS_MEAN: (sum(s) / len(s)) if s else 0.0,
+            names.QUEUE_STALENESS_MAX: max(s) if s else 0,
         }
 
 

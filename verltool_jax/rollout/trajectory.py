@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -132,3 +132,11 @@ def load_trajectories(path: Any) -> list[Trajectory]:
     """The trajectories ``dump_trajectories`` wrote to ``path``."""
     with open(path) as f:
         return [Trajectory.from_json(json.loads(line)) for line in f if line.strip()]
+
+
+def trajectory_field(t: Any, key: str, default: Any = None) -> Any:
+    """Field ``key`` of ``t``, a :class:`Trajectory` or its JSON form (a dict, as
+    ``dump_trajectories`` writes it and reports read it back), else ``default``."""
+    if isinstance(t, Mapping):
+        return t.get(key, default)
+    return getattr(t, key, default)

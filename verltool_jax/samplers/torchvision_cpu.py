@@ -145,3 +145,33 @@ def enable(tv_dir: Path | None = None) -> str:
     import torchvision  # noqa: F401
 
     return "cpu-compat"
+
+
+def prepare_vision_language_sampler(rc) -> None:
+    """A vision-language policy that vLLM may serve needs torchvision importable before
+    transformers is first imported (:func:`enable`): do it now, while nothing
+    has imported transformers. Where it cannot be done, the vLLM sampler says so if it is
+    the one chosen."""
+    if rc.sampler.backend == "jax" or not is_vision_language(rc):
+        return
+    try:
+        enable()
+    except TorchvisionUnavailableError:
+        pass
+
+
+def is_vision_language(rc) -> bool:
+    """The policy of ``rc`` is a vision-language model (a tiny one of that family, or a
+    checkpoint folder whose config.json names a VL model type)."""
+    import json
+    from pathlib import Path
+
+    from verltool_jax.models.config import VL_MODEL_TYPES
+
+    if rc.model.family in VL_MODEL_TYPES:
+        return True
+    cfg = Path(rc.model.path) / "config.json" if rc.model.path else None
+    try:
+        return cfg is not None and json.loads(cfg.read_text()).get("model_type") in VL_MODEL_TYPES
+    except (OSError, ValueError):
+        return False

@@ -26,9 +26,11 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from verltool_jax.samplers.torchvision_cpu import prepare_vision_language_sampler
+
     prepare_vision_language_sampler(cl.config)
+    from verltool_jax.runtime.console import run_logged
     from verltool_jax.samplers.base import SamplerDeadError
-    from verltool_jax.train.console import run_logged
     from verltool_jax.train.disk import disk_full_message, is_disk_full
     from verltool_jax.train.health import DependencyDown
     from verltool_jax.train.trainer import train
@@ -47,40 +49,8 @@ def main(argv=None) -> int:
     return EXIT_INTERRUPTED if result.summary.interrupted else 0
 
 
-def prepare_vision_language_sampler(rc) -> None:
-    """A vision-language policy that vLLM may serve needs torchvision importable before
-    transformers is first imported (``samplers.torchvision_cpu``): do it now, while nothing
-    has imported transformers. Where it cannot be done, the vLLM sampler says so if it is
-    the one chosen."""
-    if rc.sampler.backend == "jax" or not is_vision_language(rc):
-        return
-    from verltool_jax.samplers.torchvision_cpu import TorchvisionUnavailableError, enable
-
-    try:
-        enable()
-    except TorchvisionUnavailableError:
-        pass
-
-
-def is_vision_language(rc) -> bool:
-    """The policy of ``rc`` is a vision-language model (a tiny one of that family, or a
-    checkpoint folder whose config.json names a VL model type)."""
-    import json
-    from pathlib import Path
-
-    from verltool_jax.models.config import VL_MODEL_TYPES
-
-    if rc.model.family in VL_MODEL_TYPES:
-        return True
-    cfg = Path(rc.model.path) / "config.json" if rc.model.path else None
-    try:
-        return cfg is not None and json.loads(cfg.read_text()).get("model_type") in VL_MODEL_TYPES
-    except (OSError, ValueError):
-        return False
-
-
 if __name__ == "__main__":
-    from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+    from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning
 
     reexec_with_malloc_tuning()
     sys.exit(main())

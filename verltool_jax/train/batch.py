@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import jax.numpy as jnp
 import numpy as np
 
+from verltool_jax import metric_names as names
 from verltool_jax.algos.advantages import compute_advantages
 from verltool_jax.algos.credit import turn_discounted_advantages
 from verltool_jax.algos.dapo import informative_groups, overlong_penalty
@@ -184,7 +185,7 @@ def batch_from_trajectories(
     reuse few compiled shapes), capped at ``max_len``.
     A trajectory longer than ``max_len`` is an error (it would lose sampled tokens).
     A response of length 0 gives an all-zero loss-mask row (it contributes nothing).
-    Returns numpy arrays (place them on the mesh with ``shard_batch``).
+    Returns numpy arrays (place them on the mesh with ``verltool_jax.sharding.batch_sharding``).
     """
     if len(trajs) == 0:
         raise ValueError("batch_from_trajectories needs at least one trajectory")
@@ -348,11 +349,11 @@ def advantages_for(
             algo.overlong_penalty_factor,
         )
         rewards = rewards + pen
-        m["reward/overlong_penalty"] = float(pen.mean())
+        m[names.OVERLONG_PENALTY] = float(pen.mean())
     keep = np.ones(len(trajs), bool)
     if algo.dynamic_sampling:
         keep = informative_groups(rewards, gids)
-        m["batch/informative_frac"] = float(keep.mean())
+        m[names.BATCH_INFORMATIVE_FRAC] = float(keep.mean())
     if rc.rollout.mask_observations:
         counts = np.array([sum(t.loss_mask) for t in trajs], np.float32)
     else:
@@ -450,10 +451,10 @@ def make_batch(
         arrays["loss_mask"][len(use) :] = 0.0
     m.update(
         {
-            "batch/size": len(use),
-            "batch/seq_len": int(arrays["input_ids"].shape[1]),
-            "batch/adv_abs_mean": float(np.abs(adv).mean()),
-            "batch/observation_tokens_trained": obs_trained,
+            names.BATCH_SIZE: len(use),
+            names.BATCH_SEQ_LEN: int(arrays["input_ids"].shape[1]),
+            names.BATCH_ADV_ABS_MEAN: float(np.abs(adv).mean()),
+            names.BATCH_OBS_TOKENS: obs_trained,
         }
     )
     return RLBatch(arrays, use, m)

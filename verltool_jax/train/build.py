@@ -216,15 +216,14 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
     ``placement.mode='remote'``), plus one remote sampler per ``placement.sampler_urls``
     (stock vLLM servers); one engine is returned as is, several make a SamplerPool with
     sticky least-loaded routing. ``backend="auto"`` is resolved by
-    ``samplers.factory.choose_backend``; the choice and its reason are printed.
+    ``samplers.factory.choose_backend``; the choice and its reason are logged.
     ``trainer_overlaps``: whether the trainer computes beside the engines (CPU core
     placement); None: it does in the asynchronous rollout mode (evaluation passes False)."""
     from verltool_jax.samplers.factory import make_sampler as make_backend
-    from verltool_jax.train.console import console
 
     s = rc.sampler
     backend, why = sampler_backend(rc)
-    print(f"[trainer] sampler backend: {backend} ({why})", file=console(), flush=True)
+    log.info("[trainer] sampler backend: %s (%s)", backend, why)
     engines = []
     if rc.placement.sampler_urls:
         from verltool_jax.samplers.remote_vllm import RemoteVLLMSampler
@@ -262,11 +261,7 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
             engines.append(make_backend(model_dir, backend=backend, name=f"{backend}{i}", **kw))
         placement = getattr(engines[-1], "placement", None)
         if placement is not None:
-            print(
-                f"[trainer] vLLM CPU placement: {placement.reason}",
-                file=console(),
-                flush=True,
-            )
+            log.info("[trainer] vLLM CPU placement: %s", placement.reason)
     if len(engines) == 1:
         return engines[0]
     from verltool_jax.samplers.pool import SamplerPool
@@ -362,18 +357,18 @@ def build_run(
     ``eval_only`` (an evaluation): only the held-out data is prepared
     (:func:`prepare_task_files`) and ``Run.eval_items`` is left empty (the evaluation
     takes its own prompts from ``Run.files["eval"]``)."""
-    from verltool_jax import lifeline
     from verltool_jax.data.pipeline import PromptPipeline
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.reporting.metrics_writer import MetricsWriter
     from verltool_jax.rewards.compute import RewardPool
+    from verltool_jax.runtime import lifeline
     from verltool_jax.train import multihost
     from verltool_jax.train.evaluate import prompt_items
 
     raw = None if isinstance(config, RunConfig) else config
     rc = config if isinstance(config, RunConfig) else run_config_from_dict(config)
     # Before any process is started: each one carries this run's token and dies with it,
-    # kill -9 included (verltool_jax/lifeline.py).
+    # kill -9 included (verltool_jax/runtime/lifeline.py).
     lifeline.arm()
     out = Path(out_dir or rc.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -391,11 +386,10 @@ def build_run(
     files = prepare_task_files(rc, data_dir, eval_only=eval_only)
     if primary:
         from verltool_jax.plugins import plugins_of_run
-        from verltool_jax.train.console import console
 
         used = plugins_of_run(rc)
         if used:
-            print(f"[trainer] plugins: {', '.join(used)}", file=console(), flush=True)
+            log.info("[trainer] plugins: %s", ", ".join(used))
     model_dir = prepare_model_dir(rc, out)
     if primary:
         multihost.barrier("build_run:prepared")

@@ -11,10 +11,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
+from verltool_jax import metric_names as names
+from verltool_jax.reporting.batch_summary import summarize
 from verltool_jax.rewards.compute import RewardPool, assign_rewards
-from verltool_jax.rewards.judge import judge_metrics
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.trajectory import Trajectory
@@ -31,28 +30,6 @@ def prompt_item(example: Any, prefix: str) -> PromptItem:
 
 def prompt_items(examples: Sequence[Any], prefix: str) -> list[PromptItem]:
     return [prompt_item(e, prefix) for e in examples]
-
-
-def summarize(trajs: Sequence[Trajectory], prefix: str) -> dict:
-    """Mean reward, accuracy, tool calls, turns, response length and termination counts,
-    and the LLM judge's calls, cache hits, failures, latency, tokens and cost (if any)."""
-    if not trajs:
-        return {}
-    r = np.array([t.reward or 0.0 for t in trajs], np.float64)
-    acc = np.array([t.reward_info.get("acc", 0.0) for t in trajs], np.float64)
-    out = {
-        f"{prefix}/reward": float(r.mean()),
-        f"{prefix}/acc": float(acc.mean()),
-        f"{prefix}/tool_calls": float(np.mean([t.tool_calls for t in trajs])),
-        f"{prefix}/invalid_tool_calls": float(np.mean([t.invalid_tool_calls for t in trajs])),
-        f"{prefix}/turns": float(np.mean([t.num_turns for t in trajs])),
-        f"{prefix}/response_len": float(np.mean([len(t.response_ids) for t in trajs])),
-        f"{prefix}/num": len(trajs),
-    }
-    for reason in sorted({t.termination for t in trajs}):
-        out[f"{prefix}/term_{reason}"] = sum(t.termination == reason for t in trajs) / len(trajs)
-    out.update(judge_metrics([t.reward_info or {} for t in trajs], prefix))
-    return out
 
 
 async def rollout_scored(
@@ -138,11 +115,11 @@ async def evaluate_run(
         gathered = await asyncio.to_thread(multihost.gather_groups, [[t] for t in trajs])
         trajs = [g[0] for g in gathered]
         m = summarize(trajs, "eval")
-    m["time/eval_s"] = time.perf_counter() - t0
+    m[names.TIME_EVAL] = time.perf_counter() - t0
     h = batch_health(trajs)
     if h.rate > rc.trainer.max_error_rate:
         await health.check_dependencies(f"evaluation {tag}: {h.describe()}")
-    m["eval/failed"] = h.failed
+    m[names.EVAL_FAILED] = h.failed
     run.writer.write(version, m)
     log.info(
         f"[eval:{tag}] step {version}: held-out accuracy {m['eval/acc']:.3f} "

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tool_server.client import http_healthy
+from verltool_jax import metric_names as names
 from verltool_jax.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -254,8 +255,8 @@ class HealthMonitor:
 
     def metrics(self) -> dict:
         return {
-            "health/skipped_steps": self.skipped,
-            "health/tool_server_restarts": self.tool.restarts,
-            "health/sampler_restarts": sampler_restarts(self.sampler()),
-            "health/reward_pool_restarts": getattr(self.reward_pool, "restarts", 0),
+            names.HEALTH_SKIPPED_STEPS: self.skipped,
+            names.HEALTH_TOOL_SERVER_RESTARTS: self.tool.restarts,
+            names.HEALTH_SAMPLER_RESTARTS: sampler_restarts(self.sampler()),
+            names.HEALTH_REWARD_POOL_RESTARTS: getattr(self.reward_pool, "restarts", 0),
         }

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from verltool_jax.reporting import names
+from verltool_jax import metric_names as names
+from verltool_jax.reporting.batch_summary import summarize
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.samplers.parity import token_parity
 from verltool_jax.train.batch import PAD_MULTIPLE, batch_from_trajectories, row_images_of
-from verltool_jax.train.evaluate import summarize
 
 
 class StepTimer:
@@ -50,7 +50,7 @@ class StepTimer:
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], version: int) -> dict:
-    """``evaluate.summarize`` of the batch under ``rollout/``, the mean reward and
+    """``reporting.batch_summary.summarize`` of the batch under ``rollout/``, the mean reward and
     accuracy under their shared names, the mean staleness (versions between the one
     that started a trajectory and ``version``, the one trained) and the rollout errors."""
     stats = summarize(trajs, "rollout")
@@ -58,10 +58,10 @@ def rollout_metrics(trajs: Sequence[Trajectory], version: int) -> dict:
         {
             names.REWARD: stats["rollout/reward"],
             names.ACC: stats["rollout/acc"],
-            "rollout/staleness_mean": float(
+            names.STALENESS: float(
                 np.mean([version - t.min_version for t in trajs if t.min_version >= 0] or [0])
             ),
-            "rollout/errors": sum(t.termination == "error" for t in trajs),
+            names.ROLLOUT_ERRORS: sum(t.termination == "error" for t in trajs),
         }
     )
     return stats
@@ -95,7 +95,7 @@ def sampler_parity(
     if not p:
         return {}
     return {
-        "sync/logprob_diff_mean": p["mean_abs_diff"],
-        "sync/logprob_diff_max": p["max_abs_diff"],
-        "sync/parity_tokens": p["num_tokens"],
+        names.PARITY_DIFF_MEAN: p["mean_abs_diff"],
+        names.PARITY_DIFF_MAX: p["max_abs_diff"],
+        names.PARITY_TOKENS: p["num_tokens"],
     }

@@ -70,8 +70,8 @@ class PolicyPublisher:
         )
 
     def sync_metrics(self) -> dict:
-        """Bytes, seconds and GB/s of the last push (``reporting.names.SYNC_*``)."""
-        from verltool_jax.reporting import names
+        """Bytes, seconds and GB/s of the last push (``metric_names.SYNC_*``)."""
+        from verltool_jax import metric_names as names
 
         return {
             names.SYNC_BYTES: float(self.last_sync_bytes),

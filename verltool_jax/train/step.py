@@ -21,7 +21,7 @@ Mini/micro-batch membership is strided: with sizes (n_mini, n_micro, micro), row
 every micro-batch draws rows from every data shard of a batch-sharded array.
 
 With a ``mesh`` the step is jitted with the batch split over ``(data, fsdp)``, the state
-kept in the shardings it arrives in (``verltool_jax.sharding.shard_state``), and the
+kept in the shardings it arrives in (``verltool_jax.sharding.param_spec`` per parameter), and the
 state buffers donated.
 """
 
@@ -304,10 +304,3 @@ def train_on(train_step: Callable, state: TrainState, batch: RLBatch) -> tuple[T
     metrics = dict(batch.metrics)
     metrics.update({f"train/{k}": float(v) for k, v in jax.device_get(m).items()})
     return state, metrics
-
-
-def shard_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
-    """Place every array of ``batch`` with its batch dimension over ``(data, fsdp)``."""
-    from verltool_jax.sharding import batch_sharding
-
-    return {k: jax.device_put(v, batch_sharding(mesh, jnp.ndim(v))) for k, v in batch.items()}

@@ -39,15 +39,15 @@ from typing import Any
 
 import jax
 
-from verltool_jax.reporting import names
+from verltool_jax import metric_names as names
 from verltool_jax.reporting.progress import ProgressBar
 from verltool_jax.rewards.compute import assign_rewards
 from verltool_jax.rewards.visual_reward import add_curiosity_terms, curiosity_settings
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.trajectory import Trajectory, dump_trajectories
+from verltool_jax.runtime.console import CONSOLE, console, console_lines
 from verltool_jax.train import build, multihost
 from verltool_jax.train.batch import RLBatch, make_batch
-from verltool_jax.train.console import CONSOLE, console, console_lines
 from verltool_jax.train.evaluate import evaluate_run
 from verltool_jax.train.metrics import StepTimer, rollout_metrics, sampler_parity
 from verltool_jax.train.signals import StopFlag
@@ -144,7 +144,9 @@ class RLLoop:
                 after = {}
             else:
                 after = before if self.version == start else await self.evaluate("final")
-        return RunSummary(before.get("eval/acc"), after.get("eval/acc"), self.version, d.stop.set)
+        return RunSummary(
+            before.get(names.EVAL_ACC), after.get(names.EVAL_ACC), self.version, d.stop.set
+        )
 
     async def rl(self, producer: RolloutProducer) -> None:
         d, rc = self.deps, self.deps.run.config
@@ -163,7 +165,7 @@ class RLLoop:
                 trajs, reward_terms = await self.score(groups)
                 if not await d.health.admit(trajs, self.version):
                     continue  # not trained on, not checkpointed
-                with self.timer.phase("time/batch_s"):
+                with self.timer.phase(names.TIME_BATCH):
                     args = (rc, d.algo, trajs, d.run.pad_id, self.state.model)
                     batch = await asyncio.to_thread(make_batch, *args)
                 if batch is None:
@@ -198,7 +200,7 @@ class RLLoop:
         ``reward.curiosity_*`` asks for, the curriculum's levels; then every process's
         groups (several processes train on one global batch). ``(trajs, metrics)``."""
         run, terms = self.deps.run, {}
-        with self.timer.phase("time/reward_s"):
+        with self.timer.phase(names.TIME_REWARD):
             trajs = [t for g in groups for t in g]
             assign_rewards(trajs, await run.reward_pool.score_async(trajs, run.tokenizer))
             curiosity = curiosity_settings(run.config.reward)
@@ -232,7 +234,7 @@ class RLLoop:
         self.last = trajs
         if rc.logging.dump_trajectories and multihost.is_primary():
             dump_trajectories(d.run.out / "trained" / f"step_{v:05d}.jsonl", trajs)
-        metrics["batch/uninformative_batches"], self.uninformative = self.uninformative, 0
+        metrics[names.BATCH_UNINFORMATIVE], self.uninformative = self.uninformative, 0
         metrics.update(d.publisher.sync_metrics())
         metrics["policy/version"] = v
         metrics.update(self.timer.metrics(sum(int(sum(t.loss_mask)) for t in trajs)))

@@ -8,7 +8,7 @@
    started afterwards inherits it, however it is started and by whom: the tool server and
    the bubblewrap of each sandbox, vLLM's engine core (spawned by vLLM), the reward
    workers (spawned by ``multiprocessing``), their compile workers;
-2. starts a watchdog, ``python -m verltool_jax.lifeline --pid P --start-time T --token K``,
+2. starts a watchdog, ``python -m verltool_jax.runtime.lifeline --pid P --start-time T --token K``,
    in its own session (a Ctrl-C or a ``kill`` of the run's process group leaves it
    alone), and waits until it watches. The watchdog holds a pidfd of the run's process,
    which becomes readable when that process has exited for any reason (a normal exit, an
@@ -48,7 +48,7 @@ ENV = "VERLTOOL_LIFELINE"
 OFF_ENV = "VERLTOOL_LIFELINE_OFF"
 READY = "LIFELINE_READY"
 
-log = logging.getLogger("verltool_jax.lifeline")
+log = logging.getLogger("verltool_jax.runtime.lifeline")
 
 _armed: dict[int, tuple[str, subprocess.Popen]] = {}  # pid -> (token, watchdog)
 
@@ -156,7 +156,7 @@ def arm(timeout_s: float = 30.0) -> str | None:
         [
             sys.executable,
             "-m",
-            "verltool_jax.lifeline",
+            "verltool_jax.runtime.lifeline",
             "--pid",
             str(pid),
             "--start-time",
@@ -172,7 +172,8 @@ def arm(timeout_s: float = 30.0) -> str | None:
         env={**os.environ, ENV: outer}
         if outer
         else {k: v for k, v in os.environ.items() if k != ENV},
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        # the folder that holds the verltool_jax package, so -m finds it uninstalled
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
     line = _read_line(watchdog, timeout_s)
     if line.strip() != READY:
@@ -182,6 +183,7 @@ def arm(timeout_s: float = 30.0) -> str | None:
             f"the lifeline watchdog did not start (exit {watchdog.poll()}, said {line!r}); "
             f"set {OFF_ENV}=1 to run without it (a kill -9 may then leave processes behind)"
         )
+    assert watchdog.stdout is not None  # stdout=PIPE
     watchdog.stdout.close()
     os.environ[ENV] = f"{outer},{token}" if outer else token
     _armed[pid] = (token, watchdog)
@@ -189,12 +191,14 @@ def arm(timeout_s: float = 30.0) -> str | None:
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    return proc.stdout.readline() if ready else ""
+    out = proc.stdout
+    assert out is not None  # started with stdout=PIPE
+    ready, _, _ = select.select([out], [], [], timeout_s)
+    return out.readline() if ready else ""
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verltool_jax.lifeline", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m verltool_jax.runtime.lifeline", description=__doc__)
     p.add_argument("--pid", type=int, required=True, help="the process to watch")
     p.add_argument("--start-time", type=int, required=True, help="its /proc stat start time")
     p.add_argument("--token", required=True, help="the token its children carry")

@@ -1,4 +1,4 @@
-"""The lifeline (verltool_jax/lifeline.py): a process that armed it is killed (SIGKILL,
+"""The lifeline (verltool_jax/runtime/lifeline.py): a process that armed it is killed (SIGKILL,
 or a plain exit) and every process it started, in any session, at any depth, is gone a
 moment later; with it off they stay (the test can fail). The real trainer killed mid-step
 and mid-tool-call: tests/train/test_no_orphans.py."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from verltool_jax import lifeline
+from verltool_jax.runtime import lifeline
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 # its own lifeline and starts a child; prints their pids, then waits or exits.
 FAKE_RUN = r"""
 import json, os, subprocess, sys, time
-from verltool_jax import lifeline
+from verltool_jax.runtime import lifeline
 lifeline.arm()
 child = subprocess.Popen(["sleep", "300"], start_new_session=True)
 r, w = os.pipe()
@@ -34,7 +34,7 @@ os.close(w)
 orphan = int(os.read(r, 64).decode())
 nested = subprocess.Popen(
     [sys.executable, "-c",
-     "import subprocess, sys; from verltool_jax import lifeline; lifeline.arm(); "
+     "import subprocess, sys; from verltool_jax.runtime import lifeline; lifeline.arm(); "
      "p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True); sys.stdin.read()"],
     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 nested_child = int(nested.stdout.readline())

@@ -21,7 +21,8 @@ from pathlib import Path
 from verltool_jax.reporting.eval_metrics import hidden_test_result, swe_task_costs
 from verltool_jax.rewards.swe_reward import swe_reward
 from verltool_jax.rollout.final_check import run_hidden_tests, with_result
-from verltool_jax.tasks.swe import SweTask, make_row
+from verltool_jax.tasks.swe.task import make_row
+from verltool_jax.tasks.swe.testing import SweTask
 
 
 def tool_call(name: str, **arguments) -> str:

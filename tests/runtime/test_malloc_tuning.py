@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from verltool_jax.malloc_tuning import (
+from verltool_jax.runtime.malloc_tuning import (
     HUGEPAGES_OPT_OUT_ENV,
     HUGETLB_GLIBC,
     HUGETLB_TUNABLE,
@@ -101,7 +101,7 @@ def test_without_keep_freed_strips_our_items_and_opts_out():
 
 
 CHILD = (
-    "import os, sys; from verltool_jax.malloc_tuning import reexec_with_malloc_tuning; "
+    "import os, sys; from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning; "
     "reexec_with_malloc_tuning(); print(os.getpid(), os.environ.get('GLIBC_TUNABLES', ''), "
     "sys.argv[1:])"
 )
@@ -147,7 +147,7 @@ def test_opting_out_of_both_leaves_the_environment_alone():
 # resident size and the page faults a second round costs.
 FREE_AND_REUSE = """
 import ctypes, threading, resource
-from verltool_jax.malloc_tuning import reexec_with_malloc_tuning
+from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning
 reexec_with_malloc_tuning()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
