@@ -38,6 +38,9 @@ from tool_server.client import parse_tool_urls
 from verltool_jax.algos.advantages import GROUP_ESTIMATORS
 from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.algos.optimizer import OptimConfig
+from verltool_jax.gateway.program import REWARD_RULES
+from verltool_jax.gateway.server import GatewayConfig
+from verltool_jax.gateway.tool_parsers import FORMATS as TOOL_CALL_FORMATS
 from verltool_jax.models.config import ModelConfig
 from verltool_jax.rewards.judge import JudgeSection
 from verltool_jax.rewards.visual_reward import CuriositySettings
@@ -127,6 +130,9 @@ class RolloutSection(RolloutConfig):
     whether observation tokens stay out of the loss."""
 
     mode: str = spec("async", choices=("async", "sync"))  # sync: the ablation baseline
+    # who writes the trajectories: our agent loop, or an agent program through the
+    # OpenAI-compatible gateway (the ``gateway`` section names it; docs/gateway.md)
+    producer: str = spec("agent_loop", choices=("agent_loop", "gateway"))
     n_samples: int = spec(8, check=at_least(1))  # trajectories per prompt (group)
     max_staleness: int = spec(1, check=at_least(0))  # versions a group may lag
     max_prompt_tokens: int = spec(512, check=at_least(1))
@@ -138,6 +144,34 @@ class RolloutSection(RolloutConfig):
         """The component's settings (this section without the trainer's knobs)."""
         names = {f.name for f in dataclasses.fields(RolloutConfig)}
         return RolloutConfig(**{k: getattr(self, k) for k in names})
+
+
+@dataclass(frozen=True)
+class GatewaySection(Checked):
+    """The gateway of ``rollout.producer="gateway"`` (``verltool_jax/gateway/program.py``):
+    ``agent`` is ``"module:function"`` or ``"path/to/file.py:function"``, called as
+    ``function(base_url, data_row, **agent_args)`` (plus ``tool_url=`` if it takes it) once
+    per trajectory; ``reward`` how the verifier's score and the program's reward combine
+    (``program.combine_reward``). Defaults of the server's own knobs: ``GatewayConfig``."""
+
+    agent: str = ""
+    agent_args: dict = spec(default_factory=dict)
+    reward: str = spec("verifier", choices=REWARD_RULES)
+    tool_format: str = spec(GatewayConfig.tool_format, choices=TOOL_CALL_FORMATS)
+    model: str = GatewayConfig.model  # the name /v1/models reports
+    episode_timeout_s: float = spec(GatewayConfig.episode_timeout_s, check=above(0))
+    host: str = "127.0.0.1"
+    port: int = spec(0, check=at_least(0, "0: a free port"))
+
+    def gateway_config(self, max_model_len: int, default_max_tokens: int) -> GatewayConfig:
+        """The server's settings (context and default reply length come from the run)."""
+        return GatewayConfig(
+            model=self.model,
+            tool_format=self.tool_format,
+            max_model_len=max_model_len,
+            default_max_tokens=default_max_tokens,
+            episode_timeout_s=self.episode_timeout_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -392,6 +426,7 @@ class RunConfig(Checked):
     )
     model: ModelSection = spec(default_factory=ModelSection)
     rollout: RolloutSection = spec(default_factory=RolloutSection)
+    gateway: GatewaySection = spec(default_factory=GatewaySection)
     algo: AlgoConfig = spec(default_factory=AlgoConfig)
     optimizer: OptimConfig = spec(default_factory=OptimConfig)
     sampler: SamplerSection = spec(default_factory=SamplerSection)
@@ -405,6 +440,14 @@ class RunConfig(Checked):
     sft: SFTSection = spec(default_factory=SFTSection)
     logging: LoggingSection = spec(default_factory=LoggingSection)
     task: Any = spec(None, derived=True)  # built by run_config_from_dict from task.name
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rollout.producer == "gateway" and not self.gateway.agent:
+            raise ValueError(
+                "rollout.producer='gateway' needs gateway.agent: the agent program as "
+                "'module:function' or 'path/to/file.py:function'"
+            )
 
     def algo_for_run(self) -> AlgoConfig:
         """``algo`` with its derived field: logprobs at the sampling temperature."""

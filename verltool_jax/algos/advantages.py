@@ -291,6 +291,51 @@ def compute_advantages(
     return np.array(fn(jnp.asarray(rewards), jnp.asarray(idx), g, counts))
 
 
+def episode_advantages(
+    name: str,
+    rewards: Sequence[float] | np.ndarray,
+    group_ids: Sequence[Hashable],
+    episode_ids: Sequence[Hashable],
+    token_counts: Sequence[int] | np.ndarray | None = None,
+) -> np.ndarray:
+    """:func:`compute_advantages` with each *episode* counted once, its advantage given to
+    every row (piece) of it.
+
+    An agent program's episode that the gateway split at a template break is several
+    rows with one group id and one reward (docs/gateway.md). Counting every piece would
+    weigh a split episode k times in its group's mean and std (and in the batch
+    statistics of REINFORCE++), so: episode e has reward R_e = mean of its rows' rewards
+    (equal unless a per-row term such as the overlong penalty differs), token count
+    n_e = sum of its rows', and its group's id; A_e = estimator over the episodes; row b
+    of episode e gets A_b = A_e. Every token of the episode is then trained once with
+    the advantage a single-sequence episode would have had. With one row per episode
+    this is ``compute_advantages`` itself. (verl has no such split; rLLM and AReaL give
+    each step of a multi-step episode the episode's advantage the same way.)"""
+    rewards = np.asarray(rewards, dtype=np.float32)
+    if not (len(rewards) == len(group_ids) == len(episode_ids)):
+        raise ValueError(
+            f"one reward, group id and episode id per row; got {len(rewards)}, "
+            f"{len(group_ids)}, {len(episode_ids)}"
+        )
+    eidx, n_ep = group_indices(episode_ids)
+    eidx = np.asarray(eidx)
+    if len(rewards) == n_ep:  # no split episode: the plain estimator
+        return compute_advantages(name, rewards, group_ids, token_counts)
+    first = np.full(n_ep, -1)
+    for row in range(len(rewards) - 1, -1, -1):
+        first[eidx[row]] = row
+    gids = [group_ids[r] for r in first]
+    if any(group_ids[r] != gids[e] for r, e in enumerate(eidx)):
+        raise ValueError("the pieces of one episode must share its group id")
+    size = np.bincount(eidx, minlength=n_ep).astype(np.float32)
+    ep_r = np.bincount(eidx, weights=rewards, minlength=n_ep).astype(np.float32) / size
+    ep_n = None
+    if token_counts is not None:
+        counts = np.asarray(token_counts, dtype=np.float32)
+        ep_n = np.bincount(eidx, weights=counts, minlength=n_ep).astype(np.float32)
+    return compute_advantages(name, ep_r, gids, ep_n)[eidx]
+
+
 def broadcast_to_tokens(advantages: jax.Array, loss_mask: jax.Array) -> jax.Array:
     """Per-token advantages [B,T]: A[b] * loss_mask[b,t]; an input already [B,T] is masked."""
     adv = advantages.astype(jnp.float32)

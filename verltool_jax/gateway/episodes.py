@@ -111,7 +111,12 @@ class Episode:
                 actions=s.actions,
                 reward=self.reward,
                 reward_info=dict(self.reward_info),
-                data=dict(self.data, gateway_sample=i, gateway_samples=len(self.samples)),
+                data=dict(
+                    self.data,
+                    gateway_episode=self.key,
+                    gateway_sample=i,
+                    gateway_samples=len(self.samples),
+                ),
                 wall_time_s=time.monotonic() - self.created,
             )
             t.check()

@@ -53,14 +53,21 @@ async def run_episode(gateway: Gateway, agent: AgentProgram, item: PromptItem) -
     except Exception as e:  # the program crashed: its episode is not trained on
         log.warning("gateway: agent program failed on %s: %r", key, e)
         return failed(f"agent program raised {e!r}")
-    if key not in gateway.episodes:  # dropped meanwhile (timeout, sampler failure)
-        return failed("the gateway dropped the episode (timeout or sampler failure)")
-    if not gateway.episodes[key].samples:
-        return failed("the agent program made no call")
+    if key in gateway.episodes:  # else the program ended it (POST /end) or it was dropped
+        if not gateway.episodes[key].samples:
+            return failed("the agent program made no call")
+        try:
+            gateway.end(key, reward)
+        except ApiError as e:  # the program returned with a call still in flight
+            return failed(str(e))
     try:
-        return gateway.end(key, reward)
-    except ApiError as e:  # the program returned with a call still in flight
-        return failed(str(e))
+        trajs = await gateway.wait(key)
+    except RuntimeError as e:  # dropped (timeout, sampler failure) or ended with no call
+        return failed(f"the gateway dropped the episode: {e}")
+    if reward is not None:  # returned after ending the episode itself: the return counts
+        for t in trajs:
+            t.reward, t.reward_info = reward, dict(t.reward_info, program_reward=reward)
+    return trajs
 
 
 async def gateway_group(

@@ -298,6 +298,31 @@ class RewardPool:
         self.close()
 
 
+async def score_episodes(pool: RewardPool, trajs: Sequence[Any], tokenizer: Any, rule: str) -> None:
+    """Rewards of ``trajs`` in place: each episode scored once by the verifier (the reward
+    pool) on the join of its pieces, combined with the program's reward by ``rule``
+    (``combine_reward``), the same for all its pieces. With no gateway trajectories
+    and ``rule="verifier"`` this is the pool's score of every trajectory, unchanged.
+    ``reward_info`` keeps ``program_reward``; a piece whose rule finds no reward becomes
+    an error record (not trained on, counted by the health monitor). Rules and the
+    episode bookkeeping: ``verltool_jax/gateway/program.py``."""
+    from verltool_jax.gateway.program import NO_PROGRAM_REWARD, combine_reward, episodes, joined
+
+    groups = episodes(trajs)
+    program = [(trajs[g[0]].reward_info or {}).get("program_reward") for g in groups]
+    results = await pool.score_async([joined([trajs[i] for i in g]) for g in groups], tokenizer)
+    for g, res, p in zip(groups, results, program):
+        rows = [trajs[i] for i in g]
+        assign_rewards(rows, [res] * len(rows))
+        r = combine_reward(rule, res.score, p)
+        for t in rows:
+            if p is not None:
+                t.reward_info["program_reward"] = p
+            if r is None and t.termination != "error":
+                t.termination, t.error = "error", NO_PROGRAM_REWARD
+            t.reward = 0.0 if r is None else r
+
+
 def compute_rewards(
     entries: Iterable[Any],
     tokenizer=None,

@@ -47,9 +47,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from verltool_jax import metric_names as names
-from verltool_jax.algos.advantages import compute_advantages
+from verltool_jax.algos.advantages import episode_advantages
 from verltool_jax.algos.credit import turn_discounted_advantages
 from verltool_jax.algos.dapo import informative_groups, overlong_penalty
+from verltool_jax.gateway.program import episode_of
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.reporting.learning_signal import signal_metrics
 from verltool_jax.rollout.trajectory import Trajectory
@@ -360,10 +361,13 @@ def advantages_for(
         counts = np.array([len(t.response_ids) for t in trajs], np.float32)
     adv = np.zeros(len(trajs), np.float32)
     if keep.any():
-        adv[keep] = compute_advantages(
+        # a gateway episode split at a template break counts once (its pieces share it)
+        eids = [episode_of(t, i) for i, t in enumerate(trajs)]
+        adv[keep] = episode_advantages(
             algo.adv_estimator,
             rewards[keep],
             [g for g, k in zip(gids, keep) if k],
+            [e for e, k in zip(eids, keep) if k],
             counts[keep],
         )
     return adv, keep, m

@@ -10,7 +10,8 @@ last line, on every way out). One RL step (:meth:`RLLoop.rl`), phase by phase:
 1. **take groups**: ``trainer.batch_groups`` complete groups from the ``TrajectoryQueue``
    that the ``RolloutProducer`` fills (async; at most ``rollout.max_staleness`` versions
    old), or exactly this step's prompts (sync, the ablation baseline);
-2. **score**: rewards from the reward pool, group terms, curriculum levels; several
+2. **score**: rewards from the reward pool (once per gateway episode, combined with the
+   agent program's by ``gateway.reward``), group terms, curriculum levels; several
    processes gather everyone's groups into one global batch;
 3. **admit**: a batch with more than ``trainer.max_error_rate`` failed trajectories is not
    trained on (``health.HealthMonitor``; a dependency down for good raises
@@ -40,8 +41,9 @@ from typing import Any
 import jax
 
 from verltool_jax import metric_names as names
+from verltool_jax.gateway.program import serving
 from verltool_jax.reporting.progress import ProgressBar
-from verltool_jax.rewards.compute import assign_rewards
+from verltool_jax.rewards.compute import score_episodes
 from verltool_jax.rewards.visual_reward import add_curiosity_terms, curiosity_settings
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.trajectory import Trajectory, dump_trajectories
@@ -135,7 +137,7 @@ class RLLoop:
         """Evaluate, run the RL steps, evaluate again (not after an interruption, decided
         by every process together; not when no step ran: the figures stand)."""
         d = self.deps
-        async with d.client:
+        async with d.client, serving(d.gateway, d.run.config.gateway):
             start = self.version
             before = await self.evaluate("start" if start else "after-sft")
             if d.producer is not None:
@@ -202,7 +204,8 @@ class RLLoop:
         run, terms = self.deps.run, {}
         with self.timer.phase(names.TIME_REWARD):
             trajs = [t for g in groups for t in g]
-            assign_rewards(trajs, await run.reward_pool.score_async(trajs, run.tokenizer))
+            rule = run.config.gateway.reward  # episodes of the gateway: docs/gateway.md
+            await score_episodes(run.reward_pool, trajs, run.tokenizer, rule)
             curiosity = curiosity_settings(run.config.reward)
             if curiosity is not None:  # group terms: every group is whole here
                 terms = add_curiosity_terms(groups, curiosity)

@@ -1,6 +1,8 @@
 """The step loop's collaborators, made once in dependency order by :func:`wire`: the
 jitted train step, the trajectory queue, the policy publisher (which pushes the start
-version), the tool client and its guard, the health monitor, the rollout producer."""
+version), the tool client and its guard, the health monitor, the rollout producer: our
+agent loop's, or with ``rollout.producer="gateway"`` a ``GatewayProducer`` whose agent
+program talks to the gateway (served by ``RLLoop.train`` on the run's sampler)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class LoopDeps:
     groups_per_step: int
     signal_watch: NoSignalWatch
     stop: StopFlag
+    gateway: Any = None  # verltool_jax.gateway.Gateway with rollout.producer="gateway"
 
 
 def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopFlag) -> LoopDeps:
@@ -85,10 +88,9 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
         max_error_rate=rc.trainer.max_error_rate,
         max_skipped_steps=rc.trainer.max_skipped_steps,
     )
-    producer = None
+    producer, gateway = None, None
     if rl:
-        producer = RolloutProducer(
-            _fresh_prompts(start.prompts),
+        kw: dict[str, Any] = dict(
             n_samples=rc.rollout.n_samples,
             sampler=run.sampler,
             tool_client=client,
@@ -98,11 +100,30 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
             replay=_replay_prompts(start),
             image_processor=run.image_processor,
         )
+        if rc.rollout.producer == "gateway":
+            producer = gateway_producer(run, _fresh_prompts(start.prompts), kw)
+            gateway = producer.gateway
+        else:
+            producer = RolloutProducer(_fresh_prompts(start.prompts), **kw)
     watch = NoSignalWatch(rc.trainer.no_signal_steps, rc.trainer.no_signal_frac)
     return LoopDeps(
         run, start.algo, train_step, publisher, start.ckpt, start.prompts, client, guard,
-        health, queue, producer, groups, watch, stop,
+        health, queue, producer, groups, watch, stop, gateway,
     )  # fmt: skip
+
+
+def gateway_producer(run: Any, prompts: Any, kw: dict) -> RolloutProducer:
+    """A ``GatewayProducer`` over the run's sampler and tokenizer: the gateway (not yet
+    serving: ``RLLoop.train`` serves it) and the bound agent program of ``gateway.*``."""
+    from verltool_jax.gateway import Gateway
+    from verltool_jax.gateway.producer import GatewayProducer
+    from verltool_jax.gateway.program import bind_agent, load_agent
+
+    rc, g = run.config, run.config.gateway
+    cfg = g.gateway_config(rc.sampler.max_model_len, rc.rollout.max_response_tokens)
+    gateway = Gateway(run.sampler, run.tokenizer, cfg)
+    agent = bind_agent(load_agent(g.agent), run.tool_url, g.agent_args)
+    return GatewayProducer(prompts, gateway=gateway, agent=agent, **kw)
 
 
 # Several processes: group ids carry the process (groups meet in one batch), and each
