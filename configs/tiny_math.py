@@ -3,9 +3,12 @@
     python -m verltool_jax.train --config configs/tiny_math.py          # async rollout
     python -m verltool_jax.train --config configs/tiny_math.py:sync     # sync baseline
     python -m verltool_jax.train --config configs/tiny_math.py:smoke    # seconds, for tests
+    python -m verltool_jax.train --config configs/tiny_math.py:gateway  # an agent program
 
 ``arg`` is a comma-separated list of variants: ``sync`` (batch-synchronous rollout, the
-ablation baseline) and ``smoke`` (tiny sizes, a few steps); e.g. ``:smoke,sync``.
+ablation baseline), ``smoke`` (tiny sizes, a few steps) and ``gateway`` (trained through
+the OpenAI-compatible gateway by ``examples/gateway_agent.py`` with native tool calls,
+warm-started on demonstrations in that format; docs/gateway.md); e.g. ``:smoke,sync``.
 The model and tokenizer are built locally (``verltool_jax.models.tiny``); the task data
 (``verltool_jax.tasks.tiny_math``) is generated into ``<out_dir>/data``.
 
@@ -22,7 +25,7 @@ import ml_collections
 from configs import base
 from verltool_jax.tasks import task_section
 
-VARIANTS = ("sync", "smoke")
+VARIANTS = ("sync", "smoke", "gateway")
 
 
 def parse_arg(arg: str) -> set[str]:
@@ -99,6 +102,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     if "sync" in variants:
         c.rollout.mode = "sync"
         c.trainer.out_dir += "_sync"
+    if "gateway" in variants:
+        c.task.native_tools = True
+        c.rollout.producer = "gateway"
+        c.gateway.agent = "examples/gateway_agent.py:solve"
+        c.gateway.agent_args = {"max_turns": 2}  # replies: rollout.max_response_tokens
+        # the prompt carries the tool list (Hermes block, ~430 tokens with this tokenizer)
+        c.model.max_seq_len = 768
+        c.sampler.max_model_len = 768
+        c.trainer.out_dir += "_gateway"
     if "smoke" in variants:
         c.model.tiny.num_layers = 1
         c.model.tiny.intermediate_size = 128

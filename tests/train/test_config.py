@@ -250,6 +250,9 @@ def _other_value(key, ft, current):
         "reward.judge.backend": (None, None),
         "reward.judge.weight": (0.5, "0.5"),
         "reward.judge.correct_threshold": (0.5, "0.5"),
+        # the gateway producer needs its agent program: tests/gateway/test_gateway_trainer.py
+        "rollout.producer": (None, None),
+        "gateway.agent_args": (None, None),  # a free-form map, as tool_opt
     }
     if key in special:
         return special[key]
@@ -292,6 +295,17 @@ def test_every_field_is_settable_and_arrives():
         assert getattr(node, name) == value, (key, getattr(node, name), value)
         seen += 1
     assert seen > 80
+
+
+def test_the_gateway_producer_needs_its_agent_program():
+    with pytest.raises(ConfigError, match="gateway.agent"):
+        validate_config(
+            parse_command_line(["--config", TINY, "--config.rollout.producer=gateway"]).config
+        )
+    with pytest.raises(ConfigError, match="gateway.reward"):
+        validate_config(
+            parse_command_line(["--config", TINY, "--config.gateway.reward=average"]).config
+        )
 
 
 def test_every_field_is_read_by_the_code():

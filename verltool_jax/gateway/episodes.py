@@ -55,6 +55,7 @@ class Episode:
     reward: float | None = None
     reward_info: dict = field(default_factory=dict)
     error: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)  # fixed sampling fields
 
     def record(
         self,

@@ -30,10 +30,16 @@ log = logging.getLogger(__name__)
 AgentProgram = Callable[[str, dict], Awaitable[Any] | Any]
 
 
-async def run_episode(gateway: Gateway, agent: AgentProgram, item: PromptItem) -> list[Trajectory]:
-    """One episode of ``agent`` (see module doc): its trajectories, or one error record."""
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1}  # the held-out evaluation's
+
+
+async def run_episode(
+    gateway: Gateway, agent: AgentProgram, item: PromptItem, sampling: dict | None = None
+) -> list[Trajectory]:
+    """One episode of ``agent`` (see module doc): its trajectories, or one error record.
+    ``sampling``: fields fixed for its calls (default ``gateway.sampling``)."""
     group_id, data = item.gid(), dict(item.data)
-    key = gateway.open_episode(group_id, data)
+    key = gateway.open_episode(group_id, data, sampling=sampling)
 
     def failed(reason: str) -> list[Trajectory]:
         gateway.stats["agent_failed"] += 1
@@ -94,3 +100,9 @@ class GatewayProducer(RolloutProducer):
 
     async def _group(self, item: PromptItem) -> list[Trajectory]:
         return await gateway_group(self.gateway, self.agent, item, self.n_samples)
+
+    async def evaluate_items(self, items: list[PromptItem]) -> list[list[Trajectory]]:
+        """One greedy episode of the program per held-out item (all concurrently): the
+        pieces of each, or its error record (to be scored as training episodes are)."""
+        runs = [run_episode(self.gateway, self.agent, it, sampling=GREEDY) for it in items]
+        return list(await asyncio.gather(*runs))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -151,6 +152,9 @@ class Gateway:
         self.config = config or GatewayConfig()
         self.template = template_of(tokenizer)
         self.episodes: dict[str, Episode] = {}
+        # sampling fields fixed for every call of an episode, over what the request asks
+        # (the trainer fixes temperature, top_p, top_k: its loss assumes them)
+        self.sampling: dict[str, Any] = {}
         self.stats: Counter[str] = Counter()
         self.finished: asyncio.Queue[tuple[str, list[Trajectory]]] | None = None
         self._results: dict[str, asyncio.Future] = {}
@@ -170,13 +174,20 @@ class Gateway:
 
     # ------------------------------------------------------------------ episodes
     def open_episode(
-        self, group_id: str = "", data: dict | None = None, key: str | None = None
+        self,
+        group_id: str = "",
+        data: dict | None = None,
+        key: str | None = None,
+        sampling: dict[str, Any] | None = None,
     ) -> str:
-        """A new trajectory key (the client's ``api_key``, or its base URL via :meth:`url`)."""
+        """A new trajectory key (the client's ``api_key``, or its base URL via :meth:`url`);
+        ``sampling``: fields fixed for its calls (default :attr:`sampling`)."""
         key = key or "traj-" + uuid.uuid4().hex
         if key in self.episodes:
             raise ValueError(f"trajectory key {key!r} is already open")
-        self.episodes[key] = Episode(key, group_id or key, dict(data or {}))
+        ep = Episode(key, group_id or key, dict(data or {}))
+        ep.sampling = dict(self.sampling if sampling is None else sampling)
+        self.episodes[key] = ep
         self._results[key] = asyncio.get_running_loop().create_future()
         self.stats["opened"] += 1
         return key
@@ -318,6 +329,8 @@ class Gateway:
                          key, sum(ep.counts.values()))  # fmt: skip
         else:
             kind, prompt = "first", ids
+        if ep.sampling:
+            params = dataclasses.replace(params, **ep.sampling)
         ep.in_flight += 1
         t0 = time.perf_counter()
         try:

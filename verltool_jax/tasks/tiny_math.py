@@ -9,6 +9,13 @@ demonstrations come from the training split::
 
     <python>print(A * B)</python>  |  obs_template.format(obs=PRODUCT)  |  <answer>PRODUCT</answer><eos>
         trained (loss 1)           |         observation (loss 0)        |      trained (loss 1)
+
+With ``task.native_tools`` (the gateway variant: an agent program with native tool calls,
+``examples/gateway_agent.py``) the prompts ask for a ``python_code`` call, and the
+demonstrations are the conversation the gateway renders for that program with the tiny
+model's ChatML template: the prompt with the Hermes tool block in the system message,
+then ``<tool_call>{"name": "python_code", "arguments": {"code": "print(A * B)"}}</tool_call><eos>``
+(trained), the tool turn and the next generation prompt (not trained), the answer.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from verltool_jax.tasks import TaskFiles
 DATA_SOURCE = "tiny_math"
 TASK_REWARD = "math"  # the reward of held-out rows whose data_source has none
 SYSTEM_PROMPT = "Run python as <python>code</python>; answer as <answer>number</answer>."
+NATIVE_SYSTEM_PROMPT = "Call python_code to compute; answer as <answer>number</answer>."
 DEFAULT_OBS_TEMPLATE = OBS_TEMPLATE_RESULT
 
 
@@ -33,11 +41,11 @@ def question(a: int, b: int) -> str:
     return f"What is {a} * {b}?"
 
 
-def make_row(a: int, b: int, index: int, split: str) -> dict:
-    """One verl-layout row asking for ``a * b``."""
+def make_row(a: int, b: int, index: int, split: str, native: bool = False) -> dict:
+    """One verl-layout row asking for ``a * b`` (``native``: with a native tool call)."""
     return {
         "prompt": [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": NATIVE_SYSTEM_PROMPT if native else SYSTEM_PROMPT},
             {"role": "user", "content": question(a, b)},
         ],
         "data_source": DATA_SOURCE,
@@ -58,6 +66,51 @@ def demonstration_segments(a: int, b: int, obs_template: str = DEFAULT_OBS_TEMPL
         {"text": obs_template.format(obs=product + "\n"), "loss": False},
         {"text": f"<answer>{product}</answer>", "loss": True},
     ]
+
+
+def native_demonstration(row: dict) -> dict:
+    """The SFT row of ``row`` for an agent program with native tool calls (module doc):
+    the prompt as the gateway renders it (``gateway.render.normalize_messages`` with the
+    program's tool list), the segments cut from the ChatML rendering of the whole
+    conversation so that each turn's text is what the gateway gives the sampler."""
+    import jinja2
+
+    from tool_server.tools.python_code import PythonCodeTool
+    from verltool_jax.gateway.render import normalize_messages
+    from verltool_jax.gateway.tool_parsers import format_calls_as_text
+    from verltool_jax.models.tiny import CHATML_TEMPLATE
+
+    a, b = row["extra_info"]["a"], row["extra_info"]["b"]
+    product = str(a * b)
+    template = jinja2.Environment().from_string(CHATML_TEMPLATE)
+    call = {"function": {"name": "python_code", "arguments": {"code": f"print({a} * {b})"}}}
+    action = format_calls_as_text([call], "hermes")
+    msgs = normalize_messages(
+        row["prompt"],
+        [PythonCodeTool().function_schema()],
+        raw_replies={},
+        template=CHATML_TEMPLATE,
+        fmt="hermes",
+    )
+    turn1 = template.render(messages=msgs, add_generation_prompt=True)
+    msgs2 = msgs + [
+        {"role": "assistant", "content": action},
+        {"role": "tool", "content": product + "\n"},  # what print() gives the program
+    ]
+    turn2 = template.render(messages=msgs2, add_generation_prompt=True)
+    eos = "<|im_end|>"
+    if not turn2.startswith(turn1 + action + eos):
+        raise ValueError("native_demonstration: the template does not extend turn 1")
+    observation = turn2[len(turn1) + len(action + eos) :]
+    return {
+        **row,
+        "prompt": msgs,
+        "response_segments": [
+            {"text": action + eos, "loss": True},
+            {"text": observation, "loss": False},
+            {"text": f"<answer>{product}</answer>", "loss": True},
+        ],
+    }
 
 
 def sample_pairs(
@@ -93,6 +146,8 @@ class TinyMathTask:
     num_eval: int = 200
     num_demos: int = 256  # SFT demonstrations
     seed: int = 1234
+    # prompts and demonstrations for native tool calls (the gateway variant; module doc)
+    native_tools: bool = False
 
 
 def generate(
@@ -102,8 +157,10 @@ def generate(
     digits: Sequence[int] = (4,),
     seed: int = 0,
     obs_template: str = DEFAULT_OBS_TEMPLATE,
+    native_tools: bool = False,
 ) -> tuple[list[dict], list[dict], list[dict]]:
-    """(train rows, held-out eval rows, SFT rows); deterministic in ``seed``."""
+    """(train rows, held-out eval rows, SFT rows); deterministic in ``seed``;
+    ``native_tools``: for native tool calls (module doc)."""
     if num_demos > num_train:
         raise ValueError(
             f"num_demos={num_demos} must be <= num_train={num_train} "
@@ -112,8 +169,10 @@ def generate(
     rng = random.Random(seed)
     eval_pairs = sample_pairs(num_eval, digits, rng)
     train_pairs = sample_pairs(num_train, digits, rng, exclude=set(eval_pairs))
-    train = [make_row(a, b, i, "train") for i, (a, b) in enumerate(train_pairs)]
-    evals = [make_row(a, b, i, "eval") for i, (a, b) in enumerate(eval_pairs)]
+    train = [make_row(a, b, i, "train", native_tools) for i, (a, b) in enumerate(train_pairs)]
+    evals = [make_row(a, b, i, "eval", native_tools) for i, (a, b) in enumerate(eval_pairs)]
+    if native_tools:
+        return train, evals, [native_demonstration(row) for row in train[:num_demos]]
     sft = []
     for row in train[:num_demos]:
         a, b = row["extra_info"]["a"], row["extra_info"]["b"]
@@ -129,9 +188,12 @@ def write_task(
     digits: Sequence[int] = (4,),
     seed: int = 0,
     obs_template: str = DEFAULT_OBS_TEMPLATE,
+    native_tools: bool = False,
 ) -> TaskFiles:
     """Generate the task and write ``train/eval/sft.parquet`` under ``out_dir``."""
-    train, evals, sft = generate(num_train, num_eval, num_demos, digits, seed, obs_template)
+    train, evals, sft = generate(
+        num_train, num_eval, num_demos, digits, seed, obs_template, native_tools
+    )
     out = Path(out_dir)
     return TaskFiles(
         train=write_rows(train, out / "train.parquet"),
@@ -151,6 +213,7 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
         tuple(t.digits),
         t.seed,
         config.rollout.obs_template,
+        t.native_tools,
     )
 
 

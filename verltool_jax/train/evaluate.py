@@ -13,7 +13,7 @@ from typing import Any
 
 from verltool_jax import metric_names as names
 from verltool_jax.reporting.batch_summary import summarize
-from verltool_jax.rewards.compute import RewardPool, assign_rewards
+from verltool_jax.rewards.compute import RewardPool, assign_rewards, score_episodes
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.trajectory import Trajectory
@@ -88,29 +88,44 @@ async def evaluate(
     return summarize(trajs, prefix), trajs
 
 
+async def evaluate_gateway(run: Any, producer: Any, items: list[PromptItem]) -> list[Trajectory]:
+    """Held-out episodes of a ``GatewayProducer``'s agent program (greedy), each scored
+    once as in training (``rewards.compute.score_episodes``); one trajectory per item,
+    the episode's last piece."""
+    episodes = await producer.evaluate_items(items)
+    trajs = [t for ep in episodes for t in ep]
+    await score_episodes(run.reward_pool, trajs, run.tokenizer, run.config.gateway.reward)
+    return [ep[-1] for ep in episodes]
+
+
 async def evaluate_run(
-    run: Any, tool_client: Any, health: Any, version: int, tag: str
+    run: Any, tool_client: Any, health: Any, version: int, tag: str, producer: Any = None
 ) -> tuple[dict, list[Trajectory]]:
     """The trainer's held-out evaluation of its current policy (``run``: a ``build.Run``):
     :func:`evaluate` of ``run.eval_items``, ``time/eval_s`` and ``eval/failed`` added,
     written at ``version`` and said on the console. Several processes each take a strided
     share of the items; the results are gathered in item order and summarised together.
     More failed trajectories than ``trainer.max_error_rate`` have ``health`` (a
-    ``HealthMonitor``) check the dependencies (it raises if one is down for good)."""
+    ``HealthMonitor``) check the dependencies (it raises if one is down for good).
+    ``producer``: a ``GatewayProducer`` evaluates through its agent program instead."""
     rc = run.config
     if not run.eval_items:
         return {}, []
     t0 = time.perf_counter()
     items = run.eval_items[multihost.process_index() :: multihost.process_count()]
-    m, trajs = await evaluate(
-        run.sampler,
-        items,
-        tool_client,
-        run.tokenizer,
-        rc.rollout.rollout_config(),
-        run.reward_pool,
-        image_processor=run.image_processor,
-    )
+    if hasattr(producer, "evaluate_items"):
+        trajs = await evaluate_gateway(run, producer, items)
+        m = summarize(trajs, "eval")
+    else:
+        m, trajs = await evaluate(
+            run.sampler,
+            items,
+            tool_client,
+            run.tokenizer,
+            rc.rollout.rollout_config(),
+            run.reward_pool,
+            image_processor=run.image_processor,
+        )
     if multihost.is_multi():
         gathered = await asyncio.to_thread(multihost.gather_groups, [[t] for t in trajs])
         trajs = [g[0] for g in gathered]

@@ -261,7 +261,7 @@ class RLLoop:
 
     async def evaluate(self, tag: str) -> dict:
         d = self.deps
-        m, trajs = await evaluate_run(d.run, d.client, d.health, self.version, tag)
+        m, trajs = await evaluate_run(d.run, d.client, d.health, self.version, tag, d.producer)
         self.evals = trajs or self.evals
         return m
 

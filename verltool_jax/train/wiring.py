@@ -122,6 +122,8 @@ def gateway_producer(run: Any, prompts: Any, kw: dict) -> RolloutProducer:
     rc, g = run.config, run.config.gateway
     cfg = g.gateway_config(rc.sampler.max_model_len, rc.rollout.max_response_tokens)
     gateway = Gateway(run.sampler, run.tokenizer, cfg)
+    r = rc.rollout  # the loss's logprobs assume the run's sampling, whatever the program asks
+    gateway.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k}
     agent = bind_agent(load_agent(g.agent), run.tool_url, g.agent_args)
     return GatewayProducer(prompts, gateway=gateway, agent=agent, **kw)
 
