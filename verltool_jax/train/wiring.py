@@ -12,6 +12,7 @@ from typing import Any
 
 from tool_server.client import ToolClient
 from verltool_jax.algos.config import AlgoConfig
+from verltool_jax.gateway.producer import GatewayProducer
 from verltool_jax.reporting.learning_signal import NoSignalWatch
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.queue import TrajectoryQueue
@@ -88,7 +89,8 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
         max_error_rate=rc.trainer.max_error_rate,
         max_skipped_steps=rc.trainer.max_skipped_steps,
     )
-    producer, gateway = None, None
+    producer: RolloutProducer | None = None
+    gateway = None
     if rl:
         kw: dict[str, Any] = dict(
             n_samples=rc.rollout.n_samples,
@@ -101,8 +103,8 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
             image_processor=run.image_processor,
         )
         if rc.rollout.producer == "gateway":
-            producer = gateway_producer(run, _fresh_prompts(start.prompts), kw)
-            gateway = producer.gateway
+            gp = gateway_producer(run, _fresh_prompts(start.prompts), kw)
+            producer, gateway = gp, gp.gateway
         else:
             producer = RolloutProducer(_fresh_prompts(start.prompts), **kw)
     watch = NoSignalWatch(rc.trainer.no_signal_steps, rc.trainer.no_signal_frac)
@@ -112,11 +114,10 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
     )  # fmt: skip
 
 
-def gateway_producer(run: Any, prompts: Any, kw: dict) -> RolloutProducer:
+def gateway_producer(run: Any, prompts: Any, kw: dict) -> GatewayProducer:
     """A ``GatewayProducer`` over the run's sampler and tokenizer: the gateway (not yet
     serving: ``RLLoop.train`` serves it) and the bound agent program of ``gateway.*``."""
     from verltool_jax.gateway import Gateway
-    from verltool_jax.gateway.producer import GatewayProducer
     from verltool_jax.gateway.program import bind_agent, load_agent
 
     rc, g = run.config, run.config.gateway
