@@ -70,3 +70,37 @@ def test_custom_obs_template_and_bad_sizes():
     cfg.task.name = "tiny_mth"
     with pytest.raises(ValueError, match="task.name='tiny_mth' is not a known task"):
         prepare_task(run_config_from_dict(cfg), "/nonexistent")
+
+
+def test_native_demonstrations_are_what_the_gateway_renders():
+    """``task.native_tools``: a demonstration's prompt is the gateway's rendering of the
+    program's request (row messages + the python tool), its reply a python_code call, and
+    prompt + reply + observation the gateway's rendering of the second call."""
+    import json
+
+    from tool_server.tools.python_code import PythonCodeTool
+    from verltool_jax.data.templating import prompt_token_ids
+    from verltool_jax.gateway.render import normalize_messages, render, template_of
+    from verltool_jax.gateway.tool_parsers import parse_tool_calls
+
+    tok = tiny_tokenizer()
+    train, _, sft = tiny_math.generate(4, 2, 2, native_tools=True)
+    demo, row = sft[0], train[0]
+    assert row["prompt"][0]["content"] == tiny_math.NATIVE_SYSTEM_PROMPT
+    a, b = row["extra_info"]["a"], row["extra_info"]["b"]
+    tools = [PythonCodeTool().function_schema()]
+    norm = normalize_messages(
+        row["prompt"], tools, raw_replies={}, template=template_of(tok), fmt="hermes"
+    )
+    text1, ids1 = render(tok, norm, tools)
+    assert prompt_token_ids(tok, demo["prompt"]) == ids1
+    reply, obs, answer = (s["text"] for s in demo["response_segments"])
+    assert reply.endswith(tok.eos_token) and answer == f"<answer>{a * b}</answer>"
+    (call,) = parse_tool_calls(reply.removesuffix(tok.eos_token), "hermes").calls
+    assert call.name == "python_code"
+    assert json.loads(call.arguments) == {"code": f"print({a} * {b})"}
+    turn2 = norm + [
+        {"role": "assistant", "content": reply.removesuffix(tok.eos_token)},
+        {"role": "tool", "content": f"{a * b}\n"},
+    ]
+    assert render(tok, turn2, tools)[0] == text1 + reply + obs
