@@ -448,6 +448,11 @@ class RunConfig(Checked):
                 "rollout.producer='gateway' needs gateway.agent: the agent program as "
                 "'module:function' or 'path/to/file.py:function'"
             )
+        if self.rollout.producer == "gateway" and self.rollout.mode != "async":
+            raise ValueError(
+                "rollout.producer='gateway' runs with rollout.mode='async' (the sync "
+                "baseline is our agent loop's ablation); set rollout.mode=async"
+            )
 
     def algo_for_run(self) -> AlgoConfig:
         """``algo`` with its derived field: logprobs at the sampling temperature."""

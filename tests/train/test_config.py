@@ -302,6 +302,13 @@ def test_the_gateway_producer_needs_its_agent_program():
         validate_config(
             parse_command_line(["--config", TINY, "--config.rollout.producer=gateway"]).config
         )
+    with pytest.raises(ConfigError, match="rollout.mode='async'"):
+        validate_config(
+            parse_command_line(
+                ["--config", TINY + ":sync", "--config.rollout.producer=gateway",
+                 "--config.gateway.agent=examples/gateway_agent.py:solve"]
+            ).config
+        )  # fmt: skip
     with pytest.raises(ConfigError, match="gateway.reward"):
         validate_config(
             parse_command_line(["--config", TINY, "--config.gateway.reward=average"]).config
