@@ -38,7 +38,7 @@ from tool_server.client import parse_tool_urls
 from verltool_jax.algos.advantages import GROUP_ESTIMATORS
 from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.algos.optimizer import OptimConfig
-from verltool_jax.gateway.program import REWARD_RULES
+from verltool_jax.gateway.program import REWARD_RULES, load_agent
 from verltool_jax.gateway.server import GatewayConfig
 from verltool_jax.gateway.tool_parsers import FORMATS as TOOL_CALL_FORMATS
 from verltool_jax.models.config import ModelConfig
@@ -448,6 +448,8 @@ class RunConfig(Checked):
                 "rollout.producer='gateway' needs gateway.agent: the agent program as "
                 "'module:function' or 'path/to/file.py:function'"
             )
+        if self.rollout.producer == "gateway" and self.gateway.agent:
+            load_agent(self.gateway.agent)  # a bad program fails here, before any work
         if self.rollout.producer == "gateway" and self.rollout.mode != "async":
             raise ValueError(
                 "rollout.producer='gateway' runs with rollout.mode='async' (the sync "

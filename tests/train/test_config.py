@@ -309,6 +309,13 @@ def test_the_gateway_producer_needs_its_agent_program():
                  "--config.gateway.agent=examples/gateway_agent.py:solve"]
             ).config
         )  # fmt: skip
+    with pytest.raises(ConfigError, match="gateway.agent=.*has no function"):
+        validate_config(
+            parse_command_line(
+                ["--config", TINY, "--config.rollout.producer=gateway",
+                 "--config.gateway.agent=examples/gateway_agent.py:nope"]
+            ).config
+        )  # fmt: skip
     with pytest.raises(ConfigError, match="gateway.reward"):
         validate_config(
             parse_command_line(["--config", TINY, "--config.gateway.reward=average"]).config
