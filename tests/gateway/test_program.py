@@ -87,6 +87,13 @@ def test_an_episode_is_scored_once_on_all_its_pieces(sampler_tokenizer):
         assert [t.reward for t in trajs] == [1.5, 1.5, 0.5]
         assert [t.reward_info["acc"] for t in trajs] == [1.0, 1.0, 0.0]
         assert all(t.reward_info["program_reward"] == 0.5 for t in trajs)
+        # our agent loop's trajectories (no gateway_episode): each scored on its own
+        own = [_traj("t1", "g", None, ids("<answer>42</answer>")),
+               _traj("t2", "g", None, ids("<answer>7</answer>"))]  # fmt: skip
+        for t in own:
+            t.data.pop("gateway_episode")
+        asyncio.run(score_episodes(pool, own, tok, "verifier"))
+        assert [t.reward for t in own] == [1.0, 0.0]
         no_program = [_traj("e3", "g", "e3", ids("<answer>42</answer>"))]
         asyncio.run(score_episodes(pool, no_program, tok, "program"))
         assert no_program[0].termination == "error" and "gave none" in no_program[0].error
