@@ -15,7 +15,8 @@ The model and tokenizer are built locally (``verltool_jax.models.tiny``); the ta
 Expected on 2 CPU cores: about 4 minutes (``bash scripts/run.sh`` runs the default);
 held-out accuracy about 0.69 after the SFT warm start and 0.84 after the 40 RL steps;
 ``:smoke`` takes seconds. Figures: docs/performance.md; ablations on this config:
-docs/results.md.
+docs/results.md. ``:gateway`` runs end to end (about 15 minutes of SFT on the ~530-token
+native prompts) but does not learn yet: experiments/results/gateway_tiny/results.md.
 """
 
 from __future__ import annotations
