@@ -5,6 +5,7 @@ tool server running the python calls and our math reward scoring the answers."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,11 @@ def test_tool_call_detection_and_bad_command_line():
     assert not is_tool_call("the answer is 3", stops)
     assert main(["--config", CONFIG, "--port=notanumber"]) == 2
     assert main(["--port=1"]) == 2  # no --config
+
+
+def test_a_missing_openenv_names_the_extra(monkeypatch):
+    from verltool_jax.environments import require_openenv
+
+    monkeypatch.setitem(sys.modules, "openenv.core", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"verltool-jax\[openenv\]"):
+        require_openenv()
