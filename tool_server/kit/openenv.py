@@ -108,7 +108,10 @@ class OpenEnvSession:
         if ws is not None and not ws.closed:
             try:
                 await ws.send_str(json.dumps({"type": "close"}))
-            except (aiohttp.ClientError, ConnectionError, RuntimeError):
+                # the server closes the connection itself: wait for that, so that its
+                # close does not race ours (OpenEnv logs a disconnect error then)
+                await asyncio.wait_for(ws.receive(), 5.0)
+            except (aiohttp.ClientError, ConnectionError, RuntimeError, TimeoutError):
                 pass  # the server is gone: nothing to tell it
             await ws.close()
         if http is not None:
