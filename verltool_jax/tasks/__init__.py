@@ -62,6 +62,7 @@ BUILTIN = {
     "quixbugs": "swe",
     "easy_vqa": "easy_vqa",
     "reasoning_gym": "reasoning_gym",
+    "openenv": "openenv_task",
 }
 
 
