@@ -33,6 +33,8 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"mlp/(gate|up)_proj/kernel$", P("fsdp", "tp")),  # [H, I]
     (r"mlp/down_proj/kernel$", P("tp", "fsdp")),  # [I, H]
     (r"(^|/)lm_head/kernel$", P("fsdp", "tp")),  # [H, V]
+    (r"(^|/)value_head/kernel$", P("fsdp", None)),  # [H, 1] the critic's head (models.value)
+    (r"(^|/)value_head/bias$", P()),
     (r"norm/weight$", P()),  # RMSNorm scales
     # vision tower (Qwen2.5-VL / Qwen2-VL): the same column / row split as the decoder
     (r"visual/patch_embed/kernel$", P("fsdp", "tp")),  # [patch_dim, W]

@@ -74,6 +74,14 @@ CONFIGS = {
         mini_batch_size=4,
         micro_batch_size=2,
     ),
+    # PPO with a critic: GAE advantages, the clipped value loss, 2 mini-batches x 2 micro
+    "gae": dict(
+        adv_estimator="gae",
+        policy_loss="ppo",
+        value_clip=0.5,
+        mini_batch_size=4,
+        micro_batch_size=2,
+    ),
 }
 SGD = optax.sgd(0.5)
 ADAMW = make_optimizer(
@@ -90,7 +98,10 @@ ADAMW = make_optimizer(
 
 
 def optimizer_for(name: str):
-    return ADAMW if name == "ppo_full" else SGD
+    return ADAMW if name in ("ppo_full", "gae") else SGD
+
+
+CRITIC_ADAMW = make_optimizer(dict(lr=1e-2, max_grad_norm=1.0))
 
 
 class CountingLogprobs:
@@ -109,12 +120,16 @@ def new_model(seed: int = 0) -> Transformer:
 
 
 def new_state(name: str, seed: int = 0) -> TrainState:
-    return TrainState.create(
-        new_model(seed),
-        optimizer_for(name),
-        seed=seed,
-        with_reference=algo_config(CONFIGS[name]).kl_coef > 0,
+    model = new_model(seed)
+    cfg = algo_config(CONFIGS[name])
+    state = TrainState.create(
+        model, optimizer_for(name), seed=seed, with_reference=cfg.kl_coef > 0
     )
+    if cfg.uses_critic:
+        from verltool_jax.models.value import value_model_from_policy
+
+        state = state.with_critic(value_model_from_policy(model), CRITIC_ADAMW)
+    return state
 
 
 @functools.cache
@@ -122,8 +137,14 @@ def step_for(name: str, mesh=None):
     """``(train_step, counter)`` for ``CONFIGS[name]`` (cached: compiled once per session)."""
     counter = CountingLogprobs()
     graphdef = new_state(name).graphdef
+    critic = CRITIC_ADAMW if algo_config(CONFIGS[name]).uses_critic else None
     return make_train_step(
-        CONFIGS[name], graphdef, optimizer_for(name), mesh=mesh, logprob_fn=counter
+        CONFIGS[name],
+        graphdef,
+        optimizer_for(name),
+        mesh=mesh,
+        logprob_fn=counter,
+        value_optimizer=critic,
     ), counter
 
 
@@ -162,6 +183,17 @@ def batch(seed: int) -> dict:
     if not np.any(adv):
         adv = np.linspace(-1, 1, len(trajs)).astype(np.float32)
     return batch_from_trajectories(trajs, adv, pad_id=0, max_len=T, pad_to_multiple=T)
+
+
+def gae_batch(seed: int) -> dict:
+    """A batch for ``algo.adv_estimator="gae"``: the rewards, zero advantages."""
+    trajs = trajectories(seed)
+    rewards = np.array([t.reward for t in trajs], np.float32)
+    out = batch_from_trajectories(
+        trajs, np.zeros_like(rewards), pad_id=0, max_len=T, pad_to_multiple=T
+    )
+    out["rewards"] = rewards
+    return out
 
 
 def host(tree):

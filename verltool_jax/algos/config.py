@@ -18,12 +18,22 @@ from typing import Any, ClassVar
 
 from verltool_jax.algos.advantages import ADVANTAGES
 from verltool_jax.algos.aggregation import AGGREGATIONS
+from verltool_jax.algos.gae import GAE
 from verltool_jax.algos.kl import KL_ESTIMATORS
+from verltool_jax.algos.optimizer import OptimConfig
 from verltool_jax.algos.policy_loss import POLICY_LOSSES, PolicyLossConfig
 from verltool_jax.schema import Checked, above, at_least, in_unit_interval, spec
 
 OLD_LOGPROB_SOURCES = ("sampler", "recompute")
 _BATCH = at_least(1, "None: the whole batch")
+_UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
+_OPTIONAL_POSITIVE = (lambda v: v is None or v > 0, "> 0 (None: the optimizer section's)")
+
+
+def adv_estimator_names() -> tuple[str, ...]:
+    """Names ``algo.adv_estimator`` accepts: the registered outcome estimators and
+    ``gae`` (PPO with a critic, computed in the train step: ``algos.gae``)."""
+    return tuple(sorted([*ADVANTAGES.names(), GAE]))
 
 
 @dataclass(frozen=True)
@@ -44,8 +54,8 @@ class AlgoConfig(Checked):
 
     SECTION: ClassVar[str] = "algo"
 
-    # grpo | drgrpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline
-    adv_estimator: str = spec("grpo", choices=ADVANTAGES.names)
+    # grpo | drgrpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae
+    adv_estimator: str = spec("grpo", choices=adv_estimator_names)
     # ppo (= grpo / dapo / vanilla) | gspo | cispo
     policy_loss: str = spec("ppo", choices=POLICY_LOSSES.names)
     # per-turn credit: turn k of K gets gamma^(K-k) of the advantage (1: off; algos.credit)
@@ -76,10 +86,27 @@ class AlgoConfig(Checked):
     dynamic_sampling_max_batches: int = spec(0, check=at_least(0, "0: no limit"))
     overlong_buffer_len: int = 0  # DAPO overlong penalty (0 = off)
     overlong_penalty_factor: float = 1.0
+    # PPO with a critic (adv_estimator="gae"; algos.gae, models.value): the GAE discount
+    # and lambda over the sampled tokens (1, 1: the usual LLM choice; verl's defaults)
+    gamma: float = spec(1.0, check=_UNIT)
+    lam: float = spec(1.0, check=_UNIT)
+    # verl critic.cliprange_value: values move at most this far from the old ones
+    value_clip: float | None = spec(0.5, check=at_least(0, "0 or None disables"))
+    # the critic's optimizer: the ``optimizer`` section with these three replaced
+    # (None: the policy's value; critic_optimizer_config)
+    critic_lr: float | None = spec(None, check=_OPTIONAL_POSITIVE)
+    critic_warmup_steps: int | None = spec(None, check=(lambda v: v is None or v >= 0, ">= 0"))
+    critic_max_grad_norm: float | None = None  # <= 0 disables clipping
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.policy_loss_config()  # the loss's own rules on the clip / agg fields together
+        if self.uses_critic and self.turn_discount < 1.0:
+            raise ValueError(
+                f"algo.turn_discount={self.turn_discount} discounts an outcome advantage by "
+                "turns; with algo.adv_estimator='gae' the critic's advantages are per token "
+                "already (discount them with algo.gamma): set algo.turn_discount=1"
+            )
 
     def policy_loss_config(self) -> PolicyLossConfig:
         return PolicyLossConfig(
@@ -89,6 +116,26 @@ class AlgoConfig(Checked):
             self.loss_agg_mode,
             self.loss_norm_constant,
         )
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the run trains a critic (``adv_estimator="gae"``)."""
+        return self.adv_estimator == GAE
+
+    def critic_optimizer_config(self, optim: OptimConfig) -> OptimConfig:
+        """The critic's optimizer settings: ``optim`` (the run's ``optimizer`` section)
+        with ``critic_lr``, ``critic_warmup_steps``, ``critic_max_grad_norm`` where set."""
+        changes: dict[str, Any] = {}
+        if self.critic_lr is not None:
+            changes["lr"] = self.critic_lr
+        if self.critic_warmup_steps is not None:
+            changes["warmup_steps"] = self.critic_warmup_steps
+        if self.critic_max_grad_norm is not None:
+            changes["max_grad_norm"] = self.critic_max_grad_norm
+        try:
+            return dataclasses.replace(optim, **changes)
+        except ValueError as e:
+            raise ValueError(f"algo.critic_* settings: {e}") from None
 
     @property
     def reads_behaviour_logprobs(self) -> bool:
@@ -119,7 +166,7 @@ FIELDS = tuple(f.name for f in dataclasses.fields(AlgoConfig))
 def algo_choices() -> dict[str, tuple[str, ...]]:
     """Allowed names of the registry-backed ``algo`` fields (aliases included)."""
     return {
-        "adv_estimator": tuple(ADVANTAGES.names()),
+        "adv_estimator": adv_estimator_names(),
         "policy_loss": tuple(POLICY_LOSSES.names()),
         "kl_estimator": tuple(KL_ESTIMATORS.names()),
         "loss_agg_mode": tuple(AGGREGATIONS.names()),

@@ -15,6 +15,8 @@ old_logprobs        [B,T] f32 target-aligned behaviour logprob of ``input_ids[b,
                               (filled from the sampler; the step may recompute it)
 sampler_logprobs    [B,T] f32 target-aligned logprob the sampler reported
 ref_logprobs        [B,T] f32 optional, target-aligned reference-policy logprob
+rewards             [B]   f32 with ``algo.adv_estimator="gae"``: the outcome reward per
+                              sequence (``advantages`` are 0; the step computes them)
 =================== ========= ===========================================================
 
 With images (vision-language policies; trajectories that carry ``images``), also:
@@ -77,7 +79,7 @@ IMAGE_KEYS = (
     "image_full_groups",
     "image_window_groups",
 )
-OPTIONAL_KEYS = ("ref_logprobs",) + IMAGE_KEYS
+OPTIONAL_KEYS = ("ref_logprobs", "rewards") + IMAGE_KEYS
 
 
 def shift_targets(input_ids, pad_id: int = 0):
@@ -320,7 +322,8 @@ def check_batch(batch: dict) -> tuple[int, int]:
         if k in IMAGE_KEYS:
             want = (B, T, 3) if k == "positions" else (B,) + tuple(batch[k].shape[1:])
         else:
-            want = (B,) if k == "advantages" and batch[k].ndim == 1 else (B, T)
+            per_seq = k == "rewards" or (k == "advantages" and batch[k].ndim == 1)
+            want = (B,) if per_seq else (B, T)
         if tuple(batch[k].shape) != want:
             raise ValueError(
                 f"train batch[{k!r}] has shape {tuple(batch[k].shape)}, expected {want}"
@@ -338,7 +341,10 @@ def advantages_for(
     estimators, whose groups are kept whole; the REINFORCE++ batch statistics are those
     of the trained batch, as verl filters before computing advantages); dropped ones get
     0. Token counts for the token-weighted estimators are the tokens the loss trains:
-    the sampled ones, or the whole response when observations are not masked."""
+    the sampled ones, or the whole response when observations are not masked.
+
+    With ``algo.adv_estimator="gae"`` the first array holds the (penalised) rewards
+    themselves: the train step computes the advantages with the critic."""
     rewards = np.array([t.reward for t in trajs], np.float32)
     gids = [t.group_id for t in trajs]
     m = {}
@@ -360,7 +366,9 @@ def advantages_for(
     else:
         counts = np.array([len(t.response_ids) for t in trajs], np.float32)
     adv = np.zeros(len(trajs), np.float32)
-    if keep.any():
+    if algo.uses_critic:
+        adv[keep] = rewards[keep]
+    elif keep.any():
         # a gateway episode split at a template break counts once (its pieces share it)
         eids = [episode_of(t, i) for i, t in enumerate(trajs)]
         adv[keep] = episode_advantages(
@@ -399,7 +407,9 @@ def make_batch(
     mask is zeroed (they contribute nothing); ``algo.turn_discount < 1`` spreads each
     advantage over the turns (``algos.credit``); ``rollout.mask_observations=False`` (the
     ablation) trains the observation tokens too, with the behaviour logprobs of
-    ``model()`` (the policy before the step) when the step reads them."""
+    ``model()`` (the policy before the step) when the step reads them. With
+    ``algo.adv_estimator="gae"`` the batch carries ``rewards`` and zero ``advantages``
+    (the step computes them with the critic)."""
     trajs = [t for t in trajs if not trajectory_failed(t)]
     adv, keep, m = advantages_for(rc, algo, trajs)
     m.update(
@@ -407,7 +417,7 @@ def make_batch(
             [t.reward or 0.0 for t in trajs],
             [t.group_id for t in trajs],
             [t.reward_info.get("acc", 0.0) for t in trajs],
-            adv[keep] if keep.any() else [],
+            None if algo.uses_critic else (adv[keep] if keep.any() else []),
         )
     )
     if not keep.any():
@@ -419,7 +429,10 @@ def make_batch(
     arrays = batch_from_trajectories(
         rows, np.concatenate([adv, adv[:pad] * 0]), pad_id, rc.model.max_seq_len, PAD_MULTIPLE
     )
-    if algo.turn_discount < 1.0:
+    if algo.uses_critic:  # rewards in, advantages from the critic in the step
+        arrays["rewards"] = arrays["advantages"]
+        arrays["advantages"] = np.zeros_like(arrays["rewards"])
+    elif algo.turn_discount < 1.0:
         # per-turn credit from the sampled tokens' turns (before the observation ablation
         # widens the mask; observation tokens take the weight of the turn before them)
         arrays["advantages"] = np.asarray(
@@ -453,11 +466,12 @@ def make_batch(
             obs_trained = int(obs[: len(use)].sum())
     if pad:
         arrays["loss_mask"][len(use) :] = 0.0
+    if not algo.uses_critic:
+        m[names.BATCH_ADV_ABS_MEAN] = float(np.abs(adv).mean())
     m.update(
         {
             names.BATCH_SIZE: len(use),
             names.BATCH_SEQ_LEN: int(arrays["input_ids"].shape[1]),
-            names.BATCH_ADV_ABS_MEAN: float(np.abs(adv).mean()),
             names.BATCH_OBS_TOKENS: obs_trained,
         }
     )

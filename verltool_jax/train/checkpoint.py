@@ -2,7 +2,8 @@
 
 A checkpoint at step s (= ``int(state.step)``) holds two items:
 
-* ``state``: ``params``, ``opt_state``, ``step``, ``rng`` and ``ref_params`` (if any),
+* ``state``: ``params``, ``opt_state``, ``step``, ``rng``, ``ref_params`` (if any) and the
+  critic's ``value_params`` and ``value_opt_state`` (if any),
   saved asynchronously (the write to disk overlaps the next train steps);
 * ``data``: a JSON dict, the data iterator's state (e.g. grain's ``get_state()``), so a
   resumed run reads the same prompts the uninterrupted run would have.
@@ -44,7 +45,9 @@ from verltool_jax.train.state import TrainState
 
 log = logging.getLogger("verltool_jax.train")
 
-STATE_FIELDS = ("params", "opt_state", "step", "rng", "ref_params")
+STATE_FIELDS = (
+    "params", "opt_state", "step", "rng", "ref_params", "value_params", "value_opt_state",
+)  # fmt: skip
 MARKER = "verltool_complete.json"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name of a step being written
 REJECTED_DIR = "rejected"
@@ -285,7 +288,8 @@ class Checkpointer:
         if missing:
             raise ValueError(
                 f"checkpoint step {step} lacks {sorted(missing)}; was it saved "
-                f"from a TrainState with the same fields (with_reference)?"
+                f"from a TrainState with the same fields (with_reference; a critic, "
+                f"algo.adv_estimator='gae')?"
             )
         return template.replace(**tree), dict(out["data"] or {})
 

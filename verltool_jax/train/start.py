@@ -1,6 +1,7 @@
 """The start of a run, before any RL step: the optimizer and the train state, the
 checkpointer (with room for one checkpoint checked first), the prompt pipeline, and the
-state to start from: the latest complete checkpoint (resume, with the data position), the
+state to start from (with the critic when ``algo.adv_estimator="gae"``: a copy of the
+policy it starts from, ``models.value``): the latest complete checkpoint (resume, with the data position), the
 SFT warm start (``sft.steps > 0``), or the initial policy."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class RunStart:
     state: TrainState | None
     algo: AlgoConfig
     optimizer: optax.GradientTransformation
+    value_optimizer: optax.GradientTransformation | None  # the critic's (gae), else None
     ckpt: Checkpointer
     prompts: Any  # the prompt pipeline (``Run.prompt_pipeline``), None without train data
     resume_data: dict  # this process's data position from the checkpoint ({} if fresh)
@@ -41,12 +43,21 @@ def start_run(run: Any, stop: StopFlag) -> RunStart:
     rc = run.config
     multihost.check_supported(rc, run.mesh)
     algo = rc.algo_for_run()
-    optimizer = make_optimizer(rc.optimizer_for_run())
+    optim = rc.optimizer_for_run()
+    optimizer = make_optimizer(optim)
+    value_optimizer = (
+        make_optimizer(algo.critic_optimizer_config(optim)) if algo.uses_critic else None
+    )
 
     def new_state(model) -> TrainState:
-        return TrainState.create(
+        state = TrainState.create(
             model, optimizer, seed=rc.trainer.seed, with_reference=algo.kl_coef > 0
         )
+        if value_optimizer is None:
+            return state
+        from verltool_jax.models.value import value_model_from_policy
+
+        return state.with_critic(value_model_from_policy(model, run.mesh), value_optimizer)
 
     # ckpt_every = 0: only the final save (forced at the end, and on Ctrl-C).
     ckpt = Checkpointer(
@@ -62,7 +73,7 @@ def start_run(run: Any, stop: StopFlag) -> RunStart:
     for r in ckpt.rejected:
         log.info(f"[trainer] {r.describe()}")
     prompts = run.prompt_pipeline()
-    start = RunStart(None, algo, optimizer, ckpt, prompts, {})
+    start = RunStart(None, algo, optimizer, value_optimizer, ckpt, prompts, {})
     latest = ckpt.latest_step() if rc.checkpoint.resume else None
     if latest is not None:
         start.state, data = ckpt.restore(multihost.globalize(new_state(run.model), run.mesh))

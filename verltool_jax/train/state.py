@@ -7,6 +7,11 @@ version), ``rng`` (a raw uint32[2] PRNG key), and ``ref_params`` (frozen referen
 policy for the KL loss, ``None`` unless ``algo.kl_coef > 0`` and the trainer does not
 supply ``ref_logprobs`` in the batch).
 
+The critic of PPO (``algo.adv_estimator = "gae"``, :mod:`verltool_jax.models.value`),
+when the run has one (:meth:`TrainState.with_critic`; ``None`` otherwise): ``value_params``
+(all its ``nnx.Param`` variables, all trained), ``value_opt_state`` (its own optimizer)
+and the static ``value_graphdef``.
+
 ``trainable`` (static) is the nnx filter of the parameters that train: all of them, or
 only the LoRA adapters (``models.lora.trainable_filter``). The optimizer state covers
 the trainable part only; the train steps differentiate with respect to it alone
@@ -32,6 +37,9 @@ class TrainState(struct.PyTreeNode):  # a frozen flax struct dataclass with a ty
     rng: jax.Array
     ref_params: Any | None = None
     trainable: Any = struct.field(pytree_node=False, default=nnx.Param)
+    value_graphdef: Any = struct.field(pytree_node=False, default=None)
+    value_params: Any | None = None
+    value_opt_state: Any | None = None
 
     @classmethod
     def create(
@@ -61,6 +69,20 @@ class TrainState(struct.PyTreeNode):  # a frozen flax struct dataclass with a ty
             trainable=trainable,
         )
         return state.replace(opt_state=optimizer.init(state.split_trainable()[0]))
+
+    def with_critic(
+        self, value_model: nnx.Module, optimizer: optax.GradientTransformation
+    ) -> TrainState:
+        """This state with the critic ``value_model`` (``models.value.ValueModel``) and
+        ``optimizer``'s state initialised on all of its params."""
+        graphdef, params = nnx.split(value_model, nnx.Param)
+        return self.replace(
+            value_graphdef=graphdef, value_params=params, value_opt_state=optimizer.init(params)
+        )
+
+    @property
+    def has_critic(self) -> bool:
+        return self.value_params is not None
 
     def split_trainable(self, params: Any | None = None) -> tuple[Any, Any]:
         """``(trainable, frozen)`` parts of ``params`` (default: the current ones); the

@@ -12,6 +12,13 @@ One call consumes one batch (layout: :mod:`verltool_jax.train.batch`):
    A non-finite loss or gradient norm skips that update (params and optimizer state
    unchanged) and is counted in ``metrics["skipped_updates"]``.
 
+PPO with a critic (``algo.adv_estimator = "gae"``; :mod:`verltool_jax.algos.gae`): the
+batch carries each sequence's outcome reward (``rewards`` [B]) instead of advantages;
+before the updates the critic (``state.value_params``) scores every position, GAE turns
+the rewards and values into token advantages (whitened over the batch) and returns, and
+in every mini-batch the policy update is followed by one critic update on the clipped
+value loss with the critic's own optimizer (``value_optimizer``).
+
 Loss of a micro-batch = policy loss (``algo.policy_loss``, with the truncated IS weight
 against the sampler when ``algo.tis_cap`` is set) + ``kl_coef`` * KL(``kl_estimator``)
 - ``entropy_coef`` * entropy, each aggregated by ``algo.loss_agg_mode``.
@@ -39,6 +46,13 @@ from jax.sharding import PartitionSpec as P
 
 from verltool_jax.algos.aggregation import aggregate, normaliser_for
 from verltool_jax.algos.config import AlgoConfig, algo_config
+from verltool_jax.algos.gae import (
+    explained_variance,
+    gae_advantages_returns,
+    masked_whiten,
+    outcome_token_rewards,
+    value_loss,
+)
 from verltool_jax.algos.kl import get_kl_fn
 from verltool_jax.algos.policy_loss import get_policy_loss, truncated_is_weights
 from verltool_jax.train.batch import (
@@ -87,7 +101,7 @@ def _mean_metrics(metrics: dict) -> dict:
             out[k] = v.max()
         elif k.endswith("_min"):
             out[k] = jnp.where(jnp.isinf(v.min()), 0.0, v.min())
-        elif k == "skipped_updates":
+        elif k.endswith("skipped_updates"):
             out[k] = v.sum()
         else:
             out[k] = v.mean()
@@ -113,6 +127,18 @@ def compute_logprobs(
     if return_entropy:
         kw["return_entropy"] = True
 
+    def one(model, i, a, extra):
+        return logprob_fn(model, i, a, shift_targets(i), **kw, **extra)
+
+    return _by_rows(one, graphdef, params, batch, chunk)
+
+
+def _by_rows(fn: Callable, graphdef, params, batch: dict, chunk: int):
+    """``fn(model, input_ids, attention_mask, extra)`` over ``batch``, ``chunk`` rows at a
+    time (``lax.map``), the results re-joined on the batch axis; ``extra`` holds each
+    row's ``positions`` / ``row_images`` in a vision-language batch."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    B = ids.shape[0]
     imgs = {k: batch[k] for k in IMAGE_KEYS if k in batch}
 
     def one(xs):
@@ -121,7 +147,7 @@ def compute_logprobs(
         extra = {}
         if im:  # a vision-language batch: each row's images travel with the row
             extra["positions"], extra["row_images"] = row_images_of(im)
-        return logprob_fn(model, i, a, shift_targets(i), **kw, **extra)
+        return fn(model, i, a, extra)
 
     if chunk >= B:
         return one((ids, attn, imgs))
@@ -131,6 +157,65 @@ def compute_logprobs(
 
     out = jax.lax.map(one, (split(ids), split(attn), jax.tree.map(split, imgs)))
     return jax.tree.map(lambda y: y.reshape((B,) + y.shape[2:]), out)
+
+
+def compute_values(value_graphdef, value_params, batch: dict, chunk: int) -> jax.Array:
+    """The critic's values [B,T] float32 of ``batch`` (target-aligned: position t is the
+    state in which token t+1 is drawn), ``chunk`` rows at a time."""
+    return _by_rows(
+        lambda model, i, a, extra: model(i, a, **extra), value_graphdef, value_params, batch, chunk
+    )
+
+
+def make_value_loss_fn(cfg: AlgoConfig, value_graphdef):
+    """``loss_fn(value_params, micro_batch, norm) -> (loss, metrics)``: the clipped value
+    loss (``algos.gae.value_loss``) of one micro-batch against its ``returns``."""
+
+    def loss_fn(vparams, mb: dict, norm):
+        v = compute_values(value_graphdef, vparams, mb, mb["input_ids"].shape[0])
+        return value_loss(
+            v,
+            mb["values"],
+            mb["returns"],
+            mb["loss_mask"],
+            cfg.value_clip or None,
+            cfg.loss_agg_mode,
+            norm,
+            cfg.loss_norm_constant,
+        )
+
+    return loss_fn
+
+
+def gae_batch(cfg: AlgoConfig, state: TrainState, batch: dict, chunk: int) -> tuple[dict, dict]:
+    """The batch with GAE ``advantages`` [B,T] (whitened), the critic's ``values`` and the
+    ``returns``, from its ``rewards`` [B] (``algos.gae``); and the critic's metrics before
+    the update: ``vf_explained_var``, ``values_mean``, ``returns_mean``."""
+    if state.value_params is None:
+        raise ValueError(
+            "algo.adv_estimator='gae' trains a critic: create the state with "
+            "TrainState.with_critic(models.value.value_model_from_policy(policy), optimizer)"
+        )
+    if "rewards" not in batch:
+        raise ValueError(
+            "algo.adv_estimator='gae' needs batch['rewards'] (one outcome reward per "
+            "sequence); make the batch with train.batch.make_batch"
+        )
+    mask = batch["loss_mask"]
+    values = jax.lax.stop_gradient(
+        compute_values(state.value_graphdef, state.value_params, batch, chunk)
+    )
+    rewards = outcome_token_rewards(batch["rewards"], mask)
+    adv, returns = gae_advantages_returns(rewards, values, mask, cfg.gamma, cfg.lam)
+    out = dict(batch, advantages=masked_whiten(adv, mask), values=values, returns=returns)
+    m = mask.astype(jnp.float32)
+    n = jnp.maximum(m.sum(), 1.0)
+    metrics = {
+        "vf_explained_var": explained_variance(returns, values, mask),
+        "values_mean": (values * m).sum() / n,
+        "returns_mean": (returns * m).sum() / n,
+    }
+    return out, metrics
 
 
 def make_loss_fn(cfg: AlgoConfig, graphdef, logprob_fn: LogprobFn):
@@ -181,6 +266,7 @@ def make_train_step(
     mesh: jax.sharding.Mesh | None = None,
     logprob_fn: LogprobFn | None = None,
     donate: bool = True,
+    value_optimizer: optax.GradientTransformation | None = None,
 ):
     """Build ``train_step(state: TrainState, batch: dict) -> (TrainState, metrics)``.
 
@@ -190,11 +276,19 @@ def make_train_step(
     ``loss``, ``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``,
     ``ratio_mean``, ``ratio_max``, ``ratio_min``, ``grad_norm`` (before clipping),
     ``skipped_updates`` (count), and ``kl_loss``, ``entropy``, ``tis_weight_mean``
-    when enabled. One compilation per distinct batch shape.
+    when enabled. With a critic (``algo.adv_estimator="gae"``, ``value_optimizer`` its
+    optimizer): ``vf_loss``, ``vf_clipfrac``, ``vf_grad_norm``, ``vf_skipped_updates``
+    (count), and before the update ``vf_explained_var``, ``values_mean``, ``returns_mean``.
+    One compilation per distinct batch shape.
     """
     cfg = algo_config(config)
     logprob_fn = logprob_fn or _default_logprob_fn()
     loss_fn = make_loss_fn(cfg, graphdef, logprob_fn)
+    if cfg.uses_critic and value_optimizer is None:
+        raise ValueError(
+            "algo.adv_estimator='gae' trains a critic: pass make_train_step(..., "
+            "value_optimizer=make_optimizer(algo.critic_optimizer_config(optimizer)))"
+        )
 
     def step(state: TrainState, batch: dict):
         # Gradients of the trainable part only (all params, or the LoRA adapters).
@@ -221,10 +315,38 @@ def make_train_step(
                 )
         else:
             batch.pop("ref_logprobs", None)
+        critic_metrics: dict = {}
+        if cfg.uses_critic:
+            batch, critic_metrics = gae_batch(cfg, state, batch, micro)
+            value_grad_fn = jax.value_and_grad(
+                make_value_loss_fn(cfg, state.value_graphdef), has_aux=True
+            )
+        else:
+            batch.pop("rewards", None)
         minis = jax.tree.map(lambda x: _split(x, n_mini, n_micro, micro), batch)
 
+        def update_critic(vparams, vopt_state, mini, norm):
+            """One critic update on the mini-batch: ``(vparams, vopt_state, metrics)``."""
+
+            def accumulate(g_sum, mb):
+                (_, m), g = value_grad_fn(vparams, mb, norm)
+                return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_sum, g), m
+
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), vparams)
+            grads, m = jax.lax.scan(accumulate, zeros, mini)
+            m = _reduce_metrics(m, 0)
+            gnorm = optax.tree.norm(grads)
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, vparams)
+            ok = jnp.isfinite(m["vf_loss"]) & jnp.isfinite(gnorm)
+            assert value_optimizer is not None  # checked when the step was made
+            updates, new_opt = value_optimizer.update(grads, vopt_state, vparams)
+            new_params = optax.apply_updates(vparams, updates)
+            m["vf_grad_norm"] = gnorm
+            m["vf_skipped_updates"] = (~ok).astype(jnp.float32)
+            return _select(ok, new_params, vparams), _select(ok, new_opt, vopt_state), m
+
         def update(carry, mini):
-            params, opt_state = carry
+            params, opt_state, vparams, vopt_state = carry
             norm = normaliser_for(mini["loss_mask"].reshape(-1, T))
             train_p, frozen = state.split_trainable(params)
 
@@ -243,17 +365,29 @@ def make_train_step(
             new_params = state.join(optax.apply_updates(train_p, updates), frozen)
             metrics["grad_norm"] = gnorm
             metrics["skipped_updates"] = (~ok).astype(jnp.float32)
-            return (_select(ok, new_params, params), _select(ok, new_opt, opt_state)), metrics
+            if cfg.uses_critic:
+                vparams, vopt_state, vm = update_critic(vparams, vopt_state, mini, norm)
+                metrics.update(vm)
+            params, opt_state = _select(ok, new_params, params), _select(ok, new_opt, opt_state)
+            return (params, opt_state, vparams, vopt_state), metrics
 
         def epoch(carry, _):
             return jax.lax.scan(update, carry, minis)
 
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (state.params, state.opt_state), None, length=cfg.ppo_epochs
+        carry = (state.params, state.opt_state, state.value_params, state.value_opt_state)
+        (params, opt_state, vparams, vopt_state), metrics = jax.lax.scan(
+            epoch, carry, None, length=cfg.ppo_epochs
         )
         rng, _ = jax.random.split(state.rng)
-        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
-        return new_state, _mean_metrics(metrics)
+        new_state = state.replace(
+            params=params,
+            opt_state=opt_state,
+            value_params=vparams,
+            value_opt_state=vopt_state,
+            step=state.step + 1,
+            rng=rng,
+        )
+        return new_state, _mean_metrics(metrics) | critic_metrics
 
     donate_args = (0,) if donate else ()
     if mesh is None:

@@ -61,6 +61,7 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
         # The JAX sampler serves the trainer's own param buffers (no copy): they must not
         # be donated to the next step while rollouts still read them.
         donate=build.sampler_backend(rc)[0] != "jax",
+        value_optimizer=start.value_optimizer,
     )
     rl = rc.stage == "rl" and version < rc.trainer.steps
     groups = multihost.check_batch_groups(rc.trainer.batch_groups)
