@@ -53,9 +53,7 @@ def test_hand_values_with_an_observation_span():
 def test_reward_lands_on_the_last_sampled_token():
     mask = jnp.asarray([[0, 1, 1, 0, 0], [1, 0, 1, 1, 1], [0, 0, 0, 0, 0]], jnp.float32)
     r = np.asarray(outcome_token_rewards(jnp.asarray([2.0, -1.0, 5.0]), mask))
-    np.testing.assert_array_equal(
-        r, [[0, 0, 2.0, 0, 0], [0, 0, 0, 0, -1.0], [0, 0, 0, 0, 0]]
-    )
+    np.testing.assert_array_equal(r, [[0, 0, 2.0, 0, 0], [0, 0, 0, 0, -1.0], [0, 0, 0, 0, 0]])
     with pytest.raises(ValueError, match="rewards must be"):
         outcome_token_rewards(jnp.zeros(2), mask)
 

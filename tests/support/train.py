@@ -122,9 +122,7 @@ def new_model(seed: int = 0) -> Transformer:
 def new_state(name: str, seed: int = 0) -> TrainState:
     model = new_model(seed)
     cfg = algo_config(CONFIGS[name])
-    state = TrainState.create(
-        model, optimizer_for(name), seed=seed, with_reference=cfg.kl_coef > 0
-    )
+    state = TrainState.create(model, optimizer_for(name), seed=seed, with_reference=cfg.kl_coef > 0)
     if cfg.uses_critic:
         from verltool_jax.models.value import value_model_from_policy
 

@@ -119,8 +119,6 @@ def compute_logprobs(
 ):
     """Target-aligned logprobs [B,T] of ``batch`` under ``params`` (and entropy if asked),
     computed ``chunk`` rows at a time (``lax.map``), float32."""
-    ids, attn = batch["input_ids"], batch["attention_mask"]
-    B = ids.shape[0]
     kw = {"temperature": cfg.temperature}
     if cfg.logprob_chunk_size:
         kw["chunk_size"] = cfg.logprob_chunk_size
