@@ -218,6 +218,8 @@ def _other_value(key, ft, current):
         "algo.clip_ratio_low": (0.1, "0.1"),
         "algo.dual_clip_c": (4.0, "4.0"),
         "algo.turn_discount": (0.9, "0.9"),
+        "algo.gamma": (0.99, "0.99"),
+        "algo.lam": (0.95, "0.95"),
         "rollout.n_samples": (4, "4"),
         "rollout.top_k": (5, "5"),
         "optimizer.name": (None, None),
