@@ -17,7 +17,8 @@ Ablations (the first arm of each is its baseline; every arm runs every seed):
   dynamic sampling + overlong penalty over the last quarter of the response budget),
   GSPO (sequence ratio, clip 3e-4 / 4e-4, ``seq-mean-token-mean``, as verl's GSPO recipe),
   REINFORCE++ and REINFORCE++-baseline (batch-whitened advantages) and CISPO (clipped
-  IS weight, no lower bound and eps_high 0.2, as verl's CISPO recipe);
+  IS weight, no lower bound and eps_high 0.2, as verl's CISPO recipe), PPO with a
+  critic (``ppo_gae``: GAE advantages, the clipped value loss);
 * ``offpolicy``: behaviour logprobs from the sampler, or recomputed by the trainer before
   the update with truncated IS against the sampler (cap 2) or without (with the
   sampler's logprobs the IS weight is 1 on every token, so that arm needs no IS pair);
@@ -135,6 +136,11 @@ def loss_arms(cfg) -> list[Arm]:
                 **dict(plain, algo__clip_ratio_low=10.0, algo__clip_ratio_high=0.2),
             ),
             note="IS weight clipped at 1.2, no lower bound",
+        ),
+        Arm(
+            "ppo_gae",
+            _o(algo__adv_estimator="gae", algo__policy_loss="ppo", **plain),
+            note="PPO with a critic: GAE (gamma = lambda = 1), clipped value loss",
         ),
     ]
 

@@ -327,6 +327,7 @@ def test_every_ablation_arm_is_a_valid_run(ablations, name):
         )
         assert configs["cispo"].algo.policy_loss == "cispo"
         assert configs["cispo"].algo.clip_ratio_low == 10.0
+        assert configs["ppo_gae"].algo.adv_estimator == "gae"
     if name == "credit":
         assert [c.algo.turn_discount for c in configs.values()] == [1.0, 0.8, 0.5]
     if name == "masking":
