@@ -103,8 +103,9 @@ def test_make_batch_carries_rewards_for_gae():
 
 def test_critic_is_sharded_by_the_policy_rules():
     from jax.sharding import PartitionSpec as P
+    from support.sharding import shard_model
 
-    from verltool_jax.sharding import make_mesh, param_spec, shard_model
+    from verltool_jax.sharding import make_mesh, param_spec
 
     if jax.device_count() < 8:
         pytest.fail("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (scripts/test.sh)")
@@ -123,8 +124,9 @@ def test_critic_is_sharded_by_the_policy_rules():
 
 @pytest.mark.slow
 def test_sharded_gae_step_equals_unsharded():
-    from verltool_jax.sharding import make_mesh, shard_state
-    from verltool_jax.train.step import shard_batch
+    from support.sharding import shard_batch, shard_state
+
+    from verltool_jax.sharding import make_mesh
 
     if jax.device_count() < 8:
         pytest.fail("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (scripts/test.sh)")

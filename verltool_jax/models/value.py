@@ -51,12 +51,20 @@ class ValueModel(nnx.Module):
 
 
 def value_model_from_policy(policy: nnx.Module, mesh=None) -> ValueModel:
-    """A :class:`ValueModel` on a copy of ``policy`` (its weights copied, the policy left
-    untouched); with ``mesh``, every parameter placed by the policy's partition rules."""
+    """A :class:`ValueModel` on a copy of ``policy`` (its weights copied in the shardings
+    they have, the policy left untouched); with ``mesh``, the value head placed by the
+    policy's partition rules (``verltool_jax.sharding.param_spec``)."""
     graphdef, state = nnx.split(policy)
     critic = ValueModel(nnx.merge(graphdef, jax.tree.map(jnp.copy, state)))
     if mesh is not None:
-        from verltool_jax.sharding import shard_model
+        from jax.sharding import NamedSharding
 
-        shard_model(critic, mesh)
+        from verltool_jax.sharding import param_spec
+
+        def place(path, x):
+            spec = param_spec(("value_head", *path), x.shape, mesh)
+            return jax.device_put(x, NamedSharding(mesh, spec))
+
+        head = nnx.state(critic.value_head, nnx.Param)
+        nnx.update(critic.value_head, jax.tree_util.tree_map_with_path(place, head))
     return critic
