@@ -142,6 +142,21 @@ def test_finite_epochs_and_overlong_prompts():
         strict.next_batch(10)
 
 
+def test_a_pipeline_that_drops_every_row_fails_instead_of_spinning():
+    """Every prompt over the limit: a repeating pipeline would skip rows forever; it
+    raises, naming the setting. One row that fits keeps it going across epochs."""
+    tok = tiny_tokenizer()
+    rows = [_row(i) for i in range(3)]
+    for r in rows:
+        r["prompt"] = [{"role": "user", "content": "long " * 200}]
+    pipe = PromptPipeline(rows, tok, seed=1, max_prompt_tokens=40)  # repeats forever
+    with pytest.raises(ValueError, match="every one of the 3 rows was dropped.*max_prompt_tokens"):
+        pipe.next_batch(1)
+    rows[1] = _row(1)
+    ok = PromptPipeline(rows, tok, seed=1, max_prompt_tokens=40)
+    assert [ex.index for ex in ok.next_batch(5)] == [1] * 5
+
+
 def test_sft_pipeline_masks_observations(tmp_path):
     tok = tiny_tokenizer()
     row = _row(

@@ -93,13 +93,31 @@ class RowPipeline:
         if self.shuffle:
             ds = ds.shuffle(seed=self.seed)
         ds = ds.repeat(num_epochs)
-        ds = ds.map(lambda i: transform(int(i), self.rows[int(i)]))
+        ds = ds.map(self._counting(transform))
         ds = ds.filter(lambda x: x is not None)
         # No prefetch threads: the state then counts exactly the examples handed out.
         self._iter = iter(
             ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
         )
         self.consumed = 0
+
+    def _counting(self, transform: Callable[[int, dict], Any]) -> Callable[[Any], Any]:
+        """``transform`` by row index, failing when it drops every row: 2n drops in a row
+        (n rows) span a whole epoch, so no row passes and the iterator would spin forever."""
+        n, dropped = len(self.rows), [0]
+
+        def apply(i: Any) -> Any:
+            x = transform(int(i), self.rows[int(i)])
+            dropped[0] = dropped[0] + 1 if x is None else 0
+            if dropped[0] >= 2 * n:
+                raise ValueError(
+                    f"every one of the {n} rows was dropped (e.g. each prompt is longer "
+                    "than rollout.max_prompt_tokens): raise rollout.max_prompt_tokens or "
+                    "shorten the prompts (e.g. task.system_prompt)"
+                )
+            return x
+
+        return apply
 
     def __iter__(self):
         return self
