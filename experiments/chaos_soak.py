@@ -135,7 +135,12 @@ def kill_one(me: int, trainer: int, kind: str) -> str:
     return ""
 
 
+STOP: list[int] = []  # the signals that asked the soak to stop
+
+
 def run(args: argparse.Namespace) -> Soak:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda n, _f: STOP.append(n))
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
     me, out = os.getpid(), Path(args.out).resolve()
@@ -156,6 +161,10 @@ def run(args: argparse.Namespace) -> Soak:
         why = "exited"
         while proc.poll() is None:
             time.sleep(0.5)
+            if STOP:  # SIGTERM / Ctrl-C of the soak: stop the run cleanly, report so far
+                proc.send_signal(signal.SIGTERM)
+                why = "soak stopped"
+                break
             step = last_step(out / "metrics.jsonl")
             soak.steps_reached = max(soak.steps_reached, step)
             due = [f for f in soak.faults if f.injected_at is None and f.step <= step]
@@ -177,7 +186,7 @@ def run(args: argparse.Namespace) -> Soak:
         soak.restarts.append({"start": attempt + 1, "exit": rc, "why": why})
         soak.orphan_checks.append({"after": f"start {attempt + 1} (exit {rc})"} | orphans(me))
         filler.unlink(missing_ok=True)
-        if rc == 0:
+        if rc == 0 or STOP:
             break
         print(f"[soak] the run exited with {rc} ({why}); resuming", flush=True)
     soak.wall_s = time.monotonic() - t0
@@ -186,7 +195,8 @@ def run(args: argparse.Namespace) -> Soak:
         f.survived = f.injected_at is not None and soak.steps_reached > f.injected_at
     if (out / "summary.json").exists():
         soak.summary = json.loads((out / "summary.json").read_text())
-    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    m = out / "metrics.jsonl"
+    evals = [json.loads(x) for x in m.read_text().splitlines() if x.strip()] if m.exists() else []
     first = [r["eval/acc"] for r in evals if "eval/acc" in r and r.get("step") == 0]
     soak.eval_after_sft = first[0] if first else None
     return soak
