@@ -13,8 +13,9 @@ last line, on every way out). One RL step (:meth:`RLLoop.rl`), phase by phase:
 2. **score**: rewards from the reward pool, group terms, curriculum levels; several
    processes gather everyone's groups into one global batch;
 3. **admit**: a batch with more than ``trainer.max_error_rate`` failed trajectories is not
-   trained on (``health.HealthMonitor``; a dependency down for good raises
-   ``DependencyDown``, exit 3);
+   trained on, its prompts are rolled out again (``health.HealthMonitor``; a dependency
+   down for good raises ``DependencyDown``, exit 3); after the train step
+   ``accounting.settle`` ends each group in the data accounting (``rollout.ledger``);
 4. **make batch**: ``batch.make_batch`` (advantages, DAPO keep-mask, padding); None when
    dynamic sampling kept nothing: not a step, another batch is sampled;
 5. **train**: sampler-vs-trainer parity, then ``step.train_on`` in a worker thread
