@@ -68,6 +68,7 @@ PARITY_TOKENS = "sync/parity_tokens"  # tokens compared
 QUEUE_GROUPS_IN = "queue/groups_in"
 QUEUE_GROUPS_OUT = "queue/groups_out"
 QUEUE_DROPPED_STALE = "queue/dropped_stale"  # cumulative count of groups dropped as too stale
+QUEUE_RELEASED = "queue/released"  # groups taken without an update (slots freed)
 QUEUE_DEPTH = "queue/depth"
 QUEUE_MAX_DEPTH = "queue/max_depth"
 QUEUE_PUT_WAIT = "queue/put_wait_s"

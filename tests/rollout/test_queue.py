@@ -155,3 +155,22 @@ async def test_admission_counts_from_start_version():
     await asyncio.wait_for(q.admit(), 1)
     with pytest.raises(ValueError, match="start_version"):
         TrajectoryQueue(start_version=-1)
+
+
+async def test_stale_groups_are_kept_for_the_producer_and_release_frees_admission():
+    q = TrajectoryQueue(max_groups=8, max_staleness=0, groups_per_batch=2)
+    for gid in ("a", "b"):
+        await asyncio.wait_for(q.admit(), 1)
+        await q.put_group([traj(gid, 0, 0)])
+    await q.set_version(1)  # both 1 version behind with max_staleness 0: dropped
+    assert [g[0].group_id for g in q.take_dropped()] == ["a", "b"]
+    assert q.take_dropped() == [] and q.metrics.dropped_stale == 2
+    for gid in "cdef":  # version 1 admits (1 + 0 + 1) * 2 - (2 started - 2 dropped)
+        await asyncio.wait_for(q.admit(), 1)
+        await q.put_group([traj(gid, 0, 1)])
+    await q.get_batch(2, timeout=1)  # a batch taken and, say, skipped: no update
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(q.admit(), 0.1)  # without release, rollout would stall
+    await q.release(2)
+    await asyncio.wait_for(q.admit(), 1)
+    assert q.summary()["queue/released"] == 2

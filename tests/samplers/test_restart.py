@@ -37,3 +37,16 @@ def test_budget_rejects_bad_settings():
     with pytest.raises(ValueError, match="window_s"):
         RestartBudget(window_s=0)
     assert RestartBudget(max_restarts=0).next_delay() is None
+
+
+def test_wait_or_raise_counts_a_restart_or_raises_the_samplers_error_from_the_cause():
+    b = RestartBudget(max_restarts=2, window_s=100.0, backoff_s=1.0, clock=lambda: 0.0)
+
+    def dead(cause, why):
+        return RuntimeError(f"engine died ({cause}) after {why}")
+
+    assert [b.wait_or_raise(OSError("gone"), dead) for _ in range(2)] == [1.0, 2.0]
+    assert b.total == 2
+    with pytest.raises(RuntimeError, match=r"died \(start failed\) after 2 restarts") as e:
+        b.wait_or_raise(OSError("start failed"), dead)
+    assert isinstance(e.value.__cause__, OSError) and b.total == 2

@@ -277,6 +277,10 @@ def test_dynamic_sampling_samples_again_when_no_group_has_a_signal(tmp_path, mon
         echo=False,
     )
     assert r.summary.steps == 2 and r.policy_version == 2
+    # the no-signal filter's prompts are seen, not trained and not rolled out again
+    d = r.summary.data
+    assert d is not None and d["ok"], d
+    assert (d["drawn"], d["trained"], d["no_signal"], d["in_flight"]) == (8, 4, 4, 0)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if "batch/uninformative_batches" in row]
     assert [row["step"] for row in steps] == [1, 2]

@@ -8,25 +8,27 @@ training, in either mode.
 * **sync** (:meth:`RolloutProducer.next_groups`): the batch-synchronous baseline rolls out
   exactly the next ``k`` prompts, turn by turn in lock step, and returns them.
 
-The producer owns the data position of the prompts it started: each prompt comes with a
-key (the trainer uses the data row's index) and stays *in flight* until the consumer
-says it trained on the group (:meth:`consumed`); :meth:`in_flight_keys` is what a
-checkpoint must replay on resume. Prompts given as ``replay`` are started first.
+The producer draws its prompts through a :class:`~verltool_jax.rollout.ledger.PromptLedger`
+(the data accounting): each prompt comes with a key (the trainer uses the data row's
+index) and stays *in flight* until the consumer ends its group (:meth:`consumed`: trained;
+``ledger.end`` for the other outcomes) or gives it back (:meth:`give_back`: rolled out
+again, first); :meth:`in_flight_keys` is what a checkpoint must replay on resume. Prompts
+given as ``replay`` (or waiting in a restored ledger) are started first; groups the
+queue dropped as too stale are given back before each new start.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from verltool_jax.rollout.agent_loop import PromptItem, make_formatter, rollout_group
 from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.rollout.ledger import Keyed, PromptLedger
 from verltool_jax.rollout.queue import QueueClosed, TrajectoryQueue
 from verltool_jax.rollout.sync_baseline import run_rollout_sync
 from verltool_jax.rollout.trajectory import Trajectory
-
-Keyed = tuple[Hashable, PromptItem]
 
 
 class RolloutProducer:
@@ -45,6 +47,7 @@ class RolloutProducer:
         queue: TrajectoryQueue | None = None,
         replay: Sequence[Keyed] = (),
         image_processor: Any = None,
+        ledger: PromptLedger | None = None,
     ):
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
@@ -55,31 +58,34 @@ class RolloutProducer:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.queue = queue
-        self._replay = list(replay)
+        self.ledger = PromptLedger() if ledger is None else ledger
+        self.ledger.add_waiting(replay)
         self._formatter = make_formatter(tokenizer, cfg, image_processor)
         self._sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-        self._pending: dict[str, Hashable] = {}  # group id -> key, started not consumed
         self._exhausted = False
 
     # -------------------------------------------------------------- data position
     def in_flight_keys(self) -> list:
-        """Keys of the prompts started but not yet consumed (replay these on resume)."""
-        return list(self._pending.values())
+        """Keys of the prompts drawn but not yet ended (replay these on resume)."""
+        return self.ledger.in_flight_keys()
 
     def consumed(self, groups: Sequence[list[Trajectory]]) -> None:
         """The consumer trained on ``groups``: their prompts are no longer in flight."""
-        for g in groups:
-            if g:
-                self._pending.pop(g[0].group_id, None)
+        self.ledger.end(groups, "trained")
+
+    def give_back(self, groups: Sequence[list[Trajectory]], reason: str) -> None:
+        """``groups`` were not trained on (``reason``: "skipped" or "failed"): their
+        prompts are rolled out again before any new one."""
+        self.ledger.give_back(groups, reason)
 
     async def _next(self) -> Keyed | None:
-        if self._replay:
-            return self._replay.pop(0)
-        if self._exhausted:
-            return None
-        nxt = await asyncio.to_thread(next, self.prompts, None)
-        if nxt is None:
-            self._exhausted = True
+        if self.queue is not None:
+            self.ledger.give_back(self.queue.take_dropped(), "stale")
+        nxt = self.ledger.start_waiting()
+        if nxt is not None or self._exhausted:
+            return nxt
+        nxt = await asyncio.to_thread(self.ledger.draw, self.prompts)
+        self._exhausted = nxt is None
         return nxt
 
     async def _group(self, item: PromptItem) -> list[Trajectory]:
@@ -120,8 +126,7 @@ class RolloutProducer:
                 nxt = await self._next()
                 if nxt is None:
                     break
-                key, item = nxt
-                self._pending[item.gid()] = key  # in flight from here (resume replays it)
+                key, item = nxt  # in flight from here (resume replays it)
                 await queue.admit()
                 tasks.append(asyncio.create_task(one(item)))
             return list(await asyncio.gather(*tasks))
@@ -141,9 +146,7 @@ class RolloutProducer:
             nxt = await self._next()
             if nxt is None:
                 break
-            key, item = nxt
-            self._pending[item.gid()] = key
-            items.append(item)
+            items.append(nxt[1])
         if not items:
             return []
         return await run_rollout_sync(

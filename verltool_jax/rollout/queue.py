@@ -6,12 +6,15 @@
 * The trainer calls :meth:`TrajectoryQueue.get_batch` for ``n`` groups and
   :meth:`TrajectoryQueue.set_version` after each weight update.
 * Staleness of a group = trainer version - oldest policy version that sampled any of
-  its tokens. Groups with staleness > ``max_staleness`` are dropped (counted).
+  its tokens. Groups with staleness > ``max_staleness`` are dropped (counted) and kept
+  for :meth:`TrajectoryQueue.take_dropped` (the producer rolls their prompts out again).
 * Bounded: at most ``max_groups`` complete groups wait; ``put`` blocks (backpressure).
 * Admission (:meth:`admit`): with ``groups_per_batch`` set, a producer may start group
   number ``s`` only while ``s - dropped < (version + max_staleness + 1) * groups_per_batch``,
   so rollout for the next step overlaps with training of the current one exactly when
-  ``max_staleness >= 1``, and with ``max_staleness = 0`` rollout is on-policy.
+  ``max_staleness >= 1``, and with ``max_staleness = 0`` rollout is on-policy. A batch
+  taken but not trained on (no update) hands its groups' slots back
+  (:meth:`release`, counted in ``dropped`` above), else rollout would stall.
   ``start_version`` (a resumed run) is the version the count starts from: ``version``
   above is then the number of updates since the queue was made.
 """
@@ -48,6 +51,7 @@ class QueueMetrics:
     groups_in: int = 0
     groups_out: int = 0
     dropped_stale: int = 0
+    released: int = 0  # groups taken without an update (their admission slots freed)
     trajectories_in: int = 0
     put_wait_s: float = 0.0  # producers blocked by backpressure (total)
     get_wait_s: float = 0.0  # trainer waiting for groups (total)
@@ -61,6 +65,7 @@ class QueueMetrics:
             names.QUEUE_GROUPS_IN: self.groups_in,
             names.QUEUE_GROUPS_OUT: self.groups_out,
             names.QUEUE_DROPPED_STALE: self.dropped_stale,
+            names.QUEUE_RELEASED: self.released,
             names.QUEUE_DEPTH: depth,
             names.QUEUE_MAX_DEPTH: self.max_depth,
             names.QUEUE_PUT_WAIT: self.put_wait_s,
@@ -103,6 +108,7 @@ class TrajectoryQueue:
         self.metrics = QueueMetrics()
         self._ready: deque[list[Trajectory]] = deque()
         self._pending: dict[str, list[Trajectory]] = {}
+        self._dropped: list[list[Trajectory]] = []  # stale groups not yet taken back
         self._started = 0
         self._closed = False
         self._cond = asyncio.Condition()
@@ -121,7 +127,7 @@ class TrajectoryQueue:
         allowed = (
             self.version - self.start_version + self.max_staleness + 1
         ) * self.groups_per_batch
-        return self._started - self.metrics.dropped_stale < allowed
+        return self._started - self.metrics.dropped_stale - self.metrics.released < allowed
 
     async def admit(self) -> None:
         """Wait until one more group may be started (see the module docstring)."""
@@ -174,9 +180,22 @@ class TrajectoryQueue:
         for g in self._ready:
             if staleness(self.version, g) > self.max_staleness:
                 self.metrics.dropped_stale += 1
+                self._dropped.append(g)
             else:
                 keep.append(g)
         self._ready = keep
+
+    def take_dropped(self) -> list[list[Trajectory]]:
+        """The groups dropped as too stale since the last call (to roll out again)."""
+        out, self._dropped = self._dropped, []
+        return out
+
+    async def release(self, n: int) -> None:
+        """``n`` groups were taken but made no update (a skipped batch, or one the
+        no-signal filter emptied): they no longer count against admission."""
+        async with self._cond:
+            self.metrics.released += n
+            self._cond.notify_all()
 
     async def set_version(self, version: int) -> None:
         """The trainer's policy version after a weight update; drops now-stale groups."""

@@ -320,16 +320,16 @@ class RemoteVLLMSampler:
             self._generation += 1
 
     def _restart_server(self, cause: BaseException) -> None:
-        assert self.server is not None
+        server = self.server
+        assert server is not None
         while True:
-            delay = self.budget.next_delay()
-            if delay is None:
-                raise SamplerDeadError(
-                    f"{self.name}: the vLLM server died ({cause}) after "
-                    f"{self.budget.spent()}; see its log "
-                    f"({self.server.log_path or 'not kept'})"
-                )
-            self.budget.record()
+            delay = self.budget.wait_or_raise(
+                cause,
+                lambda c, spent: SamplerDeadError(
+                    f"{self.name}: the vLLM server died ({c}) after {spent}; see its "
+                    f"log ({server.log_path or 'not kept'})"
+                ),
+            )
             print(
                 f"[sampler] {self.name}: the vLLM server died ({cause}); restart "
                 f"{self.budget.total} in {delay:.1f} s",
@@ -338,18 +338,18 @@ class RemoteVLLMSampler:
             )
             time.sleep(delay)
             try:
-                self.server.restart()
+                server.restart()
                 return
             except RuntimeError as e:  # did not come up: counts as a restart
                 cause = e
 
     def _wait_for_external(self, cause: BaseException) -> None:
-        if self.budget.next_delay() is None:  # back each time, gone again each time
-            raise SamplerDeadError(
-                f"{self.name}: the vLLM server at {self.url} failed again ({cause}) after "
-                f"{self.budget.spent()}"
-            )
-        self.budget.record()
+        self.budget.wait_or_raise(  # back each time, gone again each time: spent
+            cause,
+            lambda c, spent: SamplerDeadError(
+                f"{self.name}: the vLLM server at {self.url} failed again ({c}) after {spent}"
+            ),
+        )
         deadline = time.monotonic() + self.down_grace_s
         while not self._healthy():
             if time.monotonic() > deadline:

@@ -35,8 +35,9 @@ class RestartBudget:
     """At most ``max_restarts`` restarts within any ``window_s`` seconds (see the module doc).
 
     :meth:`next_delay` says whether one more restart is allowed now and how long to wait
-    before it; :meth:`record` counts one; :meth:`served` (the engine answered a request)
-    resets the backoff, not the window.
+    before it; :meth:`record` counts one; :meth:`wait_or_raise`, the step of every
+    sampler's restart loop, does both or raises; :meth:`served` (the engine answered a
+    request) resets the backoff, not the window.
     """
 
     def __init__(
@@ -83,6 +84,19 @@ class RestartBudget:
         self._recent.append(self.clock())
         self._attempt += 1
         self.total += 1
+
+    def wait_or_raise(
+        self, cause: BaseException, dead: Callable[[BaseException, str], Exception]
+    ) -> float:
+        """One more restart after ``cause`` (the death, or the last failed start): counted
+        now, and the seconds to wait before it returned. When the budget is spent, raise
+        ``dead(cause, why)`` from ``cause`` (``why``: :meth:`spent`), e.g. a
+        ``SamplerDeadError`` naming the engine."""
+        delay = self.next_delay()
+        if delay is None:
+            raise dead(cause, self.spent()) from cause
+        self.record()
+        return delay
 
     def served(self) -> None:
         """The engine answered: the next death starts the backoff from ``backoff_s`` again."""

@@ -365,14 +365,14 @@ class VLLMSampler:
                 except Exception:
                     pass
             while True:
-                delay = self.budget.next_delay()
-                if delay is None:
-                    raise SamplerDeadError(
-                        f"{self.name}: the vLLM engine died ({type(cause).__name__}: {cause}) "
-                        f"after {self.budget.spent()}; check the engine log for the root "
+                delay = self.budget.wait_or_raise(
+                    cause,
+                    lambda c, spent: SamplerDeadError(
+                        f"{self.name}: the vLLM engine died ({type(c).__name__}: {c}) "
+                        f"after {spent}; check the engine log for the root "
                         "cause (out of memory, killed process)"
-                    ) from cause
-                self.budget.record()
+                    ),
+                )
                 log.warning(
                     "%s: the vLLM engine died (%s: %s); restart %d in %.1f s",
                     self.name,

@@ -27,7 +27,9 @@ class RunSummary:
     ``eval_before`` / ``eval_after``: held-out accuracy at the start (or after the SFT
     warm start) and at the end (None without a held-out set, or when interrupted);
     ``steps``: the policy version reached; ``interrupted``: stopped by a signal (exit 130);
-    ``sft_interrupted``: stopped during the SFT warm start (nothing saved)."""
+    ``sft_interrupted``: stopped during the SFT warm start (nothing saved); ``data``: the
+    data accounting (``rollout.ledger.Accounting.to_json``, summed over the run and its
+    resumed parts; None when no RL step ran in this call), ``data["ok"]`` when exact."""
 
     eval_before: float | None = None
     eval_after: float | None = None
@@ -35,6 +37,7 @@ class RunSummary:
     interrupted: bool = False
     sft_interrupted: bool = False
     wall_s: float = 0.0
+    data: dict | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -47,13 +50,25 @@ class RunSummary:
             )
         if self.interrupted:
             return (
-                f"[trainer] interrupted at step {self.steps} after {self.wall_s:.0f}s; "
-                f"checkpoint saved in {out}; run the same command to resume"
+                f"[trainer] interrupted at step {self.steps} after {self.wall_s:.0f}s"
+                f"{self._data()}; checkpoint saved in {out}; run the same command to resume"
             )
         return (
             f"[trainer] done in {self.wall_s:.0f}s: held-out accuracy "
             f"{_fmt(self.eval_before)} -> {_fmt(self.eval_after)} "
-            f"after {self.steps} RL steps; outputs in {out}"
+            f"after {self.steps} RL steps{self._data()}; outputs in {out}"
+        )
+
+    def _data(self) -> str:
+        """The data accounting's part of the last line (nothing when no RL step ran)."""
+        d = self.data
+        if d is None:
+            return ""
+        if not d["ok"]:
+            return "; DATA ACCOUNTING MISMATCH (summary.json 'data', run.log)"
+        return (
+            f"; data exact: {d['trained']} prompts trained once, {d['no_signal']} "
+            f"no-signal, {d['in_flight']} in flight"
         )
 
 

@@ -14,8 +14,9 @@ last line, on every way out). One RL step (:meth:`RLLoop.rl`), phase by phase:
    agent program's by ``gateway.reward``), group terms, curriculum levels; several
    processes gather everyone's groups into one global batch;
 3. **admit**: a batch with more than ``trainer.max_error_rate`` failed trajectories is not
-   trained on (``health.HealthMonitor``; a dependency down for good raises
-   ``DependencyDown``, exit 3);
+   trained on, its prompts are rolled out again (``health.HealthMonitor``; a dependency
+   down for good raises ``DependencyDown``, exit 3); after the train step
+   ``accounting.settle`` ends each group in the data accounting (``rollout.ledger``);
 4. **make batch**: ``batch.make_batch`` (advantages, DAPO keep-mask, padding); None when
    dynamic sampling kept nothing: not a step, another batch is sampled;
 5. **train**: sampler-vs-trainer parity, then ``step.train_on`` in a worker thread
@@ -49,6 +50,7 @@ from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.trajectory import Trajectory, dump_trajectories
 from verltool_jax.runtime.console import CONSOLE, console, console_lines
 from verltool_jax.train import build, multihost
+from verltool_jax.train.accounting import check_accounting, settle
 from verltool_jax.train.batch import RLBatch, make_batch
 from verltool_jax.train.evaluate import evaluate_run
 from verltool_jax.train.metrics import StepTimer, rollout_metrics, sampler_parity
@@ -146,9 +148,8 @@ class RLLoop:
                 after = {}
             else:
                 after = before if self.version == start else await self.evaluate("final")
-        return RunSummary(
-            before.get(names.EVAL_ACC), after.get(names.EVAL_ACC), self.version, d.stop.set
-        )
+        acc, data = before.get(names.EVAL_ACC), check_accounting(d.producer)
+        return RunSummary(acc, after.get(names.EVAL_ACC), self.version, d.stop.set, data=data)
 
     async def rl(self, producer: RolloutProducer) -> None:
         d, rc = self.deps, self.deps.run.config
@@ -166,14 +167,17 @@ class RLLoop:
                 groups = await self.take_groups(producer)
                 trajs, reward_terms = await self.score(groups)
                 if not await d.health.admit(trajs, self.version):
-                    continue  # not trained on, not checkpointed
+                    await settle(producer, d.queue, groups, skipped=True)
+                    continue  # not trained on, not checkpointed: rolled out again
                 with self.timer.phase(names.TIME_BATCH):
                     args = (rc, d.algo, trajs, d.run.pad_id, self.state.model)
                     batch = await asyncio.to_thread(make_batch, *args)
                 if batch is None:
+                    await settle(producer, d.queue, groups)
                     self.nothing_to_train()
                     continue  # not a step: sample another batch
                 metrics = await self.train_batch(batch, trajs)
+                await settle(producer, d.queue, groups, batch)
                 await self.publish()
                 self.log_step(metrics | reward_terms, trajs, bar)
                 await self.evaluate_and_checkpoint()
@@ -194,7 +198,6 @@ class RLLoop:
                 groups = await d.queue.get_batch(d.groups_per_step)
             else:
                 groups = await producer.next_groups(d.groups_per_step)
-        producer.consumed(groups)
         return groups
 
     async def score(self, groups: list[list[Trajectory]]) -> tuple[list[Trajectory], dict]:
@@ -287,10 +290,9 @@ class RLLoop:
             )
 
     def data_state(self) -> dict:
-        """The data position to checkpoint: the pipeline plus prompts started but not yet
-        trained on (rolled out again first on resume); a collective with several processes."""
+        """The data position to checkpoint: the pipeline, the prompts in flight (rolled out
+        again first on resume) and the data accounting, taken together (``PromptLedger``);
+        a collective with several processes."""
         d = self.deps
         assert d.producer is not None  # only RL steps save
-        keys = sorted(set(d.producer.in_flight_keys()))
-        mine = {"prompts": d.prompts.get_state(), "replay": keys}
-        return multihost.data_state(mine)
+        return multihost.data_state(d.producer.ledger.state(d.prompts.get_state))

@@ -14,6 +14,7 @@ from tool_server.client import ToolClient
 from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.gateway.producer import GatewayProducer
 from verltool_jax.reporting.learning_signal import NoSignalWatch
+from verltool_jax.rollout.ledger import PromptLedger
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.queue import TrajectoryQueue
 from verltool_jax.train import build, multihost
@@ -100,8 +101,8 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
             tokenizer=run.tokenizer,
             cfg=rc.rollout.rollout_config(),
             queue=queue,
-            replay=_replay_prompts(start),
             image_processor=run.image_processor,
+            ledger=PromptLedger.restore(start.resume_data, _replay_item(start)),
         )
         if rc.rollout.producer == "gateway":
             gp = gateway_producer(run, _fresh_prompts(start.prompts), kw)
@@ -138,10 +139,15 @@ def _tag() -> str:
     return f"p{multihost.process_index()}" if multihost.is_multi() else ""
 
 
-def _replay_prompts(start: RunStart) -> list:
-    """Prompts that were in flight at the checkpoint: rolled out again first."""
-    pairs = ((i, start.prompts.example_at(i)) for i in start.resume_data.get("replay", []))
-    return [(i, prompt_item(e, prefix=f"{_tag()}r-")) for i, e in pairs if e is not None]
+def _replay_item(start: RunStart):
+    """How the ledger rebuilds a prompt that was in flight at the checkpoint (rolled out
+    again first): row ``key``, group id ``r<serial>-<key>``; None if it no longer fits."""
+
+    def item(key, serial: int):
+        e = start.prompts.example_at(int(key))
+        return None if e is None else prompt_item(e, prefix=f"{_tag()}r{serial}-")
+
+    return item
 
 
 def _fresh_prompts(prompts: Any):
