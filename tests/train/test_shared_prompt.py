@@ -123,25 +123,20 @@ def test_logprobs_equal_the_plain_layout(remat):
     right- and left-padded prefixes; ``full`` remat scans the layers."""
     trajs = groups(1)
     plain, shared = both_layouts(trajs)
-    model = _model(remat)
-    want, want_h = token_logprobs(
-        model,
-        plain["input_ids"],
-        plain["attention_mask"],
-        shift_targets(plain["input_ids"]),
-        return_entropy=True,
-    )
+    graphdef, params = nnx.split(_model(remat))
+
+    @jax.jit
+    def score(ids, mask, prefix=None):
+        model = nnx.merge(graphdef, params)
+        return token_logprobs(
+            model, ids, mask, shift_targets(ids), return_entropy=True, prefix=prefix
+        )
+
+    want, want_h = score(plain["input_ids"], plain["attention_mask"])
     pre = (shared["prefix_ids"], shared["prefix_mask"])
     left = tuple(np.stack([np.roll(x, -int(m.sum())) for x, m in zip(a, pre[1])]) for a in pre)
     for prefix in (pre, left):
-        got, got_h = token_logprobs(
-            model,
-            shared["input_ids"],
-            shared["attention_mask"],
-            shift_targets(shared["input_ids"]),
-            return_entropy=True,
-            prefix=prefix,
-        )
+        got, got_h = score(shared["input_ids"], shared["attention_mask"], prefix)
         plain_view = dict(plain, lp=np.asarray(want), h=np.asarray(want_h))
         shared_view = dict(shared, lp=np.asarray(got), h=np.asarray(got_h))
         for key in ("lp", "h"):
@@ -224,8 +219,15 @@ def test_sharded_shared_step_equals_the_plain_step():
     state = state.replace(params=params, opt_state=optax.sgd(0.5).init(params))
     got = step(state, shared)
     _assert_same_update((host(want[0].params), host(want[1])), (host(got[0].params), host(got[1])))
-    trajs = groups(3, n_groups=3, n=2)  # 3 prefixes on 4 shards: replicated
-    plain, shared = both_layouts(trajs, n=2)
+
+
+@pytest.mark.slow
+def test_sharded_step_replicates_prefixes_the_mesh_does_not_divide():
+    from verltool_jax.sharding import make_mesh, shard_state
+
+    mesh = make_mesh((2, 2, 2))
+    trajs = groups(3, n_groups=3, n=4)  # 3 prefixes (12 rows) on 4 batch shards
+    plain, shared = both_layouts(trajs)
     state, step = _step("whole", _model())
     want = step(state, plain)
     state, step = _step("whole", _model(), mesh)
