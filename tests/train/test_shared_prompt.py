@@ -290,3 +290,33 @@ def test_shared_batch_needs_whole_groups_per_micro_batch():
     step = make_train_step(cfg, state.graphdef, optax.sgd(0.5), donate=False)
     with pytest.raises(ValueError, match="whole prompt groups of 4; make algo.micro_batch_size"):
         step(state, shared)
+
+
+@pytest.mark.slow  # token_parity runs eagerly: ~100 s of op-by-op compilation
+def test_sampler_parity_scores_shared_groups_like_plain_rows():
+    """The parity metric scores a group's prompt once: the trainer's own logprobs given
+    as the sampler's differ by ~0 in both layouts, over the same tokens."""
+    from verltool_jax.train.metrics import sampler_parity
+
+    trajs = groups(6, n_groups=2, n=2)
+    plain, _ = both_layouts(trajs, n=2)
+    model = _model()
+    lp = np.asarray(
+        token_logprobs(
+            model, plain["input_ids"], plain["attention_mask"], shift_targets(plain["input_ids"])
+        )
+    )
+    trajs = [
+        dataclasses.replace(
+            t,
+            logprobs=[
+                float(lp[i, len(t.prompt_ids) - 1 + j]) if m else 0.0
+                for j, m in enumerate(t.loss_mask)
+            ],
+        )
+        for i, t in enumerate(trajs)
+    ]
+    got = {mode: sampler_parity(model, trajs, 0, 1.0, 0, 64, mode) for mode in ("on", "off")}
+    assert got["on"]["sync/parity_tokens"] == got["off"]["sync/parity_tokens"] > 0
+    for mode in ("on", "off"):
+        assert got[mode]["sync/logprob_diff_max"] < 2e-5, mode

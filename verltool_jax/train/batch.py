@@ -491,11 +491,15 @@ def shared_group_size(rc: RunConfig, algo: AlgoConfig, rows: Sequence[Trajectory
     n = 0 if mode == "off" else prompt_group_size(rows)
     if not n or shared_prompt_blocker(algo, n, rc.rollout.mask_observations):
         return 0
-    if mode == "on":
-        return n
-    shared = layout_tokens(rows, n, PAD_MULTIPLE)
-    plain = layout_tokens(rows, 0, PAD_MULTIPLE)
-    return n if shared <= SHARED_PROMPT_AUTO_MAX_TOKEN_FRACTION * plain else 0
+    return n if mode == "on" or shared_layout_pays(rows, n) else 0
+
+
+def shared_layout_pays(rows: Sequence, group_size: int) -> bool:
+    """``trainer.shared_prompt="auto"``'s rule: the shared-prompt layout of ``rows``
+    (groups of ``group_size``) has at most ``SHARED_PROMPT_AUTO_MAX_TOKEN_FRACTION`` of
+    the plain layout's padded tokens."""
+    shared = layout_tokens(rows, group_size, PAD_MULTIPLE)
+    return shared <= SHARED_PROMPT_AUTO_MAX_TOKEN_FRACTION * layout_tokens(rows, 0, PAD_MULTIPLE)
 
 
 def make_batch(
