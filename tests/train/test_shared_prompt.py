@@ -205,7 +205,9 @@ def test_train_step_equals_the_plain_layout(name, lora):
 
 
 def test_sharded_shared_step_equals_the_plain_step():
-    from verltool_jax.sharding import make_mesh, shard_state
+    from support.sharding import shard_state
+
+    from verltool_jax.sharding import make_mesh
 
     if jax.device_count() < 8:
         pytest.fail("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (scripts/test.sh)")
@@ -223,7 +225,9 @@ def test_sharded_shared_step_equals_the_plain_step():
 
 @pytest.mark.slow
 def test_sharded_step_replicates_prefixes_the_mesh_does_not_divide():
-    from verltool_jax.sharding import make_mesh, shard_state
+    from support.sharding import shard_state
+
+    from verltool_jax.sharding import make_mesh
 
     mesh = make_mesh((2, 2, 2))
     trajs = groups(3, n_groups=3, n=4)  # 3 prefixes (12 rows) on 4 batch shards
