@@ -16,7 +16,8 @@
 * ``paper``: VerlTool's SkyRL-SQL run: Qwen2.5-Coder-7B-Instruct, GRPO with n=5, 256
   prompts per step (one optimizer update per step), T=0.6, top-p 0.95, up to 5 turns,
   lr 1e-6 with 10 warm-up steps, prompt/response 4096 tokens, observations 1024, actions
-  2048, no KL or entropy term.
+  2048, no KL or entropy term; micro-batches of 10 (whole groups, for the shared
+  prompts) where VerlTool's are 8.
 
 The task data is prepared from ``task.spider_dir`` (the MySQL-dump Spider layout, see
 :mod:`verltool_jax.tasks.spider`) into ``<out_dir>/data``: sqlite files, train rows from
@@ -57,6 +58,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rollout.obs_template = OBS_TEMPLATE
     c.rollout.obs_truncate_side = "head"  # a long table keeps its first rows
     c.rollout.max_turns = 5
+    # Every prompt carries its database schema (~600 tokens on smol, against ~100 of
+    # response): each group's prompt is trained once (docs/training.md). "on" also
+    # refuses batch sizes that would silently fall back to the plain layout.
+    c.trainer.shared_prompt = "on"
     c.reward.name = "sql_solution"
     c.reward.format_penalty = 0.0  # the -1 for a bad format is the reward's own
     c.data.max_eval_examples = 1034
@@ -77,7 +82,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.rollout.max_action_tokens = 2048
         c.trainer.batch_groups = 256
         c.algo.mini_batch_size = 256 * 5  # one update per step (ppo_mini_batch = batch)
-        c.algo.micro_batch_size = 8
+        c.algo.micro_batch_size = 10  # whole groups of 5 (shared prompts)
         c.algo.kl_coef = 0.0
         c.algo.entropy_coef = 0.0
         c.optimizer.lr = 1e-6

@@ -34,6 +34,7 @@ BATCH_SIZE = "batch/size"  # trajectories in the batch
 BATCH_SEQ_LEN = "batch/seq_len"  # padded length
 BATCH_ADV_ABS_MEAN = "batch/adv_abs_mean"  # mean |advantage|
 BATCH_OBS_TOKENS = "batch/observation_tokens_trained"  # observation tokens inside the loss mask (0)
+BATCH_SHARED_PROMPT = "batch/shared_prompt"  # 1: the shared-prompt layout (trainer.shared_prompt)
 BATCH_INFORMATIVE_FRAC = "batch/informative_frac"  # kept by the dynamic-sampling filter
 BATCH_UNINFORMATIVE = "batch/uninformative_batches"  # batches skipped as having no signal
 

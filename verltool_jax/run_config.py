@@ -353,6 +353,33 @@ class CurriculumSection(Checked):
             )
 
 
+SHARED_PROMPT_MODES = ("auto", "on", "off")
+
+
+def shared_prompt_blocker(algo: AlgoConfig, group_size: int, mask_observations: bool) -> str:
+    """Why a batch of prompt groups of ``group_size`` cannot train in the shared-prompt
+    layout (``train.batch``) under these settings, or ``""`` when it can: mini- and
+    micro-batches must hold whole groups, the loss must not depend on the padded length,
+    and the observation ablation needs the plain layout."""
+    for name in ("mini_batch_size", "micro_batch_size"):
+        v = getattr(algo, name)
+        if v and v % group_size:
+            return (
+                f"algo.{name}={v} is not a multiple of the group size {group_size} "
+                "(rollout.n_samples)"
+            )
+    if algo.loss_agg_mode == "seq-mean-token-sum-norm" and not algo.loss_norm_constant:
+        return (
+            "algo.loss_agg_mode='seq-mean-token-sum-norm' without algo.loss_norm_constant "
+            "divides by the padded length, which the shared layout changes"
+        )
+    if not mask_observations:
+        return "rollout.mask_observations=False (the observation ablation) needs the plain layout"
+    if algo.uses_critic:
+        return "algo.adv_estimator='gae': the critic's values are computed on the plain layout"
+    return ""
+
+
 @dataclass(frozen=True)
 class TrainerSection(Checked):
     steps: int = spec(100, check=at_least(0))
@@ -371,6 +398,11 @@ class TrainerSection(Checked):
     # a row stop the run (see train/health.py).
     max_error_rate: float = spec(0.25, check=((lambda v: 0 <= v < 1), "in [0, 1)"))
     max_skipped_steps: int = spec(3, check=at_least(0))
+    # Shared-prompt training: the train step runs each GRPO group's prompt once and its n
+    # responses against the prompt's keys and values (train/batch.py). auto: when it cuts
+    # the batch's padded tokens enough (SHARED_PROMPT_AUTO_MAX_TOKEN_FRACTION); on: every
+    # batch of whole groups with one prompt; off: never.
+    shared_prompt: str = spec("auto", choices=SHARED_PROMPT_MODES)
     out_dir: str = "runs/default"
     seed: int = 0
 
@@ -502,6 +534,13 @@ def run_config_from_dict(config: Any) -> RunConfig:
                 f"rollout.n_samples={n} must be >= 2 for algo.adv_estimator="
                 f"{est!r} (a group of one has advantage 0, so nothing is learned)"
             )
+        if rc.trainer.shared_prompt == "on":
+            why = shared_prompt_blocker(rc.algo, n, rc.rollout.mask_observations)
+            if why:
+                problems.append(
+                    f"trainer.shared_prompt='on' cannot train shared prompts: {why}; "
+                    "fix it or use 'auto' (falls back to the plain layout) or 'off'"
+                )
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return dataclasses.replace(rc, task=task)

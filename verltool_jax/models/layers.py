@@ -161,9 +161,14 @@ class Attention(nnx.Module):
         self.query_chunk = cfg.attention_query_chunk
         self.causal_block = cfg.attention_causal_block
 
-    def __call__(self, x, positions, mask, kv_cache=None, write_index=0):
+    def __call__(self, x, positions, mask, kv_cache=None, write_index=0, prefix_kv=None):
         """``x [B,T,H]`` -> ``(out [B,T,H], (k, v))``; ``positions [B,T]``, or ``[B,T,3]``
         (temporal, height, width) with multimodal RoPE (``ModelConfig.mrope_section``).
+
+        With ``prefix_kv = (k_prefix, v_prefix)`` of shape ``[B,P,K,D]`` (keys and values
+        of earlier tokens, already rotated: a shared prompt's, ``Transformer.
+        shared_prefix_hidden``) the queries attend over those P keys then this call's T
+        own keys, ``mask [B,T,P+T]``; the returned ``(k, v)`` are this call's own.
 
         Without ``kv_cache`` the keys are this call's own tokens and ``mask [B,T,T]`` is
         causal (``transformer.causal_padding_mask``: no query attends a later key), which
@@ -182,6 +187,16 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(*self.rope)
         q = apply_rope(q, positions, inv_freq, self.rope_sections)
         k = apply_rope(k, positions, inv_freq, self.rope_sections)
+        if prefix_kv is not None:
+            kp, vp = prefix_kv
+            out = attention_weights_apply(
+                q,
+                jnp.concatenate([kp.astype(q.dtype), k.astype(q.dtype)], axis=1),
+                jnp.concatenate([vp.astype(q.dtype), v.astype(q.dtype)], axis=1),
+                mask,
+                self.query_chunk,
+            )
+            return on_rows(self.o_proj, out.reshape(B, T, N * D)), (k, v)
         if kv_cache is not None:
             kc, vc = kv_cache
             start = (0, write_index, 0, 0)
@@ -237,7 +252,7 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
         self.mlp = MLP(cfg, rngs, layer=layer)
 
-    def __call__(self, x, positions, mask, kv_cache=None, write_index=0):
-        a, kv = self.attn(self.input_norm(x), positions, mask, kv_cache, write_index)
+    def __call__(self, x, positions, mask, kv_cache=None, write_index=0, prefix_kv=None):
+        a, kv = self.attn(self.input_norm(x), positions, mask, kv_cache, write_index, prefix_kv)
         h = x + a
         return h + self.mlp(self.post_attn_norm(h)), kv

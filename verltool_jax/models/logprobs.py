@@ -134,6 +134,7 @@ def token_logprobs(
     positions=None,
     images=None,
     row_images=None,
+    prefix=None,
 ):
     """``log softmax(model(input_ids)/T)[targets]`` -> ``[B,T]`` float32, chunked over the sequence.
 
@@ -142,7 +143,19 @@ def token_logprobs(
     ``return_entropy=True`` returns ``(logprobs, entropy)``. A vision-language model takes
     ``positions`` and ``images`` from ``vision_language.vl_inputs`` (or ``row_images``, the
     train batch's per-row layout).
+
+    ``prefix = (prefix_ids, prefix_mask) [G,P]``: the rows (``B = G*n``, grouped in order)
+    continue these shared prefixes, which are not scored
+    (``Transformer.shared_prefix_hidden``); the result is the ``[B,T]`` of the rows, equal
+    to scoring ``prefix + row`` whole. Text-only models.
     """
+    if prefix is not None:
+        if positions is not None or images is not None or row_images is not None:
+            raise ValueError("a shared prefix is for text-only batches (no positions, images)")
+        hidden = model.shared_prefix_hidden(prefix[0], prefix[1], input_ids, attention_mask)
+        return chunked_logprobs(
+            hidden, model.lm_head_weight(), targets, temperature, chunk_size, return_entropy
+        )
     kw = {"row_images": row_images} if row_images is not None else {}
     hidden = model.hidden_states(input_ids, attention_mask, positions, images=images, **kw)
     return chunked_logprobs(

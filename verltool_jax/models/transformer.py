@@ -12,6 +12,7 @@ paths (used by ``name_maps``): ``embed/embedding [V,H]``,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -67,6 +68,22 @@ def _layer_call(layer, x, positions, mask):
     return layer(x, positions, mask)[0]
 
 
+def _shared_layer_call(layer, xs, pos_p, mask_p, pos_r, mask_r, group_size: int):
+    """One layer of the shared-prefix forward (``Transformer.shared_prefix_hidden``):
+    ``xs = (x_prefix [G,P,H], x_rows [G*n,T,H])``. The prefixes attend causally over
+    themselves; each row attends over its group's prefix keys and values (repeated n
+    times: autodiff of the repeat sums the n rows' gradients into the one prefix) then
+    causally over its own tokens."""
+    x_p, x_r = xs
+    y_p, (k, v) = layer(x_p, pos_p, mask_p)
+    kv = (jnp.repeat(k, group_size, axis=0), jnp.repeat(v, group_size, axis=0))
+    return y_p, layer(x_r, pos_r, mask_r, prefix_kv=kv)[0]
+
+
+def _constrain(x):
+    return jax.tree.map(constrain_activations, x)
+
+
 def layer_runs(layers: Sequence[nnx.Module]) -> list[tuple[nnx.GraphDef, list[nnx.State]]]:
     """``layers`` split into runs of consecutive layers of one structure: the same graph
     (so the same code, LoRA adapters in the same places) and parameters of the same shapes
@@ -88,10 +105,18 @@ def layer_runs(layers: Sequence[nnx.Module]) -> list[tuple[nnx.GraphDef, list[nn
     return runs
 
 
-def scan_run(graphdef: nnx.GraphDef, states: Sequence[nnx.State], x, positions, mask, policy: str):
+def scan_run(
+    graphdef: nnx.GraphDef,
+    states: Sequence[nnx.State],
+    x,
+    aux: tuple,
+    policy: str,
+    call=_layer_call,
+):
     """``x`` through the layers ``merge(graphdef, s) for s in states``, in order, as one
     ``lax.scan`` over their stacked parameters (XLA compiles the layer once, not once per
-    layer). With a remat ``policy`` other than ``none`` the scanned body is checkpointed, so
+    layer); each layer is ``call(layer, x, *aux)`` (``x`` may be a pytree of activations).
+    With a remat ``policy`` other than ``none`` the scanned body is checkpointed, so
     the backward pass keeps only each layer's input ``[B,T,H]`` and recomputes the layer's
     inside from it: on the CPU backend the per-layer ``jax.checkpoint`` of an unrolled loop
     lowers no peak memory (XLA schedules the recomputation early), a loop's iterations it
@@ -100,9 +125,7 @@ def scan_run(graphdef: nnx.GraphDef, states: Sequence[nnx.State], x, positions, 
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *states)
 
     def body(h, state):
-        return constrain_activations(
-            _layer_call(nnx.merge(graphdef, state), h, positions, mask)
-        ), None
+        return _constrain(call(nnx.merge(graphdef, state), h, *aux)), None
 
     if policy != "none":
         body = jax.checkpoint(body, policy=REMAT_JAX_POLICIES[policy], prevent_cse=False)
@@ -148,32 +171,74 @@ class Transformer(nnx.Module):
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         x = constrain_activations(inputs_embeds.astype(dtype_of(self.config.dtype)))
-        policy = self.config.remat_policy
-        if kv_caches is None and self.config.scans_layers:
-            for graphdef, states in layer_runs(self.layers):
-                if len(states) == 1:
-                    x = self._one_layer(nnx.merge(graphdef, states[0]), x, positions, mask)
-                else:
-                    x = scan_run(graphdef, states, x, positions, mask, policy)
-            return self.final_norm(x), None
+        if kv_caches is None:
+            return self.final_norm(self._run_layers(x, _layer_call, (positions, mask))), None
         new_caches = []
         for i, layer in enumerate(self.layers):
-            if kv_caches is None:
-                x = self._one_layer(layer, x, positions, mask)
-            else:
-                x, kv = layer(x, positions, mask, kv_caches[i], write_index)
-                new_caches.append(kv)
-                x = constrain_activations(x)
-        return self.final_norm(x), (new_caches if kv_caches is not None else None)
+            x, kv = layer(x, positions, mask, kv_caches[i], write_index)
+            new_caches.append(kv)
+            x = constrain_activations(x)
+        return self.final_norm(x), new_caches
 
-    def _one_layer(self, layer, x, positions, mask):
+    def _run_layers(self, x, call, aux: tuple):
+        """The plain forward (no KV cache) of every layer: ``x = call(layer, x, *aux)``,
+        each layer rematerialised as ``config.remat_policy`` says, and runs of identical
+        layers in one ``scan_run`` when ``config.scans_layers``."""
+        policy = self.config.remat_policy
+        if not self.config.scans_layers:
+            for layer in self.layers:
+                x = self._one_layer(layer, x, call, aux)
+            return x
+        for graphdef, states in layer_runs(self.layers):
+            if len(states) == 1:
+                x = self._one_layer(nnx.merge(graphdef, states[0]), x, call, aux)
+            else:
+                x = scan_run(graphdef, states, x, aux, policy, call)
+        return x
+
+    def _one_layer(self, layer, x, call, aux: tuple):
         """One layer of the plain forward, rematerialised as ``config.remat_policy`` says."""
         policy = self.config.remat_policy
         if policy == "none":
-            x = _layer_call(layer, x, positions, mask)
+            x = call(layer, x, *aux)
         else:
-            x = remat_call(_layer_call, layer, x, positions, mask, policy=policy)
-        return constrain_activations(x)
+            x = remat_call(call, layer, x, *aux, policy=policy)
+        return _constrain(x)
+
+    def shared_prefix_hidden(self, prefix_ids, prefix_mask, input_ids, attention_mask):
+        """Final-norm hidden states ``[G*n,T,H]`` of rows that continue a shared prefix:
+        row b continues prefix ``b // n`` (``n = G*n / G``, rows grouped in order).
+
+        ``prefix_ids, prefix_mask [G,P]`` (left- or right-padded), ``input_ids,
+        attention_mask [G*n,T]`` (right-padded). Row b's token t sits at position
+        ``len(prefix_{b//n}) + t`` and sees every real token of its prefix and its own
+        tokens up to t, so its hidden states are those of the concatenated sequence
+        ``prefix + row``; the prefix runs once per group, not once per row (each prefix's
+        keys and values are broadcast to its rows, and autodiff sums the rows' gradients
+        back into it). Used by the train step on a shared-prompt batch
+        (``train.batch``); text-only."""
+        G, P = prefix_ids.shape
+        B, T = input_ids.shape
+        if prefix_mask.shape != (G, P) or attention_mask.shape != (B, T):
+            raise ValueError(
+                f"prefix_mask {prefix_mask.shape} must be prefix_ids' {(G, P)} and "
+                f"attention_mask {attention_mask.shape} input_ids' {(B, T)}"
+            )
+        if G == 0 or B % G:
+            raise ValueError(f"{B} rows cannot be split into groups of the {G} prefixes")
+        n = B // G
+        dt = dtype_of(self.config.dtype)
+        pos_p = default_positions(prefix_mask)
+        start = jnp.repeat(prefix_mask.astype(jnp.int32).sum(-1), n)
+        pos_r = start[:, None] + default_positions(attention_mask)
+        seen = jnp.repeat(prefix_mask.astype(bool), n, axis=0)[:, None, :]
+        mask_r = jnp.concatenate(
+            [jnp.broadcast_to(seen, (B, T, P)), causal_padding_mask(attention_mask)], axis=-1
+        )
+        xs = _constrain((self.embed(prefix_ids).astype(dt), self.embed(input_ids).astype(dt)))
+        call = functools.partial(_shared_layer_call, group_size=n)
+        aux = (pos_p, causal_padding_mask(prefix_mask), pos_r, mask_r)
+        return self.final_norm(self._run_layers(xs, call, aux)[1])
 
     def hidden_states(
         self,

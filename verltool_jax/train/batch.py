@@ -33,6 +33,21 @@ image_window_groups   [B,G,L] i32 each row's window groups; -1 pads
 Every image is stored with the row that sees it, so splitting the batch by rows (mini /
 micro-batches, data sharding) keeps each row's images with it.
 
+**Shared-prompt layout** (``trainer.shared_prompt``; text-only batches whose rows come in
+groups of n consecutive trajectories with the exact same ``prompt_ids``): each group's
+prompt but its last token is held once, and each row holds the last prompt token then
+its response, so the per-token arrays keep the same target alignment (position 0 of a
+row predicts the first response token) over a much shorter T:
+
+=================== ========= ===========================================================
+prefix_ids          [G,P] i32 group g's ``prompt_ids[:-1]``, right-padded (G = B / n)
+prefix_mask         [G,P] i32 1 on its real tokens
+=================== ========= ===========================================================
+
+Row b belongs to group ``b // n``; its token t sits at position ``len(prompt) - 1 + t``
+and attends to its group's whole prefix (``Transformer.shared_prefix_hidden``). The
+train step splits such a batch into mini/micro-batches of whole groups.
+
 Target alignment means position t of every per-token array refers to the token the
 model predicts *at* position t, i.e. ``targets = input_ids[:, 1:]`` (see
 :func:`shift_targets`), which is exactly what ``token_logprobs(model, input_ids,
@@ -79,7 +94,12 @@ IMAGE_KEYS = (
     "image_full_groups",
     "image_window_groups",
 )
-OPTIONAL_KEYS = ("ref_logprobs", "rewards") + IMAGE_KEYS
+PREFIX_KEYS = ("prefix_ids", "prefix_mask")
+OPTIONAL_KEYS = ("ref_logprobs", "rewards") + IMAGE_KEYS + PREFIX_KEYS
+# trainer.shared_prompt="auto" trains shared when the shared layout's padded tokens
+# (G*P + B*T) are at most this fraction of the plain layout's (B*T); measured in
+# docs/performance.md (benchmarks/train_step.py --shared-prompt)
+SHARED_PROMPT_AUTO_MAX_TOKEN_FRACTION = 0.75
 
 
 def shift_targets(input_ids, pad_id: int = 0):
@@ -168,6 +188,68 @@ def row_images_of(batch: dict):
     )
 
 
+def prompt_group_size(trajs: Sequence) -> int:
+    """n when ``trajs`` come in consecutive runs of n >= 2 trajectories with identical
+    ``prompt_ids`` of at least 2 tokens and no images (the shared-prompt layout applies),
+    else 0."""
+    if not trajs:
+        return 0
+    n = 1
+    while n < len(trajs) and list(trajs[n].prompt_ids) == list(trajs[0].prompt_ids):
+        n += 1
+    if n < 2 or len(trajs) % n:
+        return 0
+    for g in range(0, len(trajs), n):
+        head = list(trajs[g].prompt_ids)
+        if len(head) < 2:
+            return 0
+        if g + n < len(trajs) and list(trajs[g + n].prompt_ids) == head:
+            return 0  # a longer run: not groups of n
+        for tr in trajs[g : g + n]:
+            if getattr(tr, "images", None) or list(tr.prompt_ids) != head:
+                return 0
+    return n
+
+
+def layout_tokens(trajs: Sequence, group_size: int, pad_to_multiple: int = 1) -> int:
+    """Padded tokens the train step runs for ``trajs``: ``B*T`` in the plain layout
+    (``group_size`` 0), ``G*P + B*T`` in the shared-prompt one (module docstring)."""
+    B = len(trajs)
+    if not group_size:
+        return B * bucket_length(
+            max(len(t.prompt_ids) + len(t.response_ids) for t in trajs), pad_to_multiple
+        )
+    P = bucket_length(max(len(t.prompt_ids) - 1 for t in trajs), pad_to_multiple)
+    T = bucket_length(max(1 + len(t.response_ids) for t in trajs), pad_to_multiple)
+    return (B // group_size) * P + B * T
+
+
+def _fill_rows(rows: Sequence[tuple[Sequence[int], Any]], T: int, pad_id: int) -> dict:
+    """The per-token arrays of rows ``(head, trajectory)``: ``head + response_ids``
+    right-padded to T, the response targets at ``len(head) - 1 + j``."""
+    B = len(rows)
+    ids = np.full((B, T), pad_id, np.int32)
+    attn = np.zeros((B, T), np.int32)
+    lmask = np.zeros((B, T), np.float32)
+    slp = np.zeros((B, T), np.float32)
+    for b, (head, tr) in enumerate(rows):
+        p, r = len(head), len(tr.response_ids)
+        ids[b, : p + r] = np.asarray(list(head) + list(tr.response_ids), np.int32)
+        attn[b, : p + r] = 1
+        # response token j sits at position p + j; it is the target of position p + j - 1
+        lmask[b, p - 1 : p - 1 + r] = np.asarray(tr.loss_mask, np.float32)
+        slp[b, p - 1 : p - 1 + r] = (
+            np.asarray(tr.logprobs, np.float32) * lmask[b, p - 1 : p - 1 + r]
+        )
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "loss_mask": lmask,
+        "old_logprobs": slp.copy(),
+        "sampler_logprobs": slp,
+    }
+
+
 def batch_from_trajectories(
     trajs: Sequence,
     advantages,
@@ -175,6 +257,7 @@ def batch_from_trajectories(
     max_len: int,
     pad_to_multiple: int = 1,
     model_config=None,
+    group_size: int = 0,
 ) -> dict[str, np.ndarray]:
     """Build the train batch (module docstring) from ``Trajectory`` records.
 
@@ -188,7 +271,10 @@ def batch_from_trajectories(
     reuse few compiled shapes), capped at ``max_len``.
     A trajectory longer than ``max_len`` is an error (it would lose sampled tokens).
     A response of length 0 gives an all-zero loss-mask row (it contributes nothing).
-    Returns numpy arrays (place them on the mesh with ``verltool_jax.sharding.batch_sharding``).
+    ``group_size = n > 0`` builds the shared-prompt layout (module docstring; the rows
+    must be groups of n with one prompt, :func:`prompt_group_size`), its P and T bucketed
+    the same way. Returns numpy arrays (place them on the mesh with
+    ``verltool_jax.sharding.batch_sharding``).
     """
     if len(trajs) == 0:
         raise ValueError("batch_from_trajectories needs at least one trajectory")
@@ -213,29 +299,28 @@ def batch_from_trajectories(
                 f"{max_len}; raise max_len or cap the rollout length"
             )
         lengths.append(n)
+    if group_size:
+        if prompt_group_size(trajs) != group_size:
+            raise ValueError(
+                f"group_size={group_size}: the trajectories are not groups of "
+                f"{group_size} consecutive rows with one prompt (see prompt_group_size)"
+            )
+        G = len(trajs) // group_size
+        P = bucket_length(max(len(t.prompt_ids) - 1 for t in trajs), pad_to_multiple)
+        T = bucket_length(max(1 + len(t.response_ids) for t in trajs), pad_to_multiple)
+        out = _fill_rows([(t.prompt_ids[-1:], t) for t in trajs], T, pad_id)
+        out["prefix_ids"] = np.full((G, P), pad_id, np.int32)
+        out["prefix_mask"] = np.zeros((G, P), np.int32)
+        for g in range(G):
+            head = trajs[g * group_size].prompt_ids[:-1]
+            out["prefix_ids"][g, : len(head)] = np.asarray(head, np.int32)
+            out["prefix_mask"][g, : len(head)] = 1
+        out["advantages"] = adv
+        return out
     T = min(bucket_length(max(lengths), pad_to_multiple), max_len)
-    B = len(trajs)
-    ids = np.full((B, T), pad_id, np.int32)
-    attn = np.zeros((B, T), np.int32)
-    lmask = np.zeros((B, T), np.float32)
-    slp = np.zeros((B, T), np.float32)
-    for b, tr in enumerate(trajs):
-        p, r = len(tr.prompt_ids), len(tr.response_ids)
-        ids[b, : p + r] = np.asarray(list(tr.prompt_ids) + list(tr.response_ids), np.int32)
-        attn[b, : p + r] = 1
-        # response token j sits at position p + j; it is the target of position p + j - 1
-        lmask[b, p - 1 : p - 1 + r] = np.asarray(tr.loss_mask, np.float32)
-        slp[b, p - 1 : p - 1 + r] = (
-            np.asarray(tr.logprobs, np.float32) * lmask[b, p - 1 : p - 1 + r]
-        )
-    out = {
-        "input_ids": ids,
-        "attention_mask": attn,
-        "loss_mask": lmask,
-        "advantages": adv,
-        "old_logprobs": slp.copy(),
-        "sampler_logprobs": slp,
-    }
+    out = _fill_rows([(t.prompt_ids, t) for t in trajs], T, pad_id)
+    out["advantages"] = adv
+    ids, attn = out["input_ids"], out["attention_mask"]
     with_images = [tr for tr in trajs if getattr(tr, "images", None)]
     if with_images:
         model_config = model_config or with_images[0].images[0].image.config
@@ -316,10 +401,25 @@ def check_batch(batch: dict) -> tuple[int, int]:
             f"train batch has image keys {present} but not all of "
             f"{list(IMAGE_KEYS)}; build it with batch_from_trajectories"
         )
+    prefix = [k for k in PREFIX_KEYS if k in batch]
+    if prefix:
+        if len(prefix) != len(PREFIX_KEYS) or present:
+            raise ValueError(
+                f"train batch has {prefix}: a shared-prompt batch needs all of "
+                f"{list(PREFIX_KEYS)} and no image keys; build it with batch_from_trajectories"
+            )
+        G = batch["prefix_ids"].shape[0]
+        if batch["prefix_ids"].ndim != 2 or G == 0 or B % G:
+            raise ValueError(
+                f"train batch['prefix_ids'] has shape {tuple(batch['prefix_ids'].shape)}; "
+                f"it must be [G, P] with the {B} rows a whole number of groups of G"
+            )
     for k in REQUIRED_KEYS + OPTIONAL_KEYS:
         if k not in batch:
             continue
-        if k in IMAGE_KEYS:
+        if k in PREFIX_KEYS:
+            want = tuple(batch["prefix_ids"].shape)
+        elif k in IMAGE_KEYS:
             want = (B, T, 3) if k == "positions" else (B,) + tuple(batch[k].shape[1:])
         else:
             per_seq = k == "rewards" or (k == "advantages" and batch[k].ndim == 1)
@@ -391,6 +491,29 @@ class RLBatch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def shared_group_size(rc: RunConfig, algo: AlgoConfig, rows: Sequence[Trajectory]) -> int:
+    """The group size n of the shared-prompt layout for the batch rows ``rows``, or 0 for
+    the plain layout: ``trainer.shared_prompt`` ``off`` never; ``on`` whenever the rows
+    are groups with one prompt (:func:`prompt_group_size`) and the settings allow it
+    (``run_config.shared_prompt_blocker``); ``auto`` then only when it cuts the padded
+    tokens to at most ``SHARED_PROMPT_AUTO_MAX_TOKEN_FRACTION`` of the plain layout's."""
+    from verltool_jax.run_config import shared_prompt_blocker
+
+    mode = rc.trainer.shared_prompt
+    n = 0 if mode == "off" else prompt_group_size(rows)
+    if not n or shared_prompt_blocker(algo, n, rc.rollout.mask_observations):
+        return 0
+    return n if mode == "on" or shared_layout_pays(rows, n) else 0
+
+
+def shared_layout_pays(rows: Sequence, group_size: int) -> bool:
+    """``trainer.shared_prompt="auto"``'s rule: the shared-prompt layout of ``rows``
+    (groups of ``group_size``) has at most ``SHARED_PROMPT_AUTO_MAX_TOKEN_FRACTION`` of
+    the plain layout's padded tokens."""
+    shared = layout_tokens(rows, group_size, PAD_MULTIPLE)
+    return shared <= SHARED_PROMPT_AUTO_MAX_TOKEN_FRACTION * layout_tokens(rows, 0, PAD_MULTIPLE)
+
+
 def make_batch(
     rc: RunConfig,
     algo: AlgoConfig,
@@ -409,7 +532,8 @@ def make_batch(
     ablation) trains the observation tokens too, with the behaviour logprobs of
     ``model()`` (the policy before the step) when the step reads them. With
     ``algo.adv_estimator="gae"`` the batch carries ``rewards`` and zero ``advantages``
-    (the step computes them with the critic)."""
+    (the step computes them with the critic). The rows go in the shared-prompt layout
+    when :func:`shared_group_size` says so."""
     trajs = [t for t in trajs if not trajectory_failed(t)]
     adv, keep, m = advantages_for(rc, algo, trajs)
     m.update(
@@ -426,8 +550,14 @@ def make_batch(
     adv = adv[keep]
     pad = (-len(use)) % (algo.mini_batch_size or len(use))
     rows = use + use[:pad]
+    n = shared_group_size(rc, algo, rows)
     arrays = batch_from_trajectories(
-        rows, np.concatenate([adv, adv[:pad] * 0]), pad_id, rc.model.max_seq_len, PAD_MULTIPLE
+        rows,
+        np.concatenate([adv, adv[:pad] * 0]),
+        pad_id,
+        rc.model.max_seq_len,
+        PAD_MULTIPLE,
+        group_size=n,
     )
     if algo.uses_critic:  # rewards in, advantages from the critic in the step
         arrays["rewards"] = arrays["advantages"]
@@ -473,6 +603,7 @@ def make_batch(
             names.BATCH_SIZE: len(use),
             names.BATCH_SEQ_LEN: int(arrays["input_ids"].shape[1]),
             names.BATCH_OBS_TOKENS: obs_trained,
+            names.BATCH_SHARED_PROMPT: float(n > 0),
         }
     )
     return RLBatch(arrays, use, m)

@@ -15,7 +15,13 @@ from verltool_jax import metric_names as names
 from verltool_jax.reporting.batch_summary import summarize
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.samplers.parity import token_parity
-from verltool_jax.train.batch import PAD_MULTIPLE, batch_from_trajectories, row_images_of
+from verltool_jax.train.batch import (
+    PAD_MULTIPLE,
+    batch_from_trajectories,
+    prompt_group_size,
+    row_images_of,
+    shared_layout_pays,
+)
 
 
 class StepTimer:
@@ -74,19 +80,30 @@ def sampler_parity(
     temperature: float,
     pad_id: int,
     max_len: int,
+    shared_prompt: str = "auto",
 ) -> dict:
     """``sync/logprob_diff_mean``, ``sync/logprob_diff_max``, ``sync/parity_tokens``:
     :func:`samplers.parity.token_parity` of the tokens that ``version`` sampled, the
     trainer's logprobs from ``model`` (the params of ``version``) on the batch rows of the
-    trajectories (with the images the sampler saw, if any); ``{}`` when there is none."""
+    trajectories (with the images the sampler saw, if any); ``{}`` when there is none.
+    Groups with one prompt are scored in the shared-prompt layout as ``shared_prompt``
+    (``trainer.shared_prompt``) says for the train batch."""
     trajs = [t for t in trajs if any(v == version for v in t.versions)]
     if not trajs:
         return {}
-    b = batch_from_trajectories(trajs, [0.0] * len(trajs), pad_id, max_len, PAD_MULTIPLE)
+    n = 0 if shared_prompt == "off" else prompt_group_size(trajs)
+    if n and shared_prompt == "auto" and not shared_layout_pays(trajs, n):
+        n = 0
+    zeros = [0.0] * len(trajs)
+    b = batch_from_trajectories(trajs, zeros, pad_id, max_len, PAD_MULTIPLE, group_size=n)
     positions, row_images = row_images_of(b)
-    kw = {} if row_images is None else {"positions": positions, "row_images": row_images}
+    kw: dict[str, Any] = {}
+    if row_images is not None:
+        kw = {"positions": positions, "row_images": row_images}
+    if n:
+        kw = {"prefix": (b["prefix_ids"], b["prefix_mask"])}
     picks = [
-        (i, len(t.prompt_ids) - 1 + j, s)
+        (i, (0 if n else len(t.prompt_ids) - 1) + j, s)
         for i, t in enumerate(trajs)
         for j, (m, v, s) in enumerate(zip(t.loss_mask, t.versions, t.logprobs))
         if m and v == version

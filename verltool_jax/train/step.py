@@ -25,7 +25,10 @@ against the sampler when ``algo.tis_cap`` is set) + ``kl_coef`` * KL(``kl_estima
 
 Mini/micro-batch membership is strided: with sizes (n_mini, n_micro, micro), row
 ``p * n_mini * n_micro + j * n_micro + i`` belongs to micro-batch i of mini-batch j, so
-every micro-batch draws rows from every data shard of a batch-sharded array.
+every micro-batch draws rows from every data shard of a batch-sharded array. A
+shared-prompt batch (``prefix_ids``, ``train.batch``) is split the same way by whole
+prompt groups instead of rows (:func:`split_batch`), and every forward runs each group's
+prompt once; with one mini-batch its loss, gradients and update are the plain batch's.
 
 With a ``mesh`` the step is jitted with the batch split over ``(data, fsdp)``, the state
 kept in the shardings it arrives in (``verltool_jax.sharding.param_spec`` per parameter), and the
@@ -57,6 +60,7 @@ from verltool_jax.algos.kl import get_kl_fn
 from verltool_jax.algos.policy_loss import get_policy_loss, truncated_is_weights
 from verltool_jax.train.batch import (
     IMAGE_KEYS,
+    PREFIX_KEYS,
     RLBatch,
     check_batch,
     row_images_of,
@@ -77,6 +81,34 @@ def _split(x: jax.Array, n_mini: int, n_micro: int, micro: int) -> jax.Array:
     """[B, ...] -> [n_mini, n_micro, micro, ...] with the strided membership (docstring)."""
     y = x.reshape((micro, n_mini, n_micro) + x.shape[1:])
     return jnp.moveaxis(y, 0, 2)
+
+
+def group_size_of(batch: dict) -> int:
+    """Rows per prompt group of a shared-prompt batch (``train.batch``), 1 otherwise."""
+    if "prefix_ids" not in batch:
+        return 1
+    return batch["input_ids"].shape[0] // batch["prefix_ids"].shape[0]
+
+
+def split_batch(batch: dict, n_mini: int, n_micro: int, micro: int) -> dict:
+    """Every array of ``batch`` as ``[n_mini, n_micro, micro rows, ...]``. A shared-prompt
+    batch is split by whole groups with the strided membership over groups: each row
+    array is seen as ``[G, n, ...]``, and micro-batch i of mini-batch j holds groups
+    ``p * n_mini * n_micro + j * n_micro + i`` (``micro / n`` of them) and their rows."""
+    n = group_size_of(batch)
+    if micro % n:
+        raise ValueError(
+            f"micro-batches of {micro} rows do not hold whole prompt groups of {n}; make "
+            "algo.micro_batch_size (and mini_batch_size) a multiple of rollout.n_samples"
+        )
+    out = {}
+    for k, x in batch.items():
+        if n == 1 or k in PREFIX_KEYS:
+            out[k] = _split(x, n_mini, n_micro, micro // n)
+            continue
+        y = _split(x.reshape((x.shape[0] // n, n) + x.shape[1:]), n_mini, n_micro, micro // n)
+        out[k] = y.reshape((n_mini, n_micro, micro) + x.shape[1:])
+    return out
 
 
 def _reduce_metrics(metrics: dict, axis: int) -> dict:
@@ -118,7 +150,8 @@ def compute_logprobs(
     return_entropy: bool = False,
 ):
     """Target-aligned logprobs [B,T] of ``batch`` under ``params`` (and entropy if asked),
-    computed ``chunk`` rows at a time (``lax.map``), float32."""
+    computed ``chunk`` rows at a time (``lax.map``), float32. A shared-prompt batch goes
+    by whole groups (``chunk`` a multiple of its group size) with their prefixes."""
     kw = {"temperature": cfg.temperature}
     if cfg.logprob_chunk_size:
         kw["chunk_size"] = cfg.logprob_chunk_size
@@ -134,26 +167,37 @@ def compute_logprobs(
 def _by_rows(fn: Callable, graphdef, params, batch: dict, chunk: int):
     """``fn(model, input_ids, attention_mask, extra)`` over ``batch``, ``chunk`` rows at a
     time (``lax.map``), the results re-joined on the batch axis; ``extra`` holds each
-    row's ``positions`` / ``row_images`` in a vision-language batch."""
+    row's ``positions`` / ``row_images`` in a vision-language batch and each group's
+    ``prefix`` in a shared-prompt batch (chunks then hold whole groups)."""
     ids, attn = batch["input_ids"], batch["attention_mask"]
     B = ids.shape[0]
+    n = group_size_of(batch)
     imgs = {k: batch[k] for k in IMAGE_KEYS if k in batch}
+    prefix = {k: batch[k] for k in PREFIX_KEYS if k in batch}
 
     def one(xs):
-        i, a, im = xs
+        i, a, im, pf = xs
         model = nnx.merge(graphdef, params)
         extra = {}
         if im:  # a vision-language batch: each row's images travel with the row
             extra["positions"], extra["row_images"] = row_images_of(im)
+        if pf:  # a shared-prompt batch: each group's prefix travels with its rows
+            extra["prefix"] = (pf["prefix_ids"], pf["prefix_mask"])
         return fn(model, i, a, extra)
 
     if chunk >= B:
-        return one((ids, attn, imgs))
+        return one((ids, attn, imgs, prefix))
+    if chunk % n:
+        raise ValueError(f"chunks of {chunk} rows do not hold whole prompt groups of {n}")
 
     def split(x):
         return x.reshape((B // chunk, chunk) + x.shape[1:])
 
-    out = jax.lax.map(one, (split(ids), split(attn), jax.tree.map(split, imgs)))
+    def split_groups(x):
+        return x.reshape((B // chunk, chunk // n) + x.shape[1:])
+
+    xs = (split(ids), split(attn), jax.tree.map(split, imgs), jax.tree.map(split_groups, prefix))
+    out = jax.lax.map(one, xs)
     return jax.tree.map(lambda y: y.reshape((B,) + y.shape[2:]), out)
 
 
@@ -321,7 +365,7 @@ def make_train_step(
             )
         else:
             batch.pop("rewards", None)
-        minis = jax.tree.map(lambda x: _split(x, n_mini, n_micro, micro), batch)
+        minis = split_batch(batch, n_mini, n_micro, micro)
 
         def update_critic(vparams, vopt_state, mini, norm):
             """One critic update on the mini-batch: ``(vparams, vopt_state, metrics)``."""
@@ -393,6 +437,7 @@ def make_train_step(
 
     compiled: dict = {}
     replicated = NamedSharding(mesh, P())
+    n_shards = mesh.shape["data"] * mesh.shape["fsdp"]
 
     def leaf_sharding(x):
         s = getattr(x, "sharding", None)
@@ -403,10 +448,16 @@ def make_train_step(
     def sharded_step(state: TrainState, batch: dict):
         from verltool_jax.sharding import batch_sharding
 
-        key = (jax.tree.structure(state), tuple(sorted(batch)))
+        # an array whose batch dimension the (data, fsdp) devices do not divide (a
+        # shared-prompt batch's [G, P] prefixes, say) is replicated instead
+        split = tuple(sorted(k for k, v in batch.items() if jnp.shape(v)[0] % n_shards == 0))
+        key = (jax.tree.structure(state), tuple(sorted(batch)), split)
         if key not in compiled:
             state_sh = jax.tree.map(leaf_sharding, state)
-            batch_sh = {k: batch_sharding(mesh, jnp.ndim(v)) for k, v in batch.items()}
+            batch_sh = {
+                k: batch_sharding(mesh, jnp.ndim(v)) if k in split else replicated
+                for k, v in batch.items()
+            }
             compiled[key] = jax.jit(
                 step,
                 in_shardings=(state_sh, batch_sh),
@@ -419,7 +470,9 @@ def make_train_step(
             batch = {
                 k: v
                 if isinstance(v, jax.Array)
-                else jax.device_put(v, batch_sharding(mesh, jnp.ndim(v)))
+                else jax.device_put(
+                    v, batch_sharding(mesh, jnp.ndim(v)) if k in split else replicated
+                )
                 for k, v in batch.items()
             }
         with jax.set_mesh(mesh):

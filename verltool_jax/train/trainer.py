@@ -223,7 +223,7 @@ class RLLoop:
         d, rc, parity = self.deps, self.deps.run.config, {}
         if rc.trainer.parity_every and self.version % rc.trainer.parity_every == 0:
             args = (self.state.model(), trajs, self.version, d.algo.temperature)
-            size = (d.run.pad_id, rc.model.max_seq_len)
+            size = (d.run.pad_id, rc.model.max_seq_len, rc.trainer.shared_prompt)
             parity = await asyncio.to_thread(sampler_parity, *args, *size)
         with self.timer.phase(names.TIME_TRAIN):
             self.state, metrics = await asyncio.to_thread(train_on, d.train_step, self.state, batch)
