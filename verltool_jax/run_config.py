@@ -339,6 +339,10 @@ class TrainerSection(Checked):
     max_skipped_steps: int = spec(3, check=at_least(0))
     out_dir: str = "runs/default"
     seed: int = 0
+    # JAX's persistent compilation cache: a second run reads its compilations back
+    # (folder: train/startup.py compilation_cache_dir; "": <out_dir>/../.jax_cache)
+    compilation_cache: bool = True
+    compilation_cache_dir: str = ""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ class RunSummary:
     ``eval_before`` / ``eval_after``: held-out accuracy at the start (or after the SFT
     warm start) and at the end (None without a held-out set, or when interrupted);
     ``steps``: the policy version reached; ``interrupted``: stopped by a signal (exit 130);
-    ``sft_interrupted``: stopped during the SFT warm start (nothing saved)."""
+    ``sft_interrupted``: stopped during the SFT warm start (nothing saved); ``startup``:
+    the start-up's split (``train/startup.py``; empty when no RL step ran)."""
 
     eval_before: float | None = None
     eval_after: float | None = None
@@ -35,6 +36,7 @@ class RunSummary:
     interrupted: bool = False
     sft_interrupted: bool = False
     wall_s: float = 0.0
+    startup: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
