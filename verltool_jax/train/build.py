@@ -468,6 +468,11 @@ def _build_run(
         mesh = trainer_mesh(rc)
     sampler_start = None
     if start_sampler and rc.stage == "rl":
+        if sampler_backend(rc)[0] == "vllm":
+            # torch whole before the engine's thread imports vLLM: the two threads then
+            # never hold torch's and transformers' import locks the other way round. No
+            # loss: the engine's start, which imports it anyway, is the longer path.
+            import torch  # noqa: F401
         sampler_start = Background("engine", lambda: make_sampler(rc, model_dir))
         stack.callback(sampler_start.close, lambda sampler: sampler.close())
     with part("tokenizer"):
