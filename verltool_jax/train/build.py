@@ -472,7 +472,8 @@ def _build_run(
             # torch whole before the engine's thread imports vLLM: the two threads then
             # never hold torch's and transformers' import locks the other way round. No
             # loss: the engine's start, which imports it anyway, is the longer path.
-            import torch  # noqa: F401
+            with part("imports"):
+                import torch  # noqa: F401
         sampler_start = Background("engine", lambda: make_sampler(rc, model_dir))
         stack.callback(sampler_start.close, lambda sampler: sampler.close())
     with part("tokenizer"):
