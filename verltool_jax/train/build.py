@@ -462,22 +462,20 @@ def _build_run(
         model_dir = prepare_model_dir(rc, out)
     if primary:
         multihost.barrier("build_run:prepared")
-    # The trainer's devices first: JAX's backend must not start while an engine's start
-    # sets its own device environment (engine_device_env) on the sampler thread.
+    # Before the sampler starts on its thread: the trainer's devices (JAX's backend must
+    # not start while an engine's start sets its device environment, engine_device_env)
+    # and the tokenizer and the modules both threads import (two threads importing one
+    # module at once can find it half made; _import_before_the_sampler).
     with part("model"):
         mesh = trainer_mesh(rc)
-    sampler_start = None
-    if start_sampler and rc.stage == "rl":
-        if sampler_backend(rc)[0] == "vllm":
-            # torch whole before the engine's thread imports vLLM: the two threads then
-            # never hold torch's and transformers' import locks the other way round. No
-            # loss: the engine's start, which imports it anyway, is the longer path.
-            with part("imports"):
-                import torch  # noqa: F401
-        sampler_start = Background("engine", lambda: make_sampler(rc, model_dir))
-        stack.callback(sampler_start.close, lambda sampler: sampler.close())
     with part("tokenizer"):
         tokenizer = load_tokenizer(rc, model_dir)
+    sampler_start = None
+    if start_sampler and rc.stage == "rl":
+        with part("imports"):
+            _import_before_the_sampler(rc)
+        sampler_start = Background("engine", lambda: make_sampler(rc, model_dir))
+        stack.callback(sampler_start.close, lambda sampler: sampler.close())
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
@@ -553,6 +551,21 @@ def _build_run(
 
     stack.callback(close_sampler)
     return run
+
+
+def _import_before_the_sampler(rc: RunConfig) -> None:
+    """Import what the sampler's thread and this one would otherwise both import at once
+    (a module another thread is still executing is found half made: "cannot import name
+    ... from partially initialized module"): the sampler's own module, and for vLLM torch
+    and vLLM's top level. No loss in wall time: the engine's start, which imports them
+    anyway, is the longer path."""
+    import importlib
+
+    backend = sampler_backend(rc)[0]
+    importlib.import_module(f"verltool_jax.samplers.{backend}_sampler")
+    if backend == "vllm":
+        importlib.import_module("torch")
+        importlib.import_module("vllm")
 
 
 def _eval_items(rc: RunConfig, eval_files, tokenizer, image_processor) -> list:
