@@ -142,6 +142,7 @@ def main():
     from verltool_jax.rollout.producer import RolloutProducer
     from verltool_jax.train import trainer
     from verltool_jax.train.policy_version import PolicyPublisher
+    from verltool_jax.train.startup import process_start
 
     cfg = vt_math.get_config(a.variant)
     out = tempfile.mkdtemp(prefix="rl_step_")
@@ -169,7 +170,7 @@ def main():
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     with clock.part("start-up and the rest"):
-        trainer.train(cfg, echo=True)
+        trainer.train(cfg, echo=True, started_at=process_start())
     wall = time.perf_counter() - t0
     clock._stop.set()
     cores = len(os.sched_getaffinity(0))

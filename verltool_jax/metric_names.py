@@ -52,6 +52,7 @@ TIME_STEP = "time/step_s"
 TIME_ROLLOUT_WAIT = "time/rollout_wait_s"  # trainer blocked waiting for groups
 TIME_TRAIN = "time/train_s"  # the train step(s)
 TIME_SYNC = "time/sync_s"  # pushing weights to the samplers
+TIME_PARITY = "time/parity_s"  # the sampler-vs-trainer log-prob pass
 TIME_BATCH = "time/batch_s"  # building the batch
 TIME_REWARD = "time/reward_s"  # scoring the groups
 TIME_EVAL = "time/eval_s"  # a held-out evaluation

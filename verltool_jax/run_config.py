@@ -405,6 +405,10 @@ class TrainerSection(Checked):
     shared_prompt: str = spec("auto", choices=SHARED_PROMPT_MODES)
     out_dir: str = "runs/default"
     seed: int = 0
+    # JAX's persistent compilation cache: a second run reads its compilations back
+    # (folder: train/startup.py compilation_cache_dir; "": <out_dir>/../.jax_cache)
+    compilation_cache: bool = True
+    compilation_cache_dir: str = ""
 
 
 @dataclass(frozen=True)

@@ -239,6 +239,27 @@ def test_console_shows_the_trainer_and_the_log_file_the_libraries(tmp_path):
     assert " INFO " not in console and "WARNING" not in console  # no library lines
     log = (out / "run.log").read_text()
     assert "vllm" in log.lower() and " INFO " in log  # they went to the log
+    # Start-up, split into its parts: one console line after the first step, the same
+    # figures in that step's metrics and in summary.json.
+    line = next(x for x in console.splitlines() if "[trainer] start-up" in x)
+    for part in ("imports", "model", "tokenizer", "data", "tool server", "engine (waited)"):
+        assert f" {part} " in line, (part, line)
+    assert "first weight push" in line and "train step" in line and "log-prob pass" in line
+    startup = json.loads((out / "summary.json").read_text())["startup"]
+    total = startup["to_first_step_s"]
+    assert total >= startup["imports_s"] + startup["engine_waited_s"] > 0
+    assert startup["compile_train_step_s"] > 0 and startup["engine_background_s"] > 0
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    with_startup = [r for r in records if "startup/to_first_step_s" in r]
+    assert [r["step"] for r in with_startup] == [1]  # the first step's record only
+    assert with_startup[0]["startup/to_first_step_s"] == total
+    # The compilation cache is on by default, beside the run, one folder per JAX version.
+    cache = tmp_path / ".jax_cache" / f"jax-{jax.__version__}-xla-"
+    folders = list(cache.parent.glob(cache.name + "*"))
+    assert len(folders) == 1 and any(folders[0].iterdir()), folders
+    assert str(folders[0]) in line
+    # The tiny model is kept there for the next run (tests/train/test_startup.py).
+    assert len(list((tmp_path / ".jax_cache").glob("tiny-model-*/config.json"))) == 1
 
 
 def _rewards_by_batch(monkeypatch, mixed: list[bool]):

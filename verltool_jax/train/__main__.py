@@ -33,10 +33,12 @@ def main(argv=None) -> int:
     from verltool_jax.samplers.base import SamplerDeadError
     from verltool_jax.train.disk import disk_full_message, is_disk_full
     from verltool_jax.train.health import DependencyDown
+    from verltool_jax.train.startup import process_start
     from verltool_jax.train.trainer import train
 
+    started_at = process_start()  # start-up counts the imports from the command on
     try:
-        result = run_logged(cl.config, lambda: train(cl.config))
+        result = run_logged(cl.config, lambda: train(cl.config, started_at=started_at))
     except (DependencyDown, SamplerDeadError):  # run_logged has printed the reason
         # SamplerDeadError escapes the health checks when a weight sync finds the engine
         # dead past its restart budget (samplers/restart.py)

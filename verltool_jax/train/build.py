@@ -4,16 +4,22 @@ task data, model, metrics writer, reward pool, tool server and sampler pool.
 :func:`build_run` is the one place both ``train`` and ``eval`` get them from: a context
 manager yielding a :class:`Run` that closes everything it started (sampler engines,
 reward workers, the tool server it launched, the writer) on the way out, also on errors.
-The sampler starts on the first :meth:`Run.open_sampler` (after any SFT warm start, so
-the engines never compete with it for the CPU).
+The sampler starts on the first :meth:`Run.open_sampler`, or, with
+``build_run(start_sampler=True)`` (the trainer's RL runs), on a background thread as
+soon as the checkpoint is ready, so that the engines start while the trainer loads the
+model, the data and the tool server (``open_sampler`` then waits for it). Each part is
+timed on the start-up clock (``train/startup.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tool_server.launcher import serve_tools
 from verltool_jax.run_config import RunConfig, run_config_from_dict
+from verltool_jax.train.startup import Background, cache_base, part, set_up_compilation_cache
 
 if TYPE_CHECKING:
     from verltool_jax.rollout.agent_loop import PromptItem
@@ -34,7 +41,8 @@ def prepare_model_dir(rc: RunConfig, out_dir: Path) -> Path:
     ``models.resolve.resolve_model_path``; a GGUF is converted once into
     ``model.cache_dir``), else a tiny random model of ``model.family`` with the sizes of
     ``model.tiny`` and a tokenizer trained on our own text, built once into
-    ``<out_dir>/init_model`` (reused on resume)."""
+    ``<out_dir>/init_model`` (reused on resume; a run in another folder copies it from
+    :func:`tiny_model_cache` when one was built with the same settings and code)."""
     from verltool_jax.models.resolve import is_hf_checkpoint, resolve_model_path
 
     if rc.model.path:
@@ -42,6 +50,45 @@ def prepare_model_dir(rc: RunConfig, out_dir: Path) -> Path:
     path = out_dir / "init_model"
     if is_hf_checkpoint(path):
         return path
+    kept = tiny_model_cache(rc)
+    if kept is not None and is_hf_checkpoint(kept):
+        log.info("copying the tiny %s model built before from %s", rc.model.family, kept)
+        shutil.copytree(kept, path, dirs_exist_ok=True)
+        return path
+    _build_tiny(rc, path)
+    if kept is not None:  # copied whole, then renamed: a reader never sees half of it
+        part_dir = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+        shutil.copytree(path, part_dir, dirs_exist_ok=True)
+        with contextlib.suppress(OSError):  # another run put it there first
+            part_dir.rename(kept)
+        shutil.rmtree(part_dir, ignore_errors=True)
+    return path
+
+
+def tiny_model_cache(rc: RunConfig) -> Path | None:
+    """Where a tiny model with ``rc``'s settings is kept for the next run (None when the
+    run cache is off): ``<cache_base>/tiny-model-<key>``, the key a hash of the family,
+    ``model.tiny``, the position limit, the code that builds it (corpus included) and the
+    versions of the libraries that write it."""
+    from importlib.metadata import version
+
+    base = cache_base(rc.trainer)
+    if base is None:
+        return None
+    from verltool_jax.models import tiny
+
+    what = {
+        "family": rc.model.family,
+        "tiny": dataclasses.asdict(rc.model.tiny),
+        "max_position_embeddings": max(rc.model.max_seq_len, rc.sampler.max_model_len),
+        "code": hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest(),
+        "libraries": [version(p) for p in ("transformers", "tokenizers", "torch")],
+    }
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    return base / f"tiny-model-{key}"
+
+
+def _build_tiny(rc: RunConfig, path: Path) -> None:
     from verltool_jax.models.tiny import build_tiny_hf, build_tiny_vl_hf, mrope_sections
 
     t = rc.model.tiny
@@ -60,7 +107,7 @@ def prepare_model_dir(rc: RunConfig, out_dir: Path) -> Path:
             mrope_section=sec,
             max_position_embeddings=max(rc.model.max_seq_len, rc.sampler.max_model_len),
         )
-        return path
+        return
     build_tiny_hf(
         path,
         family=rc.model.family,
@@ -74,7 +121,6 @@ def prepare_model_dir(rc: RunConfig, out_dir: Path) -> Path:
         intermediate_size=t.intermediate_size,
         max_position_embeddings=max(rc.model.max_seq_len, rc.sampler.max_model_len),
     )
-    return path
 
 
 def load_tokenizer(rc: RunConfig, model_dir: Path):
@@ -310,9 +356,13 @@ class Run:
     mesh: Any | None = None
     image_processor: Any | None = None  # vision-language policies: ImageProcessor
     sampler: Any | None = None
+    sampler_start: Background | None = None  # the sampler starting in the background
 
     def open_sampler(self, *, trainer_overlaps: bool | None = None):
-        """Start the sampler (once) and return it (``trainer_overlaps``: ``make_sampler``)."""
+        """Start the sampler (once) and return it (``trainer_overlaps``: ``make_sampler``);
+        one started in the background is waited for."""
+        if self.sampler is None and self.sampler_start is not None:
+            self.sampler = self.sampler_start.result()
         if self.sampler is None:
             self.sampler = make_sampler(
                 self.config, self.model_dir, trainer_overlaps=trainer_overlaps
@@ -351,25 +401,42 @@ class Run:
 
 @contextlib.contextmanager
 def build_run(
-    config: Any, *, out_dir: Path | None = None, write_metrics: bool = True, eval_only: bool = False
+    config: Any,
+    *,
+    out_dir: Path | None = None,
+    write_metrics: bool = True,
+    eval_only: bool = False,
+    start_sampler: bool = False,
 ) -> Iterator[Run]:
     """Everything a run needs, from a ``ConfigDict`` (validated here) or a RunConfig.
     ``eval_only`` (an evaluation): only the held-out data is prepared
     (:func:`prepare_task_files`) and ``Run.eval_items`` is left empty (the evaluation
-    takes its own prompts from ``Run.files["eval"]``)."""
-    from verltool_jax.data.pipeline import PromptPipeline
+    takes its own prompts from ``Run.files["eval"]``). ``start_sampler``: an RL run
+    starts its sampler in the background once the checkpoint is ready (module docstring)."""
+    with contextlib.ExitStack() as stack:
+        yield _build_run(stack, config, out_dir, write_metrics, eval_only, start_sampler)
+
+
+def _build_run(
+    stack: contextlib.ExitStack,
+    config: Any,
+    out_dir: Path | None,
+    write_metrics: bool,
+    eval_only: bool,
+    start_sampler: bool,
+) -> Run:
     from verltool_jax.models.hf_io import load_hf
     from verltool_jax.reporting.metrics_writer import MetricsWriter
     from verltool_jax.rewards.compute import RewardPool
     from verltool_jax.runtime import lifeline
     from verltool_jax.train import multihost
-    from verltool_jax.train.evaluate import prompt_items
 
     raw = None if isinstance(config, RunConfig) else config
     rc = config if isinstance(config, RunConfig) else run_config_from_dict(config)
     # Before any process is started: each one carries this run's token and dies with it,
     # kill -9 included (verltool_jax/runtime/lifeline.py).
     lifeline.arm()
+    set_up_compilation_cache(rc.trainer)  # before anything compiles
     out = Path(out_dir or rc.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Several processes: process 0 writes the shared files (config, task data, the tiny
@@ -383,107 +450,150 @@ def build_run(
         multihost.barrier("build_run:prepared")
     data_dir = out if primary else out / f"process{multihost.process_index()}"
     # Data first: a bad question file or retrieval index fails before any model work.
-    files = prepare_task_files(rc, data_dir, eval_only=eval_only)
+    with part("data"):
+        files = prepare_task_files(rc, data_dir, eval_only=eval_only)
     if primary:
         from verltool_jax.plugins import plugins_of_run
 
         used = plugins_of_run(rc)
         if used:
             log.info("[trainer] plugins: %s", ", ".join(used))
-    model_dir = prepare_model_dir(rc, out)
+    with part("checkpoint"):
+        model_dir = prepare_model_dir(rc, out)
     if primary:
         multihost.barrier("build_run:prepared")
-    tokenizer = load_tokenizer(rc, model_dir)
+    # Before the sampler starts on its thread: the trainer's devices (JAX's backend must
+    # not start while an engine's start sets its device environment, engine_device_env)
+    # and the tokenizer and the modules both threads import (two threads importing one
+    # module at once can find it half made; _import_before_the_sampler).
+    with part("model"):
+        mesh = trainer_mesh(rc)
+    with part("tokenizer"):
+        tokenizer = load_tokenizer(rc, model_dir)
+    sampler_start = None
+    if start_sampler and rc.stage == "rl":
+        with part("imports"):
+            _import_before_the_sampler(rc)
+        sampler_start = Background("engine", lambda: make_sampler(rc, model_dir))
+        stack.callback(sampler_start.close, lambda sampler: sampler.close())
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
-    mesh = trainer_mesh(rc)
-    model = load_hf(
-        model_dir,
-        mesh=mesh,
-        dtype=rc.model.dtype,
-        param_dtype=rc.model.param_dtype,
-        remat_policy=rc.model.remat_policy,
-        scan_layers=rc.model.scan_layers,
-    )
-    if rc.model.lora_rank:
-        from verltool_jax.models.lora import with_lora
-
-        model = with_lora(
-            model,
-            rc.model.lora_rank,
-            rc.model.lora_alpha,
-            rc.model.lora_targets,
-            rc.model.lora_last_layers,
-            seed=rc.trainer.seed,
+    with part("model"):
+        model = load_hf(
+            model_dir,
+            mesh=mesh,
+            dtype=rc.model.dtype,
+            param_dtype=rc.model.param_dtype,
+            remat_policy=rc.model.remat_policy,
+            scan_layers=rc.model.scan_layers,
         )
+        if rc.model.lora_rank:
+            from verltool_jax.models.lora import with_lora
+
+            model = with_lora(
+                model,
+                rc.model.lora_rank,
+                rc.model.lora_alpha,
+                rc.model.lora_targets,
+                rc.model.lora_last_layers,
+                seed=rc.trainer.seed,
+            )
     image_processor = None
     if model.config.is_vision_language:
         from verltool_jax.models.image_inputs import ImageProcessor
 
         image_processor = ImageProcessor(model.config)
     eval_items: list[PromptItem] = []
-    if files["eval"] and rc.data.max_eval_examples and not eval_only:  # 0: none
-        # data.max_eval_examples in all, taken in turn from each eval file (its rows in
-        # order), so every test set is represented
-        pipes = [
-            PromptPipeline.from_files(
-                [f],
-                tokenizer,
-                fmt=rc.data.format,
-                shuffle=False,
-                num_epochs=1,
-                max_prompt_tokens=rc.rollout.max_prompt_tokens,
-                image_processor=image_processor,
-            )
-            for f in files["eval"]
-        ]
-        live = list(enumerate(pipes))
-        while len(eval_items) < rc.data.max_eval_examples and live:
-            for j, pipe in list(live):
-                got = pipe.next_batch(1)
-                if not got:
-                    live.remove((j, pipe))
-                elif len(eval_items) < rc.data.max_eval_examples:
-                    # group ids unique over the files: eval<file>_<row>
-                    eval_items += prompt_items(got, f"eval{j}_" if len(pipes) > 1 else "eval")
+    with part("data"):
+        if files["eval"] and rc.data.max_eval_examples and not eval_only:  # 0: none
+            eval_items = _eval_items(rc, files["eval"], tokenizer, image_processor)
     lg = rc.logging
     writer: MetricsWriter | NullWriter
-    if primary:
-        writer = MetricsWriter(
-            out,
-            tensorboard=lg.tensorboard and write_metrics,
-            wandb=lg.wandb and write_metrics,
-            wandb_project=lg.wandb_project,
-            config=json.loads(raw.to_json()) if raw is not None else None,
-        )
-    else:
-        writer = NullWriter(out)
-    with contextlib.ExitStack() as stack:
-        stack.callback(writer.close)
+    with part("metrics writer"):
+        if primary:
+            writer = MetricsWriter(
+                out,
+                tensorboard=lg.tensorboard and write_metrics,
+                wandb=lg.wandb and write_metrics,
+                wandb_project=lg.wandb_project,
+                config=json.loads(raw.to_json()) if raw is not None else None,
+            )
+        else:
+            writer = NullWriter(out)
+    stack.callback(writer.close)
+    with part("reward workers"):
         reward_pool = RewardPool.from_config(rc.reward)
-        stack.callback(reward_pool.close)
+    stack.callback(reward_pool.close)
+    with part("tool server"):
         url, tool_process = stack.enter_context(serve_tools(rc.tool_server, out))
-        run = Run(
-            config=rc,
-            out=out,
-            model_dir=model_dir,
-            tokenizer=tokenizer,
-            pad_id=pad_id,
-            files=files,
-            model=model,
-            writer=writer,
-            reward_pool=reward_pool,
-            tool_url=url,
-            tool_process=tool_process,
-            eval_items=eval_items,
-            mesh=mesh,
+    run = Run(
+        config=rc,
+        out=out,
+        model_dir=model_dir,
+        tokenizer=tokenizer,
+        pad_id=pad_id,
+        files=files,
+        model=model,
+        writer=writer,
+        reward_pool=reward_pool,
+        tool_url=url,
+        tool_process=tool_process,
+        eval_items=eval_items,
+        mesh=mesh,
+        image_processor=image_processor,
+        sampler_start=sampler_start,
+    )
+
+    def close_sampler():
+        if run.sampler is not None:
+            run.sampler.close()
+
+    stack.callback(close_sampler)
+    return run
+
+
+def _import_before_the_sampler(rc: RunConfig) -> None:
+    """Import what the sampler's thread and this one would otherwise both import at once
+    (a module another thread is still executing is found half made: "cannot import name
+    ... from partially initialized module"): the sampler's own module, and for vLLM torch
+    and vLLM's top level. No loss in wall time: the engine's start, which imports them
+    anyway, is the longer path."""
+    import importlib
+
+    backend = sampler_backend(rc)[0]
+    importlib.import_module(f"verltool_jax.samplers.{backend}_sampler")
+    if backend == "vllm":
+        importlib.import_module("torch")
+        importlib.import_module("vllm")
+
+
+def _eval_items(rc: RunConfig, eval_files, tokenizer, image_processor) -> list:
+    """``data.max_eval_examples`` prompt items in all, taken in turn from each held-out
+    file (its rows in order), so every test set is represented; group ids are unique over
+    the files (``eval<file>_<row>``)."""
+    from verltool_jax.data.pipeline import PromptPipeline
+    from verltool_jax.train.evaluate import prompt_items
+
+    eval_items: list[PromptItem] = []
+    pipes = [
+        PromptPipeline.from_files(
+            [f],
+            tokenizer,
+            fmt=rc.data.format,
+            shuffle=False,
+            num_epochs=1,
+            max_prompt_tokens=rc.rollout.max_prompt_tokens,
             image_processor=image_processor,
         )
-
-        def close_sampler():
-            if run.sampler is not None:
-                run.sampler.close()
-
-        stack.callback(close_sampler)
-        yield run
+        for f in eval_files
+    ]
+    live = list(enumerate(pipes))
+    while len(eval_items) < rc.data.max_eval_examples and live:
+        for j, pipe in list(live):
+            got = pipe.next_batch(1)
+            if not got:
+                live.remove((j, pipe))
+            elif len(eval_items) < rc.data.max_eval_examples:
+                eval_items += prompt_items(got, f"eval{j}_" if len(pipes) > 1 else "eval")
+    return eval_items

@@ -17,7 +17,7 @@ from verltool_jax.rewards.compute import RewardPool, assign_rewards, score_episo
 from verltool_jax.rollout.agent_loop import PromptItem, run_rollout
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.rollout.trajectory import Trajectory
-from verltool_jax.train import multihost
+from verltool_jax.train import multihost, startup
 from verltool_jax.train.health import batch_health
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,7 @@ async def evaluate_run(
         trajs = [g[0] for g in gathered]
         m = summarize(trajs, "eval")
     m[names.TIME_EVAL] = time.perf_counter() - t0
+    startup.add("held-out evaluation", m[names.TIME_EVAL])  # before the first step
     h = batch_health(trajs)
     if h.rate > rc.trainer.max_error_rate:
         await health.check_dependencies(f"evaluation {tag}: {h.describe()}")

@@ -15,6 +15,7 @@ from verltool_jax import metric_names as names
 from verltool_jax.reporting.batch_summary import summarize
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.samplers.parity import token_parity
+from verltool_jax.train import startup
 from verltool_jax.train.batch import (
     PAD_MULTIPLE,
     batch_from_trajectories,
@@ -31,6 +32,7 @@ class StepTimer:
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.parts: dict[str, float] = {}
+        self.spans: dict[str, tuple[float, float]] = {}  # (start, end) of each phase
 
     @contextmanager
     def phase(self, key: str) -> Iterator[None]:
@@ -38,20 +40,26 @@ class StepTimer:
         try:
             yield
         finally:
-            self.parts[key] = time.perf_counter() - t0
+            self.spans[key] = (t0, time.perf_counter())
+            self.parts[key] = self.spans[key][1] - t0
 
     def record(self, key: str, seconds: float) -> None:
         self.parts[key] = seconds
 
     def metrics(self, sampled_tokens: int) -> dict:
         """The phases, ``time/step_s`` and ``perf/tokens_per_s`` (sampled tokens of the
-        step per wall second of the step); the next step's clock starts now."""
+        step per wall second of the step), after the run's first step also the start-up
+        split (``startup/*``, :mod:`verltool_jax.train.startup`); the next step's clock
+        starts now."""
         now = time.perf_counter()
         wall = now - self.start
         out = dict(self.parts)
+        clock = startup.active()
+        if clock is not None and not clock.result:  # the first step of the run
+            out.update(clock.first_step(self.start, self.spans))
         out[names.TIME_STEP] = wall
         out[names.TOKENS_PER_S] = sampled_tokens / max(1e-9, wall)
-        self.start, self.parts = now, {}
+        self.start, self.parts, self.spans = now, {}, {}
         return out
 
 

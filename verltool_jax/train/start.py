@@ -19,6 +19,7 @@ from verltool_jax.train.checkpoint import Checkpointer
 from verltool_jax.train.disk import checkpoint_bytes, require_free_space
 from verltool_jax.train.sft import run_sft
 from verltool_jax.train.signals import StopFlag
+from verltool_jax.train.startup import part
 from verltool_jax.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,14 @@ def start_run(run: Any, stop: StopFlag) -> RunStart:
     # here) and the run resumes from the previous complete one.
     for r in ckpt.rejected:
         log.info(f"[trainer] {r.describe()}")
-    prompts = run.prompt_pipeline()
+    with part("data"):
+        prompts = run.prompt_pipeline()
     start = RunStart(None, algo, optimizer, value_optimizer, ckpt, prompts, {})
     latest = ckpt.latest_step() if rc.checkpoint.resume else None
     if latest is not None:
-        start.state, data = ckpt.restore(multihost.globalize(new_state(run.model), run.mesh))
+        with part("resume"):
+            template = multihost.globalize(new_state(run.model), run.mesh)
+            start.state, data = ckpt.restore(template)
         start.resume_data = multihost.my_data_state(data)
         if prompts is not None and "prompts" in start.resume_data:
             prompts.set_state(start.resume_data["prompts"])
@@ -88,7 +92,8 @@ def start_run(run: Any, stop: StopFlag) -> RunStart:
     if ckpt.rejected and rc.checkpoint.resume:
         log.info("[trainer] no complete checkpoint is left: starting from the beginning")
     if rc.sft.steps > 0:
-        run.model = run_sft(run, should_stop=stop.agreed)
+        with part("sft warm start"):
+            run.model = run_sft(run, should_stop=stop.agreed)
         if stop.set:
             return start  # an unfinished warm start is not kept
     start.state = multihost.globalize(new_state(run.model), run.mesh)

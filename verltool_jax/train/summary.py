@@ -29,7 +29,8 @@ class RunSummary:
     ``steps``: the policy version reached; ``interrupted``: stopped by a signal (exit 130);
     ``sft_interrupted``: stopped during the SFT warm start (nothing saved); ``data``: the
     data accounting (``rollout.ledger.Accounting.to_json``, summed over the run and its
-    resumed parts; None when no RL step ran in this call), ``data["ok"]`` when exact."""
+    resumed parts; None when no RL step ran in this call), ``data["ok"]`` when exact;
+    ``startup``: the start-up's split (``train/startup.py``; empty when no RL step ran)."""
 
     eval_before: float | None = None
     eval_after: float | None = None
@@ -38,6 +39,7 @@ class RunSummary:
     sft_interrupted: bool = False
     wall_s: float = 0.0
     data: dict | None = None
+    startup: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

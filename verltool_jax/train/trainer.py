@@ -49,7 +49,7 @@ from verltool_jax.rewards.visual_reward import add_curiosity_terms, curiosity_se
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.trajectory import Trajectory, dump_trajectories
 from verltool_jax.runtime.console import CONSOLE, console, console_lines
-from verltool_jax.train import build, multihost
+from verltool_jax.train import build, multihost, startup
 from verltool_jax.train.accounting import check_accounting, settle
 from verltool_jax.train.batch import RLBatch, make_batch
 from verltool_jax.train.evaluate import evaluate_run
@@ -74,9 +74,10 @@ class TrainResult:
     policy_version: int
 
 
-def train(config: Any, echo: bool = True) -> TrainResult:
+def train(config: Any, echo: bool = True, started_at: float | None = None) -> TrainResult:
     """Run one experiment from its config (a ``ConfigDict`` or a ``RunConfig``). Several
-    processes (``JAX_COORDINATOR_ADDRESS`` & co.) each call it with the same config."""
+    processes (``JAX_COORDINATOR_ADDRESS`` & co.) each call it with the same config.
+    ``started_at``: the command's ``perf_counter`` time (start-up counts from it)."""
     multihost.start()
     echo = echo and multihost.is_primary()
 
@@ -84,14 +85,14 @@ def train(config: Any, echo: bool = True) -> TrainResult:
     stop.install()
     try:
         with console_lines(enabled=echo):
-            return _train(config, stop)
+            return _train(config, stop, started_at)
     finally:
         stop.uninstall()
 
 
-def _train(config: Any, stop: StopFlag) -> TrainResult:
-    t_start = time.perf_counter()
-    with build.build_run(config) as run:
+def _train(config: Any, stop: StopFlag, started_at: float | None) -> TrainResult:
+    t_start, _ = time.perf_counter(), startup.begin(started_at)
+    with build.build_run(config, start_sampler=True) as run:
         rc, start = run.config, start_run(run, stop)
         state, version, last, evals = start.state, 0, [], []
         if state is None:
@@ -111,7 +112,7 @@ def _train(config: Any, stop: StopFlag) -> TrainResult:
                 params = multihost.to_host(state.params)  # every process takes part
                 if multihost.is_primary():
                     build.hf_export(state.model(params), run.tokenizer, run.out / "hf_model")
-    summary.wall_s = time.perf_counter() - t_start
+    summary.wall_s, summary.startup = time.perf_counter() - t_start, startup.end()
     finish(run.out, summary)
     return TrainResult(summary, state, version)
 
@@ -224,7 +225,8 @@ class RLLoop:
         if rc.trainer.parity_every and self.version % rc.trainer.parity_every == 0:
             args = (self.state.model(), trajs, self.version, d.algo.temperature)
             size = (d.run.pad_id, rc.model.max_seq_len, rc.trainer.shared_prompt)
-            parity = await asyncio.to_thread(sampler_parity, *args, *size)
+            with self.timer.phase(names.TIME_PARITY):
+                parity = await asyncio.to_thread(sampler_parity, *args, *size)
         with self.timer.phase(names.TIME_TRAIN):
             self.state, metrics = await asyncio.to_thread(train_on, d.train_step, self.state, batch)
         return metrics | parity | rollout_metrics(trajs, self.version)

@@ -24,6 +24,7 @@ from verltool_jax.train.health import HealthMonitor, ToolServerGuard
 from verltool_jax.train.policy_version import PolicyPublisher
 from verltool_jax.train.signals import StopFlag
 from verltool_jax.train.start import RunStart
+from verltool_jax.train.startup import part
 from verltool_jax.train.state import TrainState
 from verltool_jax.train.step import make_train_step
 
@@ -74,8 +75,9 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
             groups_per_batch=groups,
             start_version=version,
         )
-    publisher = PolicyPublisher(run.open_sampler(), queue)
-    publisher.publish_now(multihost.local_copy(state.sampler_params()), version)
+    publisher = PolicyPublisher(run.open_sampler(), queue)  # waits for the engine start
+    with part("first weight push"):
+        publisher.publish_now(multihost.local_copy(state.sampler_params()), version)
     ts = rc.tool_server
     guard = ToolServerGuard(
         run.tool_url,
