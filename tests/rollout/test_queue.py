@@ -83,6 +83,30 @@ async def test_close_wakes_waiters():
         await q.put_group([traj("a", 0)])
 
 
+async def test_a_failed_producer_fails_the_waiting_trainer():
+    """The producer task dies (e.g. its prompt pipeline raised): the trainer waiting in
+    get_batch gets the producer's exception instead of waiting forever; a cancelled
+    producer (the trainer's own shutdown) is not an error."""
+    q = TrajectoryQueue(max_groups=4, group_size=1)
+
+    async def producer():
+        await q.put(traj("a", 0))
+        raise ValueError("every one of the 3 rows was dropped")
+
+    q.watch(asyncio.create_task(producer()))
+    (g,) = await q.get_batch(1, timeout=5)  # what it made before failing is delivered
+    assert g[0].group_id == "a"
+    with pytest.raises(ValueError, match="rows was dropped"):
+        await q.get_batch(1, timeout=5)
+
+    q2 = TrajectoryQueue()
+    task = q2.watch(asyncio.create_task(asyncio.sleep(10)))
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    with pytest.raises(TimeoutError):
+        await q2.get_batch(1, timeout=0.05)
+
+
 async def run_pipeline(max_staleness, steps=3, groups_per_batch=2, gen_s=0.05, train_s=0.05):
     """A producer rolling out groups with the sampler's current version and a trainer."""
     q = TrajectoryQueue(

@@ -111,6 +111,7 @@ class TrajectoryQueue:
         self._dropped: list[list[Trajectory]] = []  # stale groups not yet taken back
         self._started = 0
         self._closed = False
+        self._error: BaseException | None = None  # the producer's, raised to the getter
         self._cond = asyncio.Condition()
 
     # --- introspection ----------------------------------------------------------------
@@ -227,6 +228,8 @@ class TrajectoryQueue:
                             out.append(self._ready.popleft())
                         self._cond.notify_all()
                         if len(out) < num_groups:
+                            if self._error is not None:
+                                raise self._error
                             if self._closed:
                                 raise QueueClosed(
                                     f"TrajectoryQueue closed with {len(out)} of "
@@ -241,6 +244,19 @@ class TrajectoryQueue:
         self.metrics.groups_out += len(out)
         self.metrics.get_wait_s += time.perf_counter() - t0
         return out
+
+    def watch(self, producer: asyncio.Task) -> asyncio.Task:
+        """Close the queue when ``producer`` (the task that fills it) fails, so that a
+        waiting :meth:`get_batch` raises the producer's exception instead of waiting
+        forever; returns ``producer``."""
+
+        def done(task: asyncio.Task) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                self._error = task.exception()
+                asyncio.ensure_future(self.close())
+
+        producer.add_done_callback(done)
+        return producer
 
     async def close(self) -> None:
         """Wake everyone; later puts and short gets raise :class:`QueueClosed`."""

@@ -160,7 +160,7 @@ class RLLoop:
             enabled=rc.logging.progress_bar and multihost.is_primary(),
             file=console(),
         )
-        producing = asyncio.create_task(producer.run()) if d.queue is not None else None
+        producing = d.queue.watch(asyncio.create_task(producer.run())) if d.queue else None
         self.timer = StepTimer()  # the first step's clock starts here
         try:
             while self.version < rc.trainer.steps and not d.stop.agreed():
