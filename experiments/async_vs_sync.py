@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import statistics
@@ -416,115 +417,121 @@ def main() -> None:
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
 
+    import vllm  # noqa: F401  (vLLM's log handler takes sys.stdout now: the log file below)
     from transformers import AutoTokenizer
 
     from tool_server.launcher import run_server
     from verltool_jax.rollout.config import RolloutConfig
+    from verltool_jax.runtime.console import library_output_to
     from verltool_jax.samplers.vllm_sampler import VLLMSampler
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="async_vs_sync_"))
-    print(f"[1/3] warming the tiny model in {work}", flush=True)
-    model_dir = warm_tiny_model(work / "model", args.warm_steps, args.seed)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    cfg = RolloutConfig(
-        max_turns=args.max_turns,
-        max_response_tokens=512,
-        max_action_tokens=args.max_action_tokens,
-        max_obs_tokens=64,
-        action_stop_strings=("</python>", "</search>"),
-        temperature=1.0,
-        obs_template="<result>{obs}</result>",
-        seed=None,
-    )
-    rng = random.Random(args.seed + 1)
-    n_traj = args.prompts * args.n_samples
-
-    def prompts_for(profile: str, rep: int = 0):
-        tools = {
-            "python": ["python"] * args.prompts,
-            "search": ["search"] * args.prompts,
-            "mix": ["python", "search"] * (args.prompts // 2) + ["search"] * (args.prompts % 2),
-        }[profile]
-        return [
-            {
-                "prompt_ids": tok.encode(
-                    SYSTEM.format(q=question(rng, t)), add_special_tokens=False
-                ),
-                "group_id": f"{profile}{rep}_{i}",
-            }
-            for i, t in enumerate(tools)
-        ]
-
-    print("[2/3] starting the vLLM CPU sampler", flush=True)
-    sampler = VLLMSampler(model_dir, max_model_len=1024, seed=args.seed)
-    rows = []
-    try:
-        profiles = args.profiles.split(",")
-        probe_prompt = prompts_for("search")[0]["prompt_ids"]
-        print(
-            f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
-            f"trajectories per run",
-            flush=True,
+    # vLLM's and the tool server's lines go to the log; the progress and the table to
+    # the console
+    with library_output_to(work / "run.log") as term, contextlib.redirect_stdout(term):
+        print(f"library logs (vLLM, XLA, tool server) go to {work / 'run.log'}", flush=True)
+        print(f"[1/3] warming the tiny model in {work}", flush=True)
+        model_dir = warm_tiny_model(work / "model", args.warm_steps, args.seed)
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        cfg = RolloutConfig(
+            max_turns=args.max_turns,
+            max_response_tokens=512,
+            max_action_tokens=args.max_action_tokens,
+            max_obs_tokens=64,
+            action_stop_strings=("</python>", "</search>"),
+            temperature=1.0,
+            obs_template="<result>{obs}</result>",
+            seed=None,
         )
-        for profile in profiles:
-            # Each profile gets the server its task would have: an action for a tool that
-            # is not served is an invalid action (a fast error observation).
-            with run_server(
-                tools=PROFILE_TOOLS[profile],
-                timeout=30.0,
-                max_concurrency=1024,
-                tool_max_concurrency=1024,
-                tool_opt={
-                    "sleep_search_mean_s": args.search_mean_s,
-                    "sleep_search_sigma": args.search_sigma,
-                    "sleep_search_seed": args.seed,
-                },
-            ) as url:
-                for rep in range(args.repeats):
-                    rows.append(
-                        asyncio.run(
-                            run_once(
-                                profile,
-                                rep,
-                                prompts_for(profile, rep),
-                                args,
-                                sampler,
-                                url,
-                                tok,
-                                cfg,
-                                n_traj,
-                                probe_prompt,
+        rng = random.Random(args.seed + 1)
+        n_traj = args.prompts * args.n_samples
+
+        def prompts_for(profile: str, rep: int = 0):
+            tools = {
+                "python": ["python"] * args.prompts,
+                "search": ["search"] * args.prompts,
+                "mix": ["python", "search"] * (args.prompts // 2) + ["search"] * (args.prompts % 2),
+            }[profile]
+            return [
+                {
+                    "prompt_ids": tok.encode(
+                        SYSTEM.format(q=question(rng, t)), add_special_tokens=False
+                    ),
+                    "group_id": f"{profile}{rep}_{i}",
+                }
+                for i, t in enumerate(tools)
+            ]
+
+        print("[2/3] starting the vLLM CPU sampler", flush=True)
+        sampler = VLLMSampler(model_dir, max_model_len=1024, seed=args.seed)
+        rows = []
+        try:
+            profiles = args.profiles.split(",")
+            probe_prompt = prompts_for("search")[0]["prompt_ids"]
+            print(
+                f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
+                f"trajectories per run",
+                flush=True,
+            )
+            for profile in profiles:
+                # Each profile gets the server its task would have: an action for a tool that
+                # is not served is an invalid action (a fast error observation).
+                with run_server(
+                    tools=PROFILE_TOOLS[profile],
+                    timeout=30.0,
+                    max_concurrency=1024,
+                    tool_max_concurrency=1024,
+                    tool_opt={
+                        "sleep_search_mean_s": args.search_mean_s,
+                        "sleep_search_sigma": args.search_sigma,
+                        "sleep_search_seed": args.seed,
+                    },
+                ) as url:
+                    for rep in range(args.repeats):
+                        rows.append(
+                            asyncio.run(
+                                run_once(
+                                    profile,
+                                    rep,
+                                    prompts_for(profile, rep),
+                                    args,
+                                    sampler,
+                                    url,
+                                    tok,
+                                    cfg,
+                                    n_traj,
+                                    probe_prompt,
+                                )
                             )
                         )
-                    )
-    finally:
-        sampler.close()
+        finally:
+            sampler.close()
 
-    print()
-    print(
-        f"{n_traj} trajectories per run; load average (1, 5, 15 min) at the end: "
-        + " ".join(f"{x:.1f}" for x in os.getloadavg())
-        + f" on {os.cpu_count()} CPUs"
-    )
-    print(
-        "| profile | run | sync wall (s) | async wall (s) | speedup | async lower bound (s) "
-        "| async / bound | shared-CPU bound (s) | async / shared-CPU bound |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    med = statistics.median
-    for p in profiles:
-        mine = [r for r in rows if r[0] == p]
-        for k, (_, s_, a_, lb, sb) in enumerate(mine):
-            print(
-                f"| {p} | {k} | {s_:.1f} | {a_:.1f} | {s_ / a_:.2f}x | {lb:.1f} | "
-                f"{a_ / lb:.2f} | {sb:.1f} | {a_ / sb:.2f} |"
-            )
+        print()
         print(
-            f"| {p} | median | {med(r[1] for r in mine):.1f} | {med(r[2] for r in mine):.1f} "
-            f"| {med(r[1] / r[2] for r in mine):.2f}x | {med(r[3] for r in mine):.1f} | "
-            f"{med(r[2] / r[3] for r in mine):.2f} | {med(r[4] for r in mine):.1f} | "
-            f"{med(r[2] / r[4] for r in mine):.2f} |"
+            f"{n_traj} trajectories per run; load average (1, 5, 15 min) at the end: "
+            + " ".join(f"{x:.1f}" for x in os.getloadavg())
+            + f" on {os.cpu_count()} CPUs"
         )
+        print(
+            "| profile | run | sync wall (s) | async wall (s) | speedup | async lower bound (s) "
+            "| async / bound | shared-CPU bound (s) | async / shared-CPU bound |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        med = statistics.median
+        for p in profiles:
+            mine = [r for r in rows if r[0] == p]
+            for k, (_, s_, a_, lb, sb) in enumerate(mine):
+                print(
+                    f"| {p} | {k} | {s_:.1f} | {a_:.1f} | {s_ / a_:.2f}x | {lb:.1f} | "
+                    f"{a_ / lb:.2f} | {sb:.1f} | {a_ / sb:.2f} |"
+                )
+            print(
+                f"| {p} | median | {med(r[1] for r in mine):.1f} | {med(r[2] for r in mine):.1f} "
+                f"| {med(r[1] / r[2] for r in mine):.2f}x | {med(r[3] for r in mine):.1f} | "
+                f"{med(r[2] / r[3] for r in mine):.2f} | {med(r[4] for r in mine):.1f} | "
+                f"{med(r[2] / r[4] for r in mine):.2f} |"
+            )
 
 
 if __name__ == "__main__":
