@@ -23,6 +23,7 @@ from verltool_jax.algos.kl import KL_ESTIMATORS
 from verltool_jax.algos.offpolicy import IS_LEVELS, MASK_LEVELS, OffPolicyConfig
 from verltool_jax.algos.optimizer import OptimConfig
 from verltool_jax.algos.policy_loss import POLICY_LOSSES, PolicyLossConfig
+from verltool_jax.samplers.base import SamplingParams
 from verltool_jax.schema import Checked, above, at_least, in_unit_interval, spec
 
 OLD_LOGPROB_SOURCES = ("sampler", "recompute")
@@ -90,6 +91,12 @@ class AlgoConfig(Checked):
     entropy_coef: float = spec(0.0, check=at_least(0))  # entropy bonus: loss -= coef * entropy
     # sampling temperature (logprobs of logits / T); the run sets rollout.temperature
     temperature: float = spec(1.0, check=above(0), derived=True)
+    # the sampler's truncation; the run sets rollout.top_p / rollout.top_k
+    top_p: float = spec(SamplingParams.top_p, derived=True)
+    top_k: int = spec(SamplingParams.top_k, derived=True)
+    # with top_p < 1 or top_k > 0: the trainer's logprobs renormalised over the sampler's
+    # kept set (models.logprobs.truncated_logprobs), as the sampler reports its own
+    truncated_logprobs: bool = True
     ppo_epochs: int = spec(1, check=at_least(1))
     mini_batch_size: int | None = spec(64, check=_BATCH)  # trajectories per optimizer update
     micro_batch_size: int | None = spec(16, check=_BATCH)  # trajectories per fwd/bwd pass
@@ -178,6 +185,15 @@ class AlgoConfig(Checked):
             self.is_mask_low,
             self.is_mask_high,
         )
+
+    def truncation(self) -> dict[str, int | float]:
+        """The ``top_k`` / ``top_p`` keywords of the trainer's logprobs: the sampler's
+        truncation when it truncates and ``truncated_logprobs`` is on, else none."""
+        from verltool_jax.models.logprobs import truncation_active
+
+        if self.truncated_logprobs and truncation_active(self.top_k, self.top_p):
+            return {"top_k": self.top_k, "top_p": self.top_p}
+        return {}
 
     def split_sizes(self, batch_size: int) -> tuple[int, int, int]:
         """``(num_mini, num_micro, micro)`` for a batch of ``batch_size``; ValueError if uneven."""

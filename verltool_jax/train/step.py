@@ -152,9 +152,11 @@ def compute_logprobs(
     return_entropy: bool = False,
 ):
     """Target-aligned logprobs [B,T] of ``batch`` under ``params`` (and entropy if asked),
-    computed ``chunk`` rows at a time (``lax.map``), float32. A shared-prompt batch goes
-    by whole groups (``chunk`` a multiple of its group size) with their prefixes."""
-    kw = {"temperature": cfg.temperature}
+    computed ``chunk`` rows at a time (``lax.map``), float32; under the sampler's top-k /
+    top-p truncation, renormalised, when it truncates (``AlgoConfig.truncation``). A
+    shared-prompt batch goes by whole groups (``chunk`` a multiple of its group size)
+    with their prefixes."""
+    kw: dict[str, Any] = {"temperature": cfg.temperature, **cfg.truncation()}
     if cfg.logprob_chunk_size:
         kw["chunk_size"] = cfg.logprob_chunk_size
     if return_entropy:
