@@ -96,7 +96,7 @@ def _reference(old, sampler, mask, cap, level, mask_level, lo, hi):
         d = np.clip(old[b] - sampler[b], -20, 20)
         n = max(m.sum(), 1)
 
-        def at(lvl):
+        def at(lvl, d=d, m=m, n=n):
             if lvl == "token":
                 return d
             s = d[m].sum() / (n if lvl == "geometric" else 1)

@@ -23,8 +23,8 @@ from verltool_jax.algos.kl import KL_ESTIMATORS
 from verltool_jax.algos.offpolicy import IS_LEVELS, MASK_LEVELS, OffPolicyConfig
 from verltool_jax.algos.optimizer import OptimConfig
 from verltool_jax.algos.policy_loss import POLICY_LOSSES, PolicyLossConfig
-from verltool_jax.samplers.base import SamplingParams
 from verltool_jax.schema import Checked, above, at_least, in_unit_interval, spec
+from verltool_jax.truncation import TOP_K_OFF, TOP_P_OFF, truncation_active
 
 OLD_LOGPROB_SOURCES = ("sampler", "recompute")
 _BATCH = at_least(1, "None: the whole batch")
@@ -92,8 +92,8 @@ class AlgoConfig(Checked):
     # sampling temperature (logprobs of logits / T); the run sets rollout.temperature
     temperature: float = spec(1.0, check=above(0), derived=True)
     # the sampler's truncation; the run sets rollout.top_p / rollout.top_k
-    top_p: float = spec(SamplingParams.top_p, derived=True)
-    top_k: int = spec(SamplingParams.top_k, derived=True)
+    top_p: float = spec(TOP_P_OFF, derived=True)
+    top_k: int = spec(TOP_K_OFF, derived=True)
     # with top_p < 1 or top_k > 0: the trainer's logprobs renormalised over the sampler's
     # kept set (models.logprobs.truncated_logprobs), as the sampler reports its own
     truncated_logprobs: bool = True
@@ -189,8 +189,6 @@ class AlgoConfig(Checked):
     def truncation(self) -> dict[str, int | float]:
         """The ``top_k`` / ``top_p`` keywords of the trainer's logprobs: the sampler's
         truncation when it truncates and ``truncated_logprobs`` is on, else none."""
-        from verltool_jax.models.logprobs import truncation_active
-
         if self.truncated_logprobs and truncation_active(self.top_k, self.top_p):
             return {"top_k": self.top_k, "top_p": self.top_p}
         return {}

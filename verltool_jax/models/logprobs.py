@@ -19,28 +19,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from verltool_jax.samplers.sampling_ops import truncate_logits
+from verltool_jax.truncation import (
+    TOP_K_OFF,
+    TOP_P_OFF,
+    truncate_logits,
+    truncation_active,
+)
 
 Temperature = float | jnp.ndarray
-
-
-def truncation_active(top_k: int, top_p: float) -> bool:
-    """Whether ``(top_k, top_p)`` truncates (``top_k > 0`` or ``top_p < 1``)."""
-    return top_k > 0 or top_p < 1.0
 
 
 def truncated_logprobs(
     z: jnp.ndarray,
     targets: jnp.ndarray,
-    top_k: int = -1,
-    top_p: float = 1.0,
+    top_k: int = TOP_K_OFF,
+    top_p: float = TOP_P_OFF,
     return_entropy: bool = False,
 ):
     """Logprobs of ``targets`` under the top-k / top-p truncated, renormalised softmax of
     ``z`` (logits already divided by T): ``z [..., V]``, ``targets [...]`` int -> ``[...]``
     float32 (and the truncated distribution's entropy when ``return_entropy``).
 
-    ``K`` = the tokens the sampler keeps (``samplers.sampling_ops.truncate_logits``, the
+    ``K`` = the tokens the sampler keeps (``verltool_jax.truncation.truncate_logits``, the
     JAX sampler's own rule: the ``top_k`` largest, then the smallest prefix of the sorted
     distribution whose mass reaches ``top_p``) together with the target:
     ``log p_K(y) = z_y - logsumexp_{v in K} z_v``. That is the logprob vLLM reports
@@ -147,8 +147,8 @@ def chunked_logprobs(
     temperature: Temperature = 1.0,
     chunk_size: int = 256,
     return_entropy: bool = False,
-    top_k: int = -1,
-    top_p: float = 1.0,
+    top_k: int = TOP_K_OFF,
+    top_p: float = TOP_P_OFF,
 ):
     """``log softmax(hidden @ weight / T)[targets]`` per position, ``chunk_size`` positions at a time.
 
@@ -208,8 +208,8 @@ def token_logprobs(
     images=None,
     row_images=None,
     prefix=None,
-    top_k: int = -1,
-    top_p: float = 1.0,
+    top_k: int = TOP_K_OFF,
+    top_p: float = TOP_P_OFF,
 ):
     """``log softmax(model(input_ids)/T)[targets]`` -> ``[B,T]`` float32, chunked over the sequence.
 
