@@ -53,6 +53,7 @@ TRAIN_MISMATCH_KL_K3 = "offpolicy_kl_k3"  # k3 estimate of KL(sampler || trainer
 TRAIN_MISMATCH_KL_K1 = "offpolicy_kl_k1"  # k1 (plain) estimate of the same KL
 TRAIN_OFFPOLICY_MASKED_FRAC = "offpolicy_masked_frac"  # loss-mask tokens given weight 0
 TRAIN_MISMATCH_RATIO_MAX = "offpolicy_ratio_max"  # largest p_trainer / p_sampler of a token
+TRAIN_TIS_WEIGHT_MEAN = "tis_weight_mean"  # mean off-policy weight (algos.policy_loss)
 
 # wall time (train/metrics.StepTimer and the trainer)
 TIME_STEP = "time/step_s"
