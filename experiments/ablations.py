@@ -22,6 +22,8 @@ Ablations (the first arm of each is its baseline; every arm runs every seed):
 * ``offpolicy``: behaviour logprobs from the sampler, or recomputed by the trainer before
   the update with truncated IS against the sampler (cap 2) or without (with the
   sampler's logprobs the IS weight is 1 on every token, so that arm needs no IS pair);
+  then, all recomputed, the IS weight of the sequence (product, cap 2), of its
+  geometric mean (cap 2), and IcePop's token mask (ratio outside [0.5, 5]: weight 0);
 * ``masking``: ``rollout.mask_observations`` on / off (off trains on the tool's output
   tokens, the mistake the framework prevents by default); both arms recompute behaviour
   logprobs and turn truncated IS off, since the sampler has no logprobs for tool tokens;
@@ -178,6 +180,29 @@ def offpolicy_arms(cfg) -> list[Arm]:
             _o(algo__old_logprobs="recompute", algo__tis_cap=0.0),
             note="the trainer's logprobs before the update, no correction",
         ),
+        # sequence-level corrections (algos.offpolicy); compare with recompute_tis:
+        # --arms recompute_tis,seq_tis,icepop,geo_tis
+        Arm(
+            "seq_tis",
+            _o(algo__old_logprobs="recompute", algo__tis_cap=2.0, algo__tis_level="sequence"),
+            note="IS weight the sequence's ratio product, capped at 2",
+        ),
+        Arm(
+            "icepop",
+            _o(
+                algo__old_logprobs="recompute",
+                algo__tis_cap=5.0,
+                algo__is_mask="token",
+                algo__is_mask_low=0.5,
+                algo__is_mask_high=5.0,
+            ),
+            note="masked IS per token (IcePop): weight the ratio inside [0.5, 5], else 0",
+        ),
+        Arm(
+            "geo_tis",
+            _o(algo__old_logprobs="recompute", algo__tis_cap=2.0, algo__tis_level="geometric"),
+            note="IS weight the geometric mean of the sequence's token ratios, capped at 2",
+        ),
     ]
 
 
@@ -220,7 +245,7 @@ ABLATIONS: dict[str, tuple[str, Callable]] = {
     "offpolicy": (
         "Which behaviour logprobs should the PPO ratio use: the sampler's, or the "
         "trainer's recomputed ones with or without truncated IS against the "
-        "sampler?",
+        "sampler, and at which level (token, sequence, geometric mean, IcePop mask)?",
         offpolicy_arms,
     ),
     "masking": ("What does training on tool-output tokens (no observation mask) do?", masking_arms),

@@ -47,6 +47,14 @@ SIGNAL_NONZERO_ADV = "signal/nonzero_adv"  # trajectories with a non-zero advant
 PASS_RATE_0 = "signal/pass_rate_0"  # fraction of groups with pass rate 0 (histogram bins
 PASS_RATE_100 = "signal/pass_rate_100"  # signal/pass_rate_{0,25,50,75,100} in between)
 
+# sampler/trainer mismatch of the sampled tokens, keys of the train step's metrics (logged
+# as train/<key>; algos/offpolicy.mismatch_metrics)
+TRAIN_MISMATCH_KL_K3 = "offpolicy_kl_k3"  # k3 estimate of KL(sampler || trainer)
+TRAIN_MISMATCH_KL_K1 = "offpolicy_kl_k1"  # k1 (plain) estimate of the same KL
+TRAIN_OFFPOLICY_MASKED_FRAC = "offpolicy_masked_frac"  # loss-mask tokens given weight 0
+TRAIN_MISMATCH_RATIO_MAX = "offpolicy_ratio_max"  # largest p_trainer / p_sampler of a token
+TRAIN_TIS_WEIGHT_MEAN = "tis_weight_mean"  # mean off-policy weight (algos.policy_loss)
+
 # wall time (train/metrics.StepTimer and the trainer)
 TIME_STEP = "time/step_s"
 TIME_ROLLOUT_WAIT = "time/rollout_wait_s"  # trainer blocked waiting for groups

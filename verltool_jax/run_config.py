@@ -493,8 +493,14 @@ class RunConfig(Checked):
             )
 
     def algo_for_run(self) -> AlgoConfig:
-        """``algo`` with its derived field: logprobs at the sampling temperature."""
-        return dataclasses.replace(self.algo, temperature=self.rollout.temperature or 1.0)
+        """``algo`` with its derived fields: logprobs at the sampling temperature, under the
+        sampler's top-p / top-k truncation."""
+        return dataclasses.replace(
+            self.algo,
+            temperature=self.rollout.temperature or 1.0,
+            top_p=self.rollout.top_p,
+            top_k=self.rollout.top_k,
+        )
 
     def optimizer_for_run(self) -> OptimConfig:
         """``optimizer`` with ``total_steps`` = ``trainer.steps`` (at least warmup + 1)."""

@@ -337,6 +337,17 @@ def test_every_ablation_arm_is_a_valid_run(ablations, name):
             ("sampler", False),
             ("recompute", True),
             ("recompute", False),
+            ("recompute", True),
+            ("recompute", True),
+            ("recompute", True),
+        ]
+        corrections = [
+            (c.algo.tis_level, c.algo.is_mask, c.algo.tis_cap) for c in configs.values()
+        ][3:]
+        assert corrections == [
+            ("sequence", "off", 2.0),
+            ("token", "token", 5.0),
+            ("geometric", "off", 2.0),
         ]
 
 

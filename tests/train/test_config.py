@@ -225,6 +225,10 @@ def _other_value(key, ft, current):
         "optimizer.name": (None, None),
         "optimizer.schedule": ("cosine", "cosine"),
         "algo.old_logprobs": ("recompute", "recompute"),
+        # act only with old_logprobs=recompute (the config refuses them alone): set
+        # together with it in tests/algos/test_offpolicy.py
+        "algo.tis_level": (None, None),
+        "algo.is_mask": (None, None),
         # a free-form map whose keys the experiment config defines: overriding one of
         # them is tested with the retrieval-QA configs (tests/tasks)
         "tool_server.tool_opt": (None, None),

@@ -20,9 +20,11 @@ from verltool_jax.algos.advantages import ADVANTAGES
 from verltool_jax.algos.aggregation import AGGREGATIONS
 from verltool_jax.algos.gae import GAE
 from verltool_jax.algos.kl import KL_ESTIMATORS
+from verltool_jax.algos.offpolicy import IS_LEVELS, MASK_LEVELS, OffPolicyConfig
 from verltool_jax.algos.optimizer import OptimConfig
 from verltool_jax.algos.policy_loss import POLICY_LOSSES, PolicyLossConfig
 from verltool_jax.schema import Checked, above, at_least, in_unit_interval, spec
+from verltool_jax.truncation import TOP_K_OFF, TOP_P_OFF, truncation_active
 
 OLD_LOGPROB_SOURCES = ("sampler", "recompute")
 _BATCH = at_least(1, "None: the whole batch")
@@ -50,6 +52,14 @@ class AlgoConfig(Checked):
     logprobs before the update. ``tis_cap`` weighs each token by
     ``min(exp(old - sampler), tis_cap)``, so it only acts with ``"recompute"``: with the
     sampler's logprobs as ``old`` the weight is 1 on every token.
+
+    Off-policy corrections (``verltool_jax.algos.offpolicy``, defaults there):
+    ``tis_level`` the ratio the truncated IS weight takes (``token``, ``sequence``: the
+    product over the sequence, ``geometric``: its geometric mean); ``is_mask`` drops the
+    tokens / sequences whose ratio at that level leaves ``[is_mask_low, is_mask_high]``
+    (masked IS; ``"token"`` with the band ``[0.5, 5]`` and ``tis_cap >= 5`` is IcePop).
+    Both need ``old_logprobs="recompute"`` (against the sampler's own logprobs every
+    ratio is 1).
     """
 
     SECTION: ClassVar[str] = "algo"
@@ -69,12 +79,24 @@ class AlgoConfig(Checked):
     loss_agg_mode: str = spec("token-mean", choices=AGGREGATIONS.names)
     loss_norm_constant: float | None = None
     # truncated IS weight cap vs sampler; 0/None = off
-    tis_cap: float | None = spec(2.0, check=at_least(0, "0 or None disables"))
+    tis_cap: float | None = spec(OffPolicyConfig.tis_cap, check=at_least(0, "0 or None disables"))
+    # the ratio the truncated IS weight takes: token | sequence | geometric
+    tis_level: str = spec(OffPolicyConfig.tis_level, choices=IS_LEVELS)
+    # masked IS: off | token | sequence | geometric, band [is_mask_low, is_mask_high]
+    is_mask: str = spec(OffPolicyConfig.is_mask, choices=MASK_LEVELS)
+    is_mask_low: float = spec(OffPolicyConfig.is_mask_low, check=above(0))
+    is_mask_high: float = spec(OffPolicyConfig.is_mask_high, check=above(0))
     kl_coef: float = spec(0.0, check=at_least(0))  # KL loss against the reference policy
     kl_estimator: str = spec("k3", choices=KL_ESTIMATORS.names)
     entropy_coef: float = spec(0.0, check=at_least(0))  # entropy bonus: loss -= coef * entropy
     # sampling temperature (logprobs of logits / T); the run sets rollout.temperature
     temperature: float = spec(1.0, check=above(0), derived=True)
+    # the sampler's truncation; the run sets rollout.top_p / rollout.top_k
+    top_p: float = spec(TOP_P_OFF, derived=True)
+    top_k: int = spec(TOP_K_OFF, derived=True)
+    # with top_p < 1 or top_k > 0: the trainer's logprobs renormalised over the sampler's
+    # kept set (models.logprobs.truncated_logprobs), as the sampler reports its own
+    truncated_logprobs: bool = True
     ppo_epochs: int = spec(1, check=at_least(1))
     mini_batch_size: int | None = spec(64, check=_BATCH)  # trajectories per optimizer update
     micro_batch_size: int | None = spec(16, check=_BATCH)  # trajectories per fwd/bwd pass
@@ -106,6 +128,16 @@ class AlgoConfig(Checked):
                 f"algo.turn_discount={self.turn_discount} discounts an outcome advantage by "
                 "turns; with algo.adv_estimator='gae' the critic's advantages are per token "
                 "already (discount them with algo.gamma): set algo.turn_discount=1"
+            )
+        self.offpolicy_config()  # the band's own rule
+        if self.old_logprobs != "recompute" and (
+            self.tis_level != OffPolicyConfig.tis_level or self.is_mask != "off"
+        ):
+            raise ValueError(
+                f"algo.tis_level={self.tis_level!r} / algo.is_mask={self.is_mask!r} act only "
+                f"with algo.old_logprobs='recompute' (against the sampler's own logprobs "
+                f"every ratio is 1); set algo.old_logprobs='recompute' or leave them at "
+                f"{OffPolicyConfig.tis_level!r} / 'off'"
             )
 
     def policy_loss_config(self) -> PolicyLossConfig:
@@ -141,8 +173,25 @@ class AlgoConfig(Checked):
     def reads_behaviour_logprobs(self) -> bool:
         """Whether the train step reads the batch's ``old_logprobs`` / ``sampler_logprobs``:
         not when it recomputes the old logprobs (``old_logprobs="recompute"``) and applies
-        no truncated IS (``tis_cap`` 0/None), the two uses in ``train.step``."""
-        return self.old_logprobs != "recompute" or bool(self.tis_cap)
+        no off-policy correction (``tis_cap`` 0/None, ``is_mask="off"``), the uses in
+        ``train.step`` (the mismatch metrics are logged only when it does)."""
+        return self.old_logprobs != "recompute" or self.offpolicy_config().active
+
+    def offpolicy_config(self) -> OffPolicyConfig:
+        return OffPolicyConfig(
+            self.tis_cap or None,
+            self.tis_level,
+            self.is_mask,
+            self.is_mask_low,
+            self.is_mask_high,
+        )
+
+    def truncation(self) -> dict[str, int | float]:
+        """The ``top_k`` / ``top_p`` keywords of the trainer's logprobs: the sampler's
+        truncation when it truncates and ``truncated_logprobs`` is on, else none."""
+        if self.truncated_logprobs and truncation_active(self.top_k, self.top_p):
+            return {"top_k": self.top_k, "top_p": self.top_p}
+        return {}
 
     def split_sizes(self, batch_size: int) -> tuple[int, int, int]:
         """``(num_mini, num_micro, micro)`` for a batch of ``batch_size``; ValueError if uneven."""

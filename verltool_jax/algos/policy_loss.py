@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 import jax
 import jax.numpy as jnp
 
+from verltool_jax import metric_names as names
 from verltool_jax.algos.aggregation import (
     Normaliser,
     aggregate,
@@ -160,7 +161,7 @@ def _finish(
         "ratio_min": jnp.min(jnp.where(valid, ratio, jnp.inf)),
     }
     if is_weights is not None:
-        metrics["tis_weight_mean"] = token_mean(is_weights, m, norm)
+        metrics[names.TRAIN_TIS_WEIGHT_MEAN] = token_mean(is_weights, m, norm)
     return loss, metrics
 
 

@@ -4,6 +4,11 @@ With vocabularies of ~150k the logits dominate memory (B*T*V floats, and as many
 for their gradient). ``chunked_logprobs`` computes them ``chunk_size`` positions at a
 time inside ``lax.map`` and rematerialises each chunk in the backward pass, so the peak
 is ``B * chunk_size * V`` instead of ``B * T * V``.
+
+With the sampler's top-k / top-p truncation (``top_k > 0`` or ``top_p < 1``) the
+logprobs are those of the truncated, renormalised distribution the sampler drew from
+(:func:`truncated_logprobs`), computed per chunk with plain autodiff under
+``jax.checkpoint`` (the custom VJP below is the untruncated case's).
 """
 
 from __future__ import annotations
@@ -14,7 +19,60 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from verltool_jax.truncation import (
+    TOP_K_OFF,
+    TOP_P_OFF,
+    truncate_logits,
+    truncation_active,
+)
+
 Temperature = float | jnp.ndarray
+
+
+def truncated_logprobs(
+    z: jnp.ndarray,
+    targets: jnp.ndarray,
+    top_k: int = TOP_K_OFF,
+    top_p: float = TOP_P_OFF,
+    return_entropy: bool = False,
+):
+    """Logprobs of ``targets`` under the top-k / top-p truncated, renormalised softmax of
+    ``z`` (logits already divided by T): ``z [..., V]``, ``targets [...]`` int -> ``[...]``
+    float32 (and the truncated distribution's entropy when ``return_entropy``).
+
+    ``K`` = the tokens the sampler keeps (``verltool_jax.truncation.truncate_logits``, the
+    JAX sampler's own rule: the ``top_k`` largest, then the smallest prefix of the sorted
+    distribution whose mass reaches ``top_p``) together with the target:
+    ``log p_K(y) = z_y - logsumexp_{v in K} z_v``. That is the logprob vLLM reports
+    (``processed_logprobs``) and the JAX sampler returns, so a trainer ratio against it is
+    not biased by the truncation (the untruncated ``log_softmax(z)[y]`` is lower by
+    ``-log P(K)`` on every token). The target is always in ``K``: the sampler drew it
+    from its own kept set, and when the trainer's logits put it just outside theirs
+    (the two engines' numerics differ) its logprob stays finite. verl computes the
+    trainer's logprobs untruncated; this follows the sampler instead, on purpose.
+    ``top_k <= 0`` and ``top_p = 1``: exactly ``log_softmax(z)[y]``.
+    Gradients flow through ``z`` of the kept tokens; the kept set itself has none.
+    """
+    z = z.astype(jnp.float32)
+    lead, V = z.shape[:-1], z.shape[-1]
+    flat = z.reshape(-1, V)
+    tgt = targets.reshape(-1).astype(jnp.int32)
+    n = flat.shape[0]
+    kept = truncate_logits(
+        jax.lax.stop_gradient(flat),
+        jnp.full((n,), top_k, jnp.int32),
+        jnp.full((n,), top_p, jnp.float32),
+    )
+    hit = jax.lax.broadcasted_iota(jnp.int32, flat.shape, 1) == tgt[:, None]
+    keep = (kept > -jnp.inf) | hit
+    zk = jnp.where(keep, flat, -jnp.inf)
+    lp_all = jax.nn.log_softmax(zk, axis=-1)
+    logp = jnp.take_along_axis(lp_all, tgt[:, None], axis=-1)[:, 0].reshape(lead)
+    if not return_entropy:
+        return logp
+    safe = jnp.where(keep, lp_all, 0.0)  # no 0 * -inf in the value or its gradient
+    ent = -jnp.sum(jnp.exp(safe) * safe * keep, axis=-1).reshape(lead)
+    return logp, ent
 
 
 def _check_temperature(temperature) -> None:
@@ -89,12 +147,16 @@ def chunked_logprobs(
     temperature: Temperature = 1.0,
     chunk_size: int = 256,
     return_entropy: bool = False,
+    top_k: int = TOP_K_OFF,
+    top_p: float = TOP_P_OFF,
 ):
     """``log softmax(hidden @ weight / T)[targets]`` per position, ``chunk_size`` positions at a time.
 
     ``hidden [B,T,H]``, ``weight [H,V]``, ``targets [B,T]`` int -> ``[B,T]`` float32 (and the
     entropy ``-sum p log p`` of the same distribution when ``return_entropy``). Each chunk's logits
     are recomputed in the backward pass (a custom VJP that keeps only ``lse`` per row).
+    With ``top_k > 0`` or ``top_p < 1``: :func:`truncated_logprobs` of each chunk instead
+    (the chunk rematerialised by ``jax.checkpoint``).
     """
     _check_temperature(temperature)
     if chunk_size < 1:
@@ -111,9 +173,20 @@ def chunked_logprobs(
     t = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad))).reshape(B, n, c).transpose(1, 0, 2)
     t = t.reshape(n, B * c)
     temp = jnp.asarray(temperature, jnp.float32)
-    logp, ent = jax.lax.map(
-        lambda xs: _chunk_stats(xs[0], weight, xs[1], temp, return_entropy), (h, t)
-    )
+    if truncation_active(top_k, top_p):
+
+        @jax.checkpoint
+        def chunk(xs):
+            z = _chunk_logits(xs[0], weight, temp)
+            out = truncated_logprobs(z, xs[1], top_k, top_p, return_entropy=True)
+            return out if return_entropy else (out[0], jnp.zeros_like(out[0]))
+
+    else:
+
+        def chunk(xs):
+            return _chunk_stats(xs[0], weight, xs[1], temp, return_entropy)
+
+    logp, ent = jax.lax.map(chunk, (h, t))
 
     def per_row(x):  # [n, B*c] -> [B, T]
         return x.reshape(n, B, c).transpose(1, 0, 2).reshape(B, n * c)[:, :T]
@@ -135,12 +208,16 @@ def token_logprobs(
     images=None,
     row_images=None,
     prefix=None,
+    top_k: int = TOP_K_OFF,
+    top_p: float = TOP_P_OFF,
 ):
     """``log softmax(model(input_ids)/T)[targets]`` -> ``[B,T]`` float32, chunked over the sequence.
 
     ``targets[b, t]`` is the token whose probability position t predicts (usually
     ``input_ids[b, t+1]``); the caller masks positions that are not scored. With
-    ``return_entropy=True`` returns ``(logprobs, entropy)``. A vision-language model takes
+    ``return_entropy=True`` returns ``(logprobs, entropy)``; ``top_k`` / ``top_p``: the
+    sampler's truncation, renormalised over its kept set (:func:`truncated_logprobs`;
+    off by default). A vision-language model takes
     ``positions`` and ``images`` from ``vision_language.vl_inputs`` (or ``row_images``, the
     train batch's per-row layout).
 
@@ -154,12 +231,26 @@ def token_logprobs(
             raise ValueError("a shared prefix is for text-only batches (no positions, images)")
         hidden = model.shared_prefix_hidden(prefix[0], prefix[1], input_ids, attention_mask)
         return chunked_logprobs(
-            hidden, model.lm_head_weight(), targets, temperature, chunk_size, return_entropy
+            hidden,
+            model.lm_head_weight(),
+            targets,
+            temperature,
+            chunk_size,
+            return_entropy,
+            top_k,
+            top_p,
         )
     kw = {"row_images": row_images} if row_images is not None else {}
     hidden = model.hidden_states(input_ids, attention_mask, positions, images=images, **kw)
     return chunked_logprobs(
-        hidden, model.lm_head_weight(), targets, temperature, chunk_size, return_entropy
+        hidden,
+        model.lm_head_weight(),
+        targets,
+        temperature,
+        chunk_size,
+        return_entropy,
+        top_k,
+        top_p,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from verltool_jax.samplers.base import SamplingParams
 from verltool_jax.schema import Checked, at_least, in_unit_interval, spec
+from verltool_jax.truncation import TOP_K_OFF, TOP_P_OFF
 
 OBS_TEMPLATE_CHATML = "<|im_end|>\n<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
 OBS_TEMPLATE_RESULT = "<result>\n{obs}\n</result>"
@@ -60,8 +61,8 @@ class RolloutConfig(Checked):
         check=(_stop_strings_ok, "a tuple of non-empty strings, e.g. ('</solution>',), or ()"),
     )
     temperature: float = spec(1.0, check=at_least(0))
-    top_p: float = spec(1.0, check=in_unit_interval())
-    top_k: int = spec(-1, check=(lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"))
+    top_p: float = spec(TOP_P_OFF, check=in_unit_interval())
+    top_k: int = spec(TOP_K_OFF, check=(lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"))
     obs_template: str = spec(
         OBS_TEMPLATE_RESULT,
         check=(lambda v: v.count("{obs}") == 1, "a string containing {obs} once"),

@@ -17,13 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from verltool_jax.truncation import TOP_K_OFF, TOP_P_OFF
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 256
     temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1: disabled
+    top_p: float = TOP_P_OFF
+    top_k: int = TOP_K_OFF  # -1: disabled
     stop: tuple[str, ...] = ()  # stop strings, kept in the output
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None

@@ -14,30 +14,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from verltool_jax.truncation import truncate_logits
+
+__all__ = ["row_keys", "sample_tokens", "truncate_logits"]
+
 
 def row_keys(seeds: jnp.ndarray, counters: jnp.ndarray) -> jnp.ndarray:
     """One PRNG key per row: ``fold_in(PRNGKey(seed_b), counter_b)`` (counter = tokens so far)."""
     return jax.vmap(lambda s, n: jax.random.fold_in(jax.random.PRNGKey(s), n))(
         seeds.astype(jnp.uint32), counters.astype(jnp.uint32)
     )
-
-
-def truncate_logits(z: jnp.ndarray, top_k: jnp.ndarray, top_p: jnp.ndarray) -> jnp.ndarray:
-    """Set everything outside each row's top-k / top-p set to ``-inf``.
-
-    ``z [B,V]`` (already divided by T), ``top_k [B]`` int (<= 0: off), ``top_p [B]`` in (0,1].
-    """
-    V = z.shape[-1]
-    srt = -jnp.sort(-z, axis=-1)  # descending
-    k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)
-    rank = jnp.arange(V)[None, :]
-    in_k = rank < k[:, None]
-    p_sorted = jax.nn.softmax(jnp.where(in_k, srt, -jnp.inf), axis=-1)
-    before = jnp.cumsum(p_sorted, axis=-1) - p_sorted  # mass strictly above
-    keep = in_k & (before < top_p[:, None])
-    n_keep = jnp.maximum(keep.sum(axis=-1), 1)
-    thresh = jnp.take_along_axis(srt, (n_keep - 1)[:, None], axis=-1)
-    return jnp.where(z >= thresh, z, -jnp.inf)
 
 
 def sample_tokens(

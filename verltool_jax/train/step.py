@@ -19,8 +19,9 @@ the rewards and values into token advantages (whitened over the batch) and retur
 in every mini-batch the policy update is followed by one critic update on the clipped
 value loss with the critic's own optimizer (``value_optimizer``).
 
-Loss of a micro-batch = policy loss (``algo.policy_loss``, with the truncated IS weight
-against the sampler when ``algo.tis_cap`` is set) + ``kl_coef`` * KL(``kl_estimator``)
+Loss of a micro-batch = policy loss (``algo.policy_loss``, each token weighed by the
+off-policy correction against the sampler, ``algos.offpolicy.offpolicy_weights``, when
+``algo.tis_cap`` or ``algo.is_mask`` is set) + ``kl_coef`` * KL(``kl_estimator``)
 - ``entropy_coef`` * entropy, each aggregated by ``algo.loss_agg_mode``.
 
 Mini/micro-batch membership is strided: with sizes (n_mini, n_micro, micro), row
@@ -57,7 +58,8 @@ from verltool_jax.algos.gae import (
     value_loss,
 )
 from verltool_jax.algos.kl import get_kl_fn
-from verltool_jax.algos.policy_loss import get_policy_loss, truncated_is_weights
+from verltool_jax.algos.offpolicy import mismatch_metrics, offpolicy_weights
+from verltool_jax.algos.policy_loss import get_policy_loss
 from verltool_jax.train.batch import (
     IMAGE_KEYS,
     PREFIX_KEYS,
@@ -150,9 +152,11 @@ def compute_logprobs(
     return_entropy: bool = False,
 ):
     """Target-aligned logprobs [B,T] of ``batch`` under ``params`` (and entropy if asked),
-    computed ``chunk`` rows at a time (``lax.map``), float32. A shared-prompt batch goes
-    by whole groups (``chunk`` a multiple of its group size) with their prefixes."""
-    kw = {"temperature": cfg.temperature}
+    computed ``chunk`` rows at a time (``lax.map``), float32; under the sampler's top-k /
+    top-p truncation, renormalised, when it truncates (``AlgoConfig.truncation``). A
+    shared-prompt batch goes by whole groups (``chunk`` a multiple of its group size)
+    with their prefixes."""
+    kw: dict[str, Any] = {"temperature": cfg.temperature, **cfg.truncation()}
     if cfg.logprob_chunk_size:
         kw["chunk_size"] = cfg.logprob_chunk_size
     if return_entropy:
@@ -264,6 +268,7 @@ def make_loss_fn(cfg: AlgoConfig, graphdef, logprob_fn: LogprobFn):
     """``loss_fn(params, micro_batch, norm) -> (loss, metrics)`` for one micro-batch."""
     policy_loss = get_policy_loss(cfg.policy_loss)
     pl_cfg = cfg.policy_loss_config()
+    op_cfg = cfg.offpolicy_config()
     kl_fn = get_kl_fn(cfg.kl_estimator)
     want_entropy = cfg.entropy_coef > 0
 
@@ -280,8 +285,11 @@ def make_loss_fn(cfg: AlgoConfig, graphdef, logprob_fn: LogprobFn):
         logp, ent = out if want_entropy else (out, None)
         mask = mb["loss_mask"].astype(jnp.float32)
         old = mb["old_logprobs"]
-        w = truncated_is_weights(old, mb["sampler_logprobs"], cfg.tis_cap) if cfg.tis_cap else None
+        w = offpolicy_weights(old, mb["sampler_logprobs"], mask, op_cfg)
         loss, metrics = policy_loss(logp, old, mb["advantages"], mask, pl_cfg, norm, w)
+        if cfg.reads_behaviour_logprobs:  # else the batch's sampler logprobs go unread
+            trainer_lp = old if cfg.old_logprobs == "recompute" else jax.lax.stop_gradient(logp)
+            metrics.update(mismatch_metrics(trainer_lp, mb["sampler_logprobs"], mask, w, norm))
         agg = lambda x: aggregate(x, mask, cfg.loss_agg_mode, norm, cfg.loss_norm_constant)
         if cfg.kl_coef > 0:
             kl = agg(kl_fn(logp, mb["ref_logprobs"]))
@@ -318,9 +326,13 @@ def make_train_step(
     ``loss``, ``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``,
     ``ratio_mean``, ``ratio_max``, ``ratio_min``, ``grad_norm`` (before clipping),
     ``skipped_updates`` (count), and ``kl_loss``, ``entropy``, ``tis_weight_mean``
-    when enabled. With a critic (``algo.adv_estimator="gae"``, ``value_optimizer`` its
-    optimizer): ``vf_loss``, ``vf_clipfrac``, ``vf_grad_norm``, ``vf_skipped_updates``
-    (count), and before the update ``vf_explained_var``, ``values_mean``, ``returns_mean``.
+    when enabled; the sampler/trainer mismatch (``algos.offpolicy.mismatch_metrics``:
+    ``metric_names.TRAIN_MISMATCH_*``) whenever the step reads the sampler's logprobs,
+    the trainer's side being the recomputed ``old`` or, without recomputation, the
+    logprob of the update (before the first update of the step, the same thing). With a
+    critic (``algo.adv_estimator="gae"``, ``value_optimizer`` its optimizer):
+    ``vf_loss``, ``vf_clipfrac``, ``vf_grad_norm``, ``vf_skipped_updates`` (count), and
+    before the update ``vf_explained_var``, ``values_mean``, ``returns_mean``.
     One compilation per distinct batch shape.
     """
     cfg = algo_config(config)
