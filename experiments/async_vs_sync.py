@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import random
 import statistics
@@ -417,7 +416,6 @@ def main() -> None:
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
 
-    import vllm  # noqa: F401  (vLLM's log handler takes sys.stdout now: the log file below)
     from transformers import AutoTokenizer
 
     from tool_server.launcher import run_server
@@ -428,9 +426,13 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="async_vs_sync_"))
     # vLLM's and the tool server's lines go to the log; the progress and the table to
     # the console
-    with library_output_to(work / "run.log") as term, contextlib.redirect_stdout(term):
-        print(f"library logs (vLLM, XLA, tool server) go to {work / 'run.log'}", flush=True)
-        print(f"[1/3] warming the tiny model in {work}", flush=True)
+    with library_output_to(work / "run.log") as term:
+
+        def say(*parts, **_) -> None:  # to the console (stdout is the log here)
+            print(*parts, file=term, flush=True)
+
+        say(f"library logs (vLLM, XLA, tool server) go to {work / 'run.log'}", flush=True)
+        say(f"[1/3] warming the tiny model in {work}", flush=True)
         model_dir = warm_tiny_model(work / "model", args.warm_steps, args.seed)
         tok = AutoTokenizer.from_pretrained(model_dir)
         cfg = RolloutConfig(
@@ -462,13 +464,13 @@ def main() -> None:
                 for i, t in enumerate(tools)
             ]
 
-        print("[2/3] starting the vLLM CPU sampler", flush=True)
+        say("[2/3] starting the vLLM CPU sampler", flush=True)
         sampler = VLLMSampler(model_dir, max_model_len=1024, seed=args.seed)
         rows = []
         try:
             profiles = args.profiles.split(",")
             probe_prompt = prompts_for("search")[0]["prompt_ids"]
-            print(
+            say(
                 f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
                 f"trajectories per run",
                 flush=True,
@@ -507,26 +509,26 @@ def main() -> None:
         finally:
             sampler.close()
 
-        print()
-        print(
+        say()
+        say(
             f"{n_traj} trajectories per run; load average (1, 5, 15 min) at the end: "
             + " ".join(f"{x:.1f}" for x in os.getloadavg())
             + f" on {os.cpu_count()} CPUs"
         )
-        print(
+        say(
             "| profile | run | sync wall (s) | async wall (s) | speedup | async lower bound (s) "
             "| async / bound | shared-CPU bound (s) | async / shared-CPU bound |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        say("|---|---|---|---|---|---|---|---|---|")
         med = statistics.median
         for p in profiles:
             mine = [r for r in rows if r[0] == p]
             for k, (_, s_, a_, lb, sb) in enumerate(mine):
-                print(
+                say(
                     f"| {p} | {k} | {s_:.1f} | {a_:.1f} | {s_ / a_:.2f}x | {lb:.1f} | "
                     f"{a_ / lb:.2f} | {sb:.1f} | {a_ / sb:.2f} |"
                 )
-            print(
+            say(
                 f"| {p} | median | {med(r[1] for r in mine):.1f} | {med(r[2] for r in mine):.1f} "
                 f"| {med(r[1] / r[2] for r in mine):.2f}x | {med(r[3] for r in mine):.1f} | "
                 f"{med(r[2] / r[3] for r in mine):.2f} | {med(r[4] for r in mine):.1f} | "
