@@ -156,7 +156,8 @@ def run(args: argparse.Namespace) -> Soak:
     t0 = time.monotonic()
     filler = out / "filler.bin"
     for attempt in range(args.max_starts):
-        with open(out / "soak_console.log", "a") as log:
+        # the run's console, beside its out dir: not on the tmpfs the disk fault fills
+        with open(out.parent / f"{out.name}.console.log", "a") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         why = "exited"
         while proc.poll() is None:

@@ -46,7 +46,10 @@ def main(argv=None) -> int:
     except Exception as e:
         if not is_disk_full(e):
             raise
-        print(disk_full_message(e, cl.config.trainer.out_dir), file=sys.stderr, flush=True)
+        try:  # the console may be a file on the full disk: the exit code says it anyway
+            print(disk_full_message(e, cl.config.trainer.out_dir), file=sys.stderr, flush=True)
+        except OSError:
+            pass
         return EXIT_DISK_FULL
     return EXIT_INTERRUPTED if result.summary.interrupted else 0
 
