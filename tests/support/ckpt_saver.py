@@ -35,6 +35,8 @@ class State:
     step: Any
     rng: Any
     ref_params: Any = None
+    value_params: Any = None  # the critic's (PPO with GAE); None without one
+    value_opt_state: Any = None
 
     def replace(self, **kw):
         return replace(self, **kw)

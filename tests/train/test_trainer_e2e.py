@@ -267,15 +267,15 @@ def _rewards_by_batch(monkeypatch, mixed: list[bool]):
     batch by batch as ``mixed`` says (then mixed): a task whose difficulty the test sets."""
     from verltool_jax.train import trainer as trainer_mod
 
-    real, calls = trainer_mod.assign_rewards, iter(mixed)
+    real, calls = trainer_mod.score_episodes, iter(mixed)
 
-    def assign(trajs, results):
-        real(trajs, results)
+    async def scored(pool, trajs, tokenizer, rule):
+        await real(pool, trajs, tokenizer, rule)
         mix = next(calls, True)
         for i, t in enumerate(trajs):
             t.reward = float(mix and i % 2)
 
-    monkeypatch.setattr(trainer_mod, "assign_rewards", assign)
+    monkeypatch.setattr(trainer_mod, "score_episodes", scored)
 
 
 def test_dynamic_sampling_samples_again_when_no_group_has_a_signal(tmp_path, monkeypatch):
@@ -398,14 +398,14 @@ def test_group_reward_terms_are_added_by_the_trainer(tmp_path, monkeypatch):
     from verltool_jax.train import trainer as trainer_mod
     from verltool_jax.train.trainer import train
 
-    orig = trainer_mod.assign_rewards
+    orig = trainer_mod.score_episodes
 
-    def assign(trajs, results):
-        orig(trajs, results)
+    async def scored(pool, trajs, tokenizer, rule):
+        await orig(pool, trajs, tokenizer, rule)
         for i, t in enumerate(trajs):
             t.tool_calls, t.invalid_tool_calls = i % 3, 0
 
-    monkeypatch.setattr(trainer_mod, "assign_rewards", assign)
+    monkeypatch.setattr(trainer_mod, "score_episodes", scored)
     out = tmp_path / "cur"
     train(
         _config(
