@@ -230,18 +230,9 @@ def token_logprobs(
         if positions is not None or images is not None or row_images is not None:
             raise ValueError("a shared prefix is for text-only batches (no positions, images)")
         hidden = model.shared_prefix_hidden(prefix[0], prefix[1], input_ids, attention_mask)
-        return chunked_logprobs(
-            hidden,
-            model.lm_head_weight(),
-            targets,
-            temperature,
-            chunk_size,
-            return_entropy,
-            top_k,
-            top_p,
-        )
-    kw = {"row_images": row_images} if row_images is not None else {}
-    hidden = model.hidden_states(input_ids, attention_mask, positions, images=images, **kw)
+    else:
+        kw = {"row_images": row_images} if row_images is not None else {}
+        hidden = model.hidden_states(input_ids, attention_mask, positions, images=images, **kw)
     return chunked_logprobs(
         hidden,
         model.lm_head_weight(),
