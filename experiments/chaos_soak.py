@@ -69,7 +69,9 @@ def plan(steps: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
     """One fault of each kind at distinct steps in ``[2, steps - 2]``, seeded."""
     rng = random.Random(seed)
     if steps - 3 < len(kinds):
-        raise ValueError(f"--steps {steps}: too few steps for {len(kinds)} faults (>= 9)")
+        raise ValueError(
+            f"--steps {steps}: too few steps for {len(kinds)} faults (>= {len(kinds) + 3})"
+        )
     at = sorted(rng.sample(range(2, steps - 1), len(kinds)))
     order = list(kinds)
     rng.shuffle(order)
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> Soak:
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
     me, out = os.getpid(), Path(args.out).resolve()
-    kinds = KINDS if args.tmpfs_mb else tuple(k for k in KINDS if k != "disk_full")
+    kinds = tuple(k for k in args.faults if args.tmpfs_mb or k != "disk_full")
     soak = Soak(plan(args.steps, args.seed, kinds))
     cmd = [
         sys.executable, "-m", "verltool_jax.train", "--config", str(REPO / "configs/tiny_math.py"),
@@ -246,9 +248,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--max-starts", type=int, default=6)
+    p.add_argument(
+        "--faults",
+        default=",".join(KINDS),
+        help=f"comma-separated fault kinds to inject, once each (default: all of {KINDS})",
+    )
     p.add_argument("--json", default=str(REPO / "runs/chaos_soak.json"), help="results")
     p.add_argument("override", nargs="*", help="more --config.key=value flags (after --)")
     args = p.parse_args(argv)
+    args.faults = tuple(k.strip() for k in args.faults.split(",") if k.strip())
+    unknown = sorted(set(args.faults) - set(KINDS))
+    if unknown or not args.faults:
+        p.error(f"--faults: unknown or no kinds {unknown}; choose from {','.join(KINDS)}")
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not os.path.ismount(out):
         raise SystemExit(f"--out {out} is not empty: choose a new directory")

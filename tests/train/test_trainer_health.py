@@ -243,8 +243,8 @@ def test_killed_reward_worker_is_replaced_and_its_item_is_a_failure():
         reward_modules=("support.rewards_testlib",),
     ) as pool:
         pool.score([items[1]])  # workers up
-        (worker,) = pool._pool._pool
-        threading.Timer(0.5, lambda: os.kill(worker.pid, signal.SIGKILL)).start()
+        (worker,) = pool.worker_pids()
+        threading.Timer(0.5, lambda: os.kill(worker, signal.SIGKILL)).start()
         res = pool.score(items)
         assert res[0].info.get("killed") is True and res[0].score == 0.0
         assert pool.restarts == 1  # (test_rewards.py: the fresh pool scores)
@@ -263,6 +263,29 @@ def test_killed_reward_worker_is_replaced_and_its_item_is_a_failure():
     killed = sum(bool(r.info.get("killed")) for r in res)
     assert h.total == 2 and h.failed == killed >= 1
     assert h.reasons == [("reward scoring killed (reward worker died or wedged)", killed)]
+
+
+def test_a_reward_worker_killed_while_idle_never_hangs_the_pool():
+    """Workers waiting for work are SIGKILLed between batches (the chaos soak's reward
+    fault; a worker killed while it waits holds the task queue's lock, which hung
+    ``multiprocessing.Pool.terminate`` forever): the next batches are scored, by a fresh
+    pool, in bounded time, and every item is scored or failed, none lost."""
+    rows = [
+        ("<answer>6</answer>", {"data_source": "tiny_math", "reward_model": {"ground_truth": "6"}})
+    ] * 4
+    with RewardPool(num_workers=2, timeout_s=2.0, grace_s=2.0, warm_up=False) as pool:
+        assert [r.score for r in pool.score(rows)] == [1.0] * 4  # workers up, idle now
+        for pid in pool.worker_pids():
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        got: list = []
+        scorer = threading.Thread(target=lambda: got.extend(pool.score(rows) + pool.score(rows)))
+        scorer.start()
+        scorer.join(120)
+        assert not scorer.is_alive(), "scoring hung after a worker was killed while idle"
+        assert len(got) == 8 and all(r.score in (0.0, 1.0) for r in got)
+        assert [r.score for r in got[4:]] == [1.0] * 4  # the fresh pool scores
+        assert pool.restarts <= 1
 
 
 def test_external_server_back_within_grace_is_waited_for(caplog):

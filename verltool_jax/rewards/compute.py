@@ -1,10 +1,15 @@
 """Scoring many responses in parallel, off the event loop, with a per-item timeout.
 
-``RewardPool`` keeps ``num_workers`` spawned processes. Each item is scored by its
-reward function under a SIGALRM timer of ``timeout_s`` inside the worker (which stops a
-runaway sympy simplification); if a worker is stuck beyond that (in C code), the batch
-deadline ``timeout_s * ceil(n / num_workers) + grace_s`` passes, the pool is killed and
-restarted, and every unfinished item scores 0 with ``info["timeout"] = True``.
+``RewardPool`` keeps ``num_workers`` spawned processes (a ``ProcessPoolExecutor``). Each
+item is scored by its reward function under a SIGALRM timer of ``timeout_s`` inside the
+worker (which stops a runaway sympy simplification); if a worker is stuck beyond that (in
+C code), the batch deadline ``timeout_s * ceil(n / num_workers) + grace_s`` passes, the
+pool is killed and restarted, and every unfinished item scores 0 with
+``info["timeout"] = True``. A worker that dies (killed, out of memory) breaks the pool at
+once: its unfinished items score 0 with ``info["killed"] = True`` and the next batch gets
+a fresh pool. (``multiprocessing.Pool`` is not used: a worker killed while it waits for
+work dies holding the task queue's lock, and the pool's ``terminate`` then waits for that
+lock forever.)
 An exception in a reward function scores 0 with ``info["error"]``; it never stops training.
 Workers warm the math verifier up when they start (``warm_up``), so a first LaTeX parse
 (seconds) does not eat an item's timeout. ``num_workers=0`` scores in the calling process (the timer then works only in the main
@@ -17,6 +22,7 @@ client shared by all items) and blended in before shaping.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import importlib
 import math
 import multiprocessing as mp
@@ -37,8 +43,6 @@ from verltool_jax.rewards.shaping import ShapingSettings, shaped_score
 from verltool_jax.rollout.response_text import model_text
 
 if TYPE_CHECKING:
-    from multiprocessing.pool import Pool
-
     from verltool_jax.rewards.judge import Judge
 
 
@@ -202,7 +206,7 @@ class RewardPool:
         self.reward_modules = tuple(reward_modules)
         self.restarts = 0
         self.judge = judge
-        self._pool: Pool | None = None
+        self._pool: cf.ProcessPoolExecutor | None = None
         reward_plugins()  # installed packages' rewards, here as in every worker
         for m in self.reward_modules:
             importlib.import_module(m)
@@ -226,31 +230,42 @@ class RewardPool:
             judge=Judge.from_config(reward_cfg.judge),
         )
 
-    def _ensure_pool(self) -> Pool | None:
+    def _ensure_pool(self) -> cf.ProcessPoolExecutor | None:
         if self._pool is None and self.num_workers > 0:
             ctx = mp.get_context("spawn")  # never fork a process that runs JAX threads
-            self._pool = ctx.Pool(
+            self._pool = cf.ProcessPoolExecutor(
                 self.num_workers,
+                mp_context=ctx,
                 initializer=_init_worker,
                 initargs=(self.reward_modules, self.warm_up),
             )
             # Wait until the workers have imported the rewards, so that start-up time
             # (seconds, for sympy) never counts against a batch's deadline.
-            try:
-                errors = self._pool.map_async(_ping, range(self.num_workers), chunksize=1).get(
-                    timeout=self.startup_timeout_s
-                )
-            except mp.TimeoutError:
+            pings = [self._pool.submit(_ping, i) for i in range(self.num_workers)]
+            done, _ = cf.wait(pings, timeout=self.startup_timeout_s)
+            if len(done) < len(pings):
                 errors = [
                     f"no worker answered within {self.startup_timeout_s}s (a script "
                     "that starts a RewardPool needs the if __name__ == '__main__': "
                     "guard, and cannot be run from stdin)"
+                ]
+            else:
+                errors = [
+                    f"{type(f.exception()).__name__}: {f.exception()}"
+                    if f.exception() is not None
+                    else f.result()
+                    for f in pings
                 ]
             errors = [e for e in errors if e]
             if errors:
                 self.close()
                 raise RuntimeError(f"reward workers failed to start: {errors[0]}")
         return self._pool
+
+    def worker_pids(self) -> list[int]:
+        """PIDs of the worker processes now (empty before the first batch)."""
+        procs = getattr(self._pool, "_processes", None) or {}
+        return sorted(int(p.pid) for p in procs.values() if p.pid is not None)
 
     def score(self, entries: Iterable[Any], tokenizer=None) -> list[RewardResult]:
         """Score Trajectory objects, (text, row) pairs or RewardItems, in order (then the
@@ -267,32 +282,51 @@ class RewardPool:
         pool = self._ensure_pool()
         if pool is None:
             return [score_item(it, self.timeout_s, self.shaping) for it in items]
-        pending = [
-            pool.apply_async(_worker_score, ((it, self.timeout_s, self.shaping),)) for it in items
-        ]
+        try:
+            pending = [
+                pool.submit(_worker_score, (it, self.timeout_s, self.shaping)) for it in items
+            ]
+        except cf.BrokenExecutor:  # a worker died since the last batch: a fresh pool
+            self._replace_pool()
+            return self._score_rules(items)
         deadline = (
             time.monotonic()
             + self.grace_s
             + self.timeout_s * math.ceil(len(items) / self.num_workers)
         )
         results: list[RewardResult] = []
-        stuck = False
-        for it, p in zip(items, pending):
+        failed = False
+        for it, f in zip(items, pending):
             try:
-                results.append(p.get(timeout=max(0.0, deadline - time.monotonic())))
-            except mp.TimeoutError:
-                stuck = True
-                results.append(
-                    RewardResult(
-                        0.0, False, {"timeout": True, "killed": True, "reward_name": it.reward_name}
-                    )
-                )
-        if stuck:  # a worker is wedged past its own timer: kill and replace the pool
-            pool.terminate()
-            pool.join()
-            self._pool = None
-            self.restarts += 1
+                results.append(f.result(timeout=max(0.0, deadline - time.monotonic())))
+            except (cf.TimeoutError, cf.BrokenExecutor) as e:
+                # stuck past its own timer (timeout), or its worker died (broken pool)
+                failed = True
+                info = {"killed": True, "reward_name": it.reward_name}
+                if isinstance(e, cf.TimeoutError):
+                    info["timeout"] = True
+                results.append(RewardResult(0.0, False, info))
+        if failed:  # kill and replace the pool
+            self._replace_pool()
         return results
+
+    def _replace_pool(self) -> None:
+        """Kill the workers (a wedged one would never end) and drop the pool; the next
+        batch starts a fresh one."""
+        self._kill_pool()
+        self.restarts += 1
+
+    def _kill_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        for proc in procs:
+            try:
+                proc.kill()
+            except (OSError, ValueError):
+                pass
+        pool.shutdown(wait=True, cancel_futures=True)
 
     async def score_async(self, entries: Iterable[Any], tokenizer=None) -> list[RewardResult]:
         """``score`` in a worker thread, so the event loop is never blocked."""
@@ -303,9 +337,8 @@ class RewardPool:
             self.judge.close()
             self.judge = None
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._kill_pool()
 
     def __enter__(self) -> RewardPool:
         return self
