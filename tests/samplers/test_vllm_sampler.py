@@ -424,6 +424,90 @@ def test_a_killed_engine_restarts_on_the_current_weights_until_its_budget_is_spe
             restore_checkpoint_weights(vllm_sampler)
 
 
+def _freeze_next_engine_core(sampler, not_pid: int, frozen: list[int]) -> None:
+    """SIGSTOP the first engine-core process that is not ``not_pid`` (a start that hangs),
+    cut the sampler's start-up timeout to 1 s until that process has been killed, then
+    give the old timeout back for the next start."""
+    import psutil
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not frozen:
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.pid != not_pid and "EngineCore" in " ".join(child.cmdline()):
+                    os.kill(child.pid, signal.SIGSTOP)
+                    frozen.append(child.pid)
+                    break
+            except psutil.Error:
+                continue
+        time.sleep(0.05)
+    if not frozen:
+        return
+    old, sampler.startup_timeout_s = sampler.startup_timeout_s, 1.0
+    try:
+        while psutil_alive(frozen[0]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        sampler.startup_timeout_s = old
+
+
+def test_a_restart_that_hangs_is_killed_and_the_next_one_serves(vllm_sampler):
+    """The engine core is SIGKILLed mid-request and the core its restart starts is frozen
+    (SIGSTOP: a start that never ends, which vLLM does not bound). Past startup_timeout_s
+    (cut to 1 s once it is frozen) that start's processes are killed and it counts as a
+    failed restart; the next start serves, and the requests in flight complete with the
+    tokens they had before."""
+    import threading
+
+    greedy = SamplingParams(max_tokens=16, temperature=0)
+    expected = _gather(vllm_sampler, PROMPTS[:3], greedy)
+    old_max, old_timeout = vllm_sampler.max_restarts, vllm_sampler.startup_timeout_s
+    restarts = vllm_sampler.restarts
+    (pid,) = vllm_sampler.engine_pids()
+    frozen: list[int] = []
+    try:
+        vllm_sampler.max_restarts = vllm_sampler.budget.in_window() + 2  # two left
+        freezer = threading.Thread(
+            target=_freeze_next_engine_core, args=(vllm_sampler, pid, frozen)
+        )
+        freezer.start()
+
+        async def kill_mid_flight():
+            task = asyncio.gather(*[vllm_sampler.generate(p, greedy) for p in PROMPTS[:3]])
+            while vllm_sampler.load == 0:
+                await asyncio.sleep(0.005)
+            os.kill(pid, signal.SIGKILL)
+            return await task
+
+        t = time.monotonic()
+        got = asyncio.run(kill_mid_flight())
+        freezer.join(5)
+        assert len(frozen) == 1, "no restart started an engine core to freeze"
+        assert not psutil_alive(frozen[0]), "the hung start's engine core was not killed"
+        assert vllm_sampler.restarts == restarts + 2  # the hung start counted, then one more
+        assert vllm_sampler.engine_running and vllm_sampler.engine_pids() not in ([pid], frozen)
+        assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+        assert time.monotonic() - t < 600
+    finally:
+        vllm_sampler.startup_timeout_s = old_timeout
+        vllm_sampler.max_restarts = max(old_max, vllm_sampler.budget.in_window() + 1)
+        for p in frozen:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def psutil_alive(pid: int) -> bool:
+    """``pid`` runs (a zombie does not count)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_sync_during_generation_completes_and_records_both_versions(
     vllm_sampler, sampler_flax_model
 ):

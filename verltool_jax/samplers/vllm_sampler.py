@@ -25,7 +25,9 @@ counts as one). The new engine gets the last synced weights (the policy the trai
 published last) before it is put in service, so no request samples the checkpoint's
 weights; the requests in flight when it died are issued again on it, and a weight sync
 that arrives meanwhile waits for the restart. Past the budget: :class:`SamplerDeadError`
-(the run stops with exit 3). Nothing waits forever.
+(the run stops with exit 3). Nothing waits forever: each start is bounded by
+``startup_timeout_s`` (a hung engine core is killed, and that start counts as failed),
+the reload into a restarted engine by ``request_timeout_s``.
 """
 
 from __future__ import annotations
@@ -280,7 +282,8 @@ class VLLMSampler:
         self._thread.start()
         self._restart_lock: asyncio.Lock | None = None
         try:
-            self._call(self._start_first_engine(), self.startup_timeout_s)
+            # _new_engine bounds the start itself; the margin lets it clean up first
+            self._call(self._start_first_engine(), self.startup_timeout_s + 60.0)
         except BaseException:
             self.close()
             raise
@@ -300,7 +303,8 @@ class VLLMSampler:
                 f"{self.name}: engine call did not finish within {timeout} s"
             ) from None
 
-    async def _new_engine(self) -> Any:
+    def _build_engine(self) -> Any:
+        """Build an ``AsyncLLM`` (blocks until its engine core has started)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -309,6 +313,38 @@ class VLLMSampler:
 
             apply_env(self.placement)
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+
+    async def _new_engine(self) -> Any:
+        """A new engine, started within ``startup_timeout_s``.
+
+        It is built in a worker thread: the build blocks until the engine core has
+        started (minutes on a loaded CPU; forever when the core hangs in its start, which
+        vLLM does not bound), and this loop must keep serving meanwhile. A start that
+        overruns has the engine-core processes it spawned killed (so the build fails and
+        its thread ends) and raises :class:`SamplerError`: a restart counts it as a failed
+        attempt (``_recover``), the first start fails the sampler's construction."""
+        import multiprocessing
+
+        before = {p.pid for p in multiprocessing.active_children()}
+        build = asyncio.ensure_future(asyncio.to_thread(self._build_engine))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.startup_timeout_s:  # read each second: settable
+            done, _ = await asyncio.wait({build}, timeout=1.0)
+            if done:
+                return build.result()
+        spawned = [p for p in multiprocessing.active_children() if p.pid not in before]
+        for proc in spawned:
+            proc.kill()
+        done, _ = await asyncio.wait({build}, timeout=30.0)
+        if done and not build.cancelled() and build.exception() is None:
+            try:  # it came up just as it was killed: not a usable engine
+                build.result().shutdown(timeout=5)
+            except Exception:
+                pass
+        raise SamplerError(
+            f"{self.name}: the vLLM engine did not start within startup_timeout_s="
+            f"{self.startup_timeout_s:g} s; killed its {len(spawned)} engine process(es)"
+        )
 
     async def _start_first_engine(self) -> None:
         self._restart_lock = asyncio.Lock()  # on the engine loop, which it serves
@@ -386,8 +422,11 @@ class VLLMSampler:
                 try:
                     engine = await self._new_engine()
                     if self._last_load is not None:  # the policy the trainer published last
-                        await self._unless_dead(
-                            engine, self._reload(*self._last_load, engine=engine)
+                        await asyncio.wait_for(
+                            self._unless_dead(
+                                engine, self._reload(*self._last_load, engine=engine)
+                            ),
+                            self.request_timeout_s,
                         )
                 except Exception as e:  # a failed start counts as a restart
                     cause = e
