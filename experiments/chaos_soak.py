@@ -36,6 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from support.orphans import PR_SET_CHILD_SUBREAPER, descendants, reap  # noqa: E402
 
+sys.path.insert(0, str(REPO))
+from verltool_jax.reporting.metrics_writer import read_metrics  # noqa: E402
+
 KINDS = ("tool_server", "sandbox", "reward_worker", "engine", "trainer", "disk_full")
 MARKERS = {  # a process of the kind, by its command line
     "tool_server": "-m tool_server",
@@ -199,7 +202,7 @@ def run(args: argparse.Namespace) -> Soak:
     if (out / "summary.json").exists():
         soak.summary = json.loads((out / "summary.json").read_text())
     m = out / "metrics.jsonl"
-    evals = [json.loads(x) for x in m.read_text().splitlines() if x.strip()] if m.exists() else []
+    evals = read_metrics(m) if m.exists() else []
     first = [r["eval/acc"] for r in evals if "eval/acc" in r and r.get("step") == 0]
     soak.eval_after_sft = first[0] if first else None
     return soak

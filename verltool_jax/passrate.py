@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from verltool_jax.cli import ConfigError, parse_command_line
+from verltool_jax.runtime.append_file import open_for_append
 
 FLAGS = {
     "checkpoint": "base",
@@ -179,7 +180,7 @@ def read_table(path: Path) -> dict[str, PromptRate]:
 
 def append_rows(path: Path, rates: Sequence[PromptRate]) -> None:
     new = not path.is_file()
-    with path.open("a", newline="") as f:
+    with open_for_append(path, newline="") as f:  # a row torn by a crash is dropped
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         if new:
             w.writeheader()

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from verltool_jax.runtime.append_file import open_for_append
+
 
 def _scalar(v: Any) -> Any:
     if hasattr(v, "item") and getattr(v, "size", 1) == 1:  # numpy / jax scalars
@@ -41,7 +43,8 @@ class MetricsWriter:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.out_dir / filename
-        self._f = open(self.jsonl_path, "a", encoding="utf-8")
+        # a torn last line (a crash or a full disk mid-write) is dropped before appending
+        self._f = open_for_append(self.jsonl_path, encoding="utf-8")
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
