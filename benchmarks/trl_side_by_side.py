@@ -203,7 +203,7 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     results: dict[str, list[dict]] = {"ours": [], "TRL": []}
     for rnd in range(a.rounds):
-        for side in ("ours", "TRL") if rnd % 2 == 0 else ("TRL", "ours"):
+        for side in ("TRL", "ours") if rnd % 2 == 0 else ("ours", "TRL"):
             print(f"[round {rnd + 1}] {side} ...", flush=True)
             if side == "ours":
                 r = ours(data, a.steps, work, rnd)
