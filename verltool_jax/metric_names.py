@@ -54,6 +54,11 @@ TRAIN_MISMATCH_KL_K1 = "offpolicy_kl_k1"  # k1 (plain) estimate of the same KL
 TRAIN_OFFPOLICY_MASKED_FRAC = "offpolicy_masked_frac"  # loss-mask tokens given weight 0
 TRAIN_MISMATCH_RATIO_MAX = "offpolicy_ratio_max"  # largest p_trainer / p_sampler of a token
 TRAIN_TIS_WEIGHT_MEAN = "tis_weight_mean"  # mean off-policy weight (algos.policy_loss)
+# the parity sums the train step returns when its batch has a parity_mask (train/parity.py);
+# the trainer turns them into the sync/ parity metric below and does not log them
+TRAIN_PARITY_ABS_SUM = "parity_abs_sum"
+TRAIN_PARITY_ABS_MAX = "parity_abs_max"
+TRAIN_PARITY_TOKENS = "parity_tokens"
 
 # wall time (train/metrics.StepTimer and the trainer)
 TIME_STEP = "time/step_s"
@@ -66,7 +71,7 @@ TIME_REWARD = "time/reward_s"  # scoring the groups
 TIME_EVAL = "time/eval_s"  # a held-out evaluation
 TOKENS_PER_S = "perf/tokens_per_s"  # sampled (loss-mask) tokens of the step per wall second
 
-# weight sync and sampler/trainer parity (train/metrics.py)
+# weight sync and sampler/trainer parity (train/metrics.py, train/parity.py)
 SYNC_BYTES = "weight_sync/bytes"  # payload bytes of the last push (per engine)
 SYNC_SECONDS = "weight_sync/seconds"  # wall seconds of the last push (all engines)
 SYNC_GBPS = "weight_sync/gb_per_s"  # SYNC_BYTES / SYNC_SECONDS / 1e9

@@ -354,6 +354,7 @@ class CurriculumSection(Checked):
 
 
 SHARED_PROMPT_MODES = ("auto", "on", "off")
+PARITY_SOURCES = ("auto", "pass")  # trainer.parity_source (train/parity.py)
 
 
 def shared_prompt_blocker(algo: AlgoConfig, group_size: int, mask_observations: bool) -> str:
@@ -389,6 +390,9 @@ class TrainerSection(Checked):
     keep_ckpts: int = spec(2, check=at_least(1))
     eval_every: int = spec(0, check=at_least(0, "0: only at the end"))
     parity_every: int = spec(1, check=at_least(0, "0: off"))  # sampler-vs-trainer logprobs
+    # auto: parity from the train step's own forward when it can (train/parity.py), else
+    # the separate pass; pass: always the separate pass (one more forward per scored step)
+    parity_source: str = spec("auto", choices=PARITY_SOURCES)
     # warn when more than no_signal_frac of the groups had equal rewards (no gradient) in
     # no_signal_steps steps in a row (0: never)
     no_signal_steps: int = spec(5, check=at_least(0, "0: off"))

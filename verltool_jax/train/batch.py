@@ -15,6 +15,9 @@ old_logprobs        [B,T] f32 target-aligned behaviour logprob of ``input_ids[b,
                               (filled from the sampler; the step may recompute it)
 sampler_logprobs    [B,T] f32 target-aligned logprob the sampler reported
 ref_logprobs        [B,T] f32 optional, target-aligned reference-policy logprob
+parity_mask         [B,T] f32 optional, target-aligned: the tokens the version being
+                              trained sampled (the step returns the parity sums of
+                              them, ``train.parity``)
 rewards             [B]   f32 with ``algo.adv_estimator="gae"``: the outcome reward per
                               sequence (``advantages`` are 0; the step computes them)
 =================== ========= ===========================================================
@@ -95,7 +98,7 @@ IMAGE_KEYS = (
     "image_window_groups",
 )
 PREFIX_KEYS = ("prefix_ids", "prefix_mask")
-OPTIONAL_KEYS = ("ref_logprobs", "rewards") + IMAGE_KEYS + PREFIX_KEYS
+OPTIONAL_KEYS = ("ref_logprobs", "rewards", "parity_mask") + IMAGE_KEYS + PREFIX_KEYS
 # trainer.shared_prompt="auto" trains shared when the shared layout's padded tokens
 # (G*P + B*T) are at most this fraction of the plain layout's (B*T); measured in
 # docs/performance.md (benchmarks/train_step.py --shared-prompt)

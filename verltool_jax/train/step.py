@@ -68,6 +68,7 @@ from verltool_jax.train.batch import (
     row_images_of,
     shift_targets,
 )
+from verltool_jax.train.parity import PARITY_MASK, first_update, parity_sums
 from verltool_jax.train.state import TrainState
 
 LogprobFn = Callable[..., Any]
@@ -290,6 +291,8 @@ def make_loss_fn(cfg: AlgoConfig, graphdef, logprob_fn: LogprobFn):
         if cfg.reads_behaviour_logprobs:  # else the batch's sampler logprobs go unread
             trainer_lp = old if cfg.old_logprobs == "recompute" else jax.lax.stop_gradient(logp)
             metrics.update(mismatch_metrics(trainer_lp, mb["sampler_logprobs"], mask, w, norm))
+        if PARITY_MASK in mb:  # the parity metric from this forward (train.parity)
+            metrics.update(parity_sums(logp, mb["sampler_logprobs"], mb[PARITY_MASK]))
         agg = lambda x: aggregate(x, mask, cfg.loss_agg_mode, norm, cfg.loss_norm_constant)
         if cfg.kl_coef > 0:
             kl = agg(kl_fn(logp, mb["ref_logprobs"]))
@@ -332,7 +335,9 @@ def make_train_step(
     logprob of the update (before the first update of the step, the same thing). With a
     critic (``algo.adv_estimator="gae"``, ``value_optimizer`` its optimizer):
     ``vf_loss``, ``vf_clipfrac``, ``vf_grad_norm``, ``vf_skipped_updates`` (count), and
-    before the update ``vf_explained_var``, ``values_mean``, ``returns_mean``.
+    before the update ``vf_explained_var``, ``values_mean``, ``returns_mean``. With a
+    ``parity_mask`` in the batch: ``parity_abs_sum``, ``parity_abs_max``,
+    ``parity_tokens`` of the forward before the first update (``train.parity``).
     One compilation per distinct batch shape.
     """
     cfg = algo_config(config)
@@ -353,9 +358,20 @@ def make_train_step(
         n_mini, n_micro, micro = cfg.split_sizes(B)
         batch = {k: jnp.asarray(v) for k, v in batch.items()}
         batch["advantages"] = batch["advantages"].astype(jnp.float32)
+        parity: dict = {}
         if cfg.old_logprobs == "recompute":
             batch["old_logprobs"] = jax.lax.stop_gradient(
                 compute_logprobs(graphdef, state.params, batch, cfg, logprob_fn, micro)
+            )
+            if PARITY_MASK in batch:  # the parity metric from the recomputation
+                mask = batch.pop(PARITY_MASK)
+                parity = parity_sums(batch["old_logprobs"], batch["sampler_logprobs"], mask)
+        elif PARITY_MASK in batch and n_mini > 1:
+            raise ValueError(
+                f"batch[{PARITY_MASK!r}]: the step scores parity before its first update, "
+                f"which sees 1 of its {n_mini} mini-batches; leave the key out (the "
+                "trainer does: train.parity.step_can_score) or set algo.mini_batch_size "
+                "to the batch size"
             )
         if cfg.kl_coef > 0:
             if "ref_logprobs" not in batch:
@@ -441,7 +457,8 @@ def make_train_step(
             step=state.step + 1,
             rng=rng,
         )
-        return new_state, _mean_metrics(metrics) | critic_metrics
+        parity = parity or first_update(metrics)  # before any update: train.parity
+        return new_state, _mean_metrics(metrics) | critic_metrics | parity
 
     donate_args = (0,) if donate else ()
     if mesh is None:

@@ -19,8 +19,8 @@ last line, on every way out). One RL step (:meth:`RLLoop.rl`), phase by phase:
    ``accounting.settle`` ends each group in the data accounting (``rollout.ledger``);
 4. **make batch**: ``batch.make_batch`` (advantages, DAPO keep-mask, padding); None when
    dynamic sampling kept nothing: not a step, another batch is sampled;
-5. **train**: sampler-vs-trainer parity, then ``step.train_on`` in a worker thread
-   (rollout goes on meanwhile);
+5. **train**: ``step.train_on`` in a worker thread (rollout goes on meanwhile), with
+   the sampler-vs-trainer parity from its own forward (``train.parity``);
 6. **publish**: the new weights to every sampler and the queue (``PolicyPublisher``, the
    owner of the policy version, a host integer);
 7. **log**, then **evaluate** every ``trainer.eval_every`` and **checkpoint** every
@@ -49,7 +49,7 @@ from verltool_jax.rewards.visual_reward import add_curiosity_terms, curiosity_se
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.trajectory import Trajectory, dump_trajectories
 from verltool_jax.runtime.console import CONSOLE, console, console_lines
-from verltool_jax.train import build, multihost, startup
+from verltool_jax.train import build, multihost, parity, startup
 from verltool_jax.train.accounting import check_accounting, settle
 from verltool_jax.train.batch import RLBatch, make_batch
 from verltool_jax.train.evaluate import evaluate_run
@@ -219,17 +219,17 @@ class RLLoop:
         return [t for g in groups for t in g], terms
 
     async def train_batch(self, batch: RLBatch, trajs: list[Trajectory]) -> dict:
-        """Parity on the tokens this version sampled (every ``trainer.parity_every``
-        steps), then the train step in a worker thread; the step's metrics."""
-        d, rc, parity = self.deps, self.deps.run.config, {}
-        if rc.trainer.parity_every and self.version % rc.trainer.parity_every == 0:
-            args = (self.state.model(), trajs, self.version, d.algo.temperature)
-            size = (d.run.pad_id, rc.model.max_seq_len, rc.trainer.shared_prompt)
+        """The train step in a worker thread and its metrics, with parity (every ``parity_every``
+        steps) from its own forward when it can (``train.parity``), else a separate pass."""
+        d, rc, passed, v = self.deps, self.deps.run.config, {}, self.version
+        if parity.due(rc.trainer, v) and not parity.score_in_step(rc.trainer, d.algo, batch, v):
+            args = (self.state.model(), trajs, v, d.algo.temperature, d.run.pad_id)
+            size = (rc.model.max_seq_len, rc.trainer.shared_prompt)
             with self.timer.phase(names.TIME_PARITY):
-                parity = await asyncio.to_thread(sampler_parity, *args, *size)
+                passed = await asyncio.to_thread(sampler_parity, *args, *size)
         with self.timer.phase(names.TIME_TRAIN):
             self.state, metrics = await asyncio.to_thread(train_on, d.train_step, self.state, batch)
-        return metrics | parity | rollout_metrics(trajs, self.version)
+        return parity.from_step(metrics) | passed | rollout_metrics(trajs, v)
 
     async def publish(self) -> None:
         """The new weights to the sampler(s) and the queue, as version + 1."""
