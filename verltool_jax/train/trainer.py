@@ -49,11 +49,11 @@ from verltool_jax.rewards.visual_reward import add_curiosity_terms, curiosity_se
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.trajectory import Trajectory, dump_trajectories
 from verltool_jax.runtime.console import CONSOLE, console, console_lines
-from verltool_jax.train import build, multihost, startup
+from verltool_jax.train import build, multihost, startup, token_stats
 from verltool_jax.train.accounting import check_accounting, settle
 from verltool_jax.train.batch import RLBatch, make_batch
 from verltool_jax.train.evaluate import evaluate_run
-from verltool_jax.train.metrics import StepTimer, rollout_metrics, sampler_parity
+from verltool_jax.train.metrics import StepTimer, rollout_metrics
 from verltool_jax.train.signals import StopFlag
 from verltool_jax.train.start import start_run
 from verltool_jax.train.state import TrainState
@@ -223,10 +223,10 @@ class RLLoop:
         steps), then the train step in a worker thread; the step's metrics."""
         d, rc, parity = self.deps, self.deps.run.config, {}
         if rc.trainer.parity_every and self.version % rc.trainer.parity_every == 0:
-            args = (self.state.model(), trajs, self.version, d.algo.temperature)
-            size = (d.run.pad_id, rc.model.max_seq_len, rc.trainer.shared_prompt)
-            with self.timer.phase(names.TIME_PARITY):
-                parity = await asyncio.to_thread(sampler_parity, *args, *size)
+            args = (self.state.model(), trajs, self.version, d.algo, d.run.pad_id)
+            size = (rc.model.max_seq_len, rc.trainer.shared_prompt, rc.logging.token_stats)
+            with self.timer.phase(names.TIME_PARITY):  # and token_stats on the trajectories
+                parity = await asyncio.to_thread(token_stats.token_pass, *args, *size)
         with self.timer.phase(names.TIME_TRAIN):
             self.state, metrics = await asyncio.to_thread(train_on, d.train_step, self.state, batch)
         return metrics | parity | rollout_metrics(trajs, self.version)
