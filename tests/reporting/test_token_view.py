@@ -34,7 +34,11 @@ def _trajs() -> list[Trajectory]:
     '<answer>' token); the second has none (e.g. a held-out one)."""
     tok = tiny_tokenizer()
     enc = lambda s: tok.encode(s, add_special_tokens=False)
-    act, obs, ans = enc("<python>print(6*7)</python>"), enc("<result>42</result>"), enc("<answer>42")
+    act, obs, ans = (
+        enc("<python>print(6*7)</python>"),
+        enc("<result>42</result>"),
+        enc("<answer>42"),
+    )
     ids = act + obs + ans
     mask = [1] * len(act) + [0] * len(obs) + [1] * len(ans)
     n = len(ids)

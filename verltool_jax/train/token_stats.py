@@ -68,7 +68,7 @@ def token_pass(
     if not any(t.response_ids for t in trajs):
         return {}
     b, kw, n = parity_batch(trajs, pad_id, max_len, shared_prompt)
-    trunc = algo.truncation()
+    trunc: dict[str, Any] = dict(algo.truncation())
     ids = b["input_ids"]
     lp, ent = token_logprobs(
         model,
@@ -119,9 +119,13 @@ def token_weights(
     w = offpolicy_weights(
         jnp.asarray(old), jnp.asarray(sampler), jnp.asarray(mask), algo.offpolicy_config()
     )
-    assert w is not None  # the config is active: checked by the caller
-    w = np.asarray(w)
-    return [w[i, : len(t.response_ids)] for i, t in enumerate(trajs)]
+    if w is None:
+        raise ValueError(
+            "token_weights: the algo section applies no off-policy correction (algo.tis_cap "
+            "0/None and algo.is_mask='off'): every weight is 1; set one of them"
+        )
+    weights = np.asarray(w)
+    return [weights[i, : len(t.response_ids)] for i, t in enumerate(trajs)]
 
 
 def _on_sampled(values: np.ndarray, loss_mask: Sequence[int]) -> list[float | None]:
