@@ -439,10 +439,6 @@ class LoggingSection(Checked):
     # <out_dir>/trained/step_<k>.jsonl: the trajectories each RL step trained on, in batch
     # order (the multi-host test replays them on one process)
     dump_trajectories: bool = False
-    # on the steps that measure parity (trainer.parity_every): each trajectory's per-token
-    # trainer logprob, entropy and off-policy weight (Trajectory.token_stats), for the
-    # dumps and the report's token view (train/token_stats.py)
-    token_stats: bool = True
 
 
 def _mesh_ok(v: Any) -> bool:

@@ -14,9 +14,10 @@ from verltool_jax.algos.config import algo_config
 from verltool_jax.algos.offpolicy import offpolicy_weights
 from verltool_jax.models.logprobs import token_logprobs
 from verltool_jax.rollout.trajectory import ENTROPY, IS_WEIGHT, TRAINER_LOGPROB
+from verltool_jax.run_config import LoggingSection
 from verltool_jax.train.batch import batch_from_trajectories, shift_targets
 from verltool_jax.train.metrics import PAD_MULTIPLE
-from verltool_jax.train.token_stats import token_pass, token_weights
+from verltool_jax.train.token_stats import recorded_rows, token_pass, token_weights
 
 TEMPERATURE = 0.8
 
@@ -107,10 +108,18 @@ def test_token_pass_records_what_the_train_step_sees(model):
         assert sampled == pytest.approx([kept.pop()] * len(sampled), abs=1e-4)
 
 
-def test_without_a_correction_no_weight_is_recorded(model):
-    """``old_logprobs="sampler"``: the step's weight is 1 on every token, so none is
-    recorded; the logprobs and entropies are."""
+def test_the_report_rows_and_this_versions_rows_are_recorded_without_weights(model):
+    """Without dumps, the pass scores the rows the report shows (the first
+    ``logging.report_trajectories``) and those the parity metric needs (tokens of the
+    trained version), no others. ``old_logprobs="sampler"``: the step's weight is 1 on
+    every token, so none is recorded; the logprobs and entropies are."""
     trajs = _trajs()
+    logging = LoggingSection(report_trajectories=2, dump_trajectories=False)
+    assert recorded_rows(logging) == 2
+    assert recorded_rows(LoggingSection(report_trajectories=2, dump_trajectories=True)) is None
     algo = algo_config(dict(temperature=TEMPERATURE))
-    token_pass(model, trajs, 1, algo, 0, T, shared_prompt="off")
-    assert all(set(t.token_stats) == {TRAINER_LOGPROB, ENTROPY} for t in trajs)
+    parity = token_pass(model, trajs, 1, algo, 0, T, shared_prompt="off", logging=logging)
+    recorded = [i for i, t in enumerate(trajs) if t.token_stats]
+    assert recorded == [0, 1, 4, 5, 6, 7]
+    assert all(set(trajs[i].token_stats) == {TRAINER_LOGPROB, ENTROPY} for i in recorded)
+    assert parity["sync/parity_tokens"] == sum(sum(t.loss_mask) for t in trajs[4:])

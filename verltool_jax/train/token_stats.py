@@ -3,8 +3,11 @@ trajectory (``Trajectory.token_stats``) so that the trajectory dumps and the HTM
 (``reporting/token_view.py``) show where the sampler and the trainer disagree.
 
 One forward pass of the params that are about to be updated (those of the trained
-version, before the step) over the batch's rows (``train.metrics.parity_batch``), as the
-train step's recompute of ``old`` scores them: at the sampling temperature ``T``, under
+version, before the step) over rows of the batch (``train.metrics.parity_batch``): those
+the parity metric scores anyway (the trajectories with tokens of the trained version),
+the first ``logging.report_trajectories`` (the ones the HTML report shows) or, with
+``logging.dump_trajectories``, all (:func:`recorded_rows`). It scores as the train step's
+recompute of ``old`` does: at the sampling temperature ``T``, under
 the sampler's top-k / top-p truncation renormalised when ``AlgoConfig.truncation`` says
 so, in float32. For response token ``y_j`` after prefix ``x_{<j}``, with
 ``p = softmax(z / T)`` over the (kept) vocabulary:
@@ -43,6 +46,16 @@ from verltool_jax.train.metrics import (
 )
 
 
+def recorded_rows(logging: Any) -> int | None:
+    """How many leading trajectories of a batch the token pass records besides those the
+    parity metric scores anyway: every one (None) when ``logging`` is None or its
+    ``dump_trajectories`` writes them all, else the ``report_trajectories`` the report
+    shows."""
+    if logging is None or logging.dump_trajectories:
+        return None
+    return int(logging.report_trajectories)
+
+
 def token_pass(
     model: Any,
     trajs: Sequence[Trajectory],
@@ -51,20 +64,23 @@ def token_pass(
     pad_id: int,
     max_len: int,
     shared_prompt: str = "auto",
-    record: bool = True,
+    logging: Any = None,
 ) -> dict:
-    """Record ``token_stats`` on every trajectory of ``trajs`` (module docstring) and return
-    the parity metrics of the tokens ``version`` sampled (``{}`` when none), as
-    ``train.metrics.sampler_parity`` does. ``record=False`` (``logging.token_stats``
-    off): the parity metrics alone, from ``sampler_parity``."""
+    """Record ``token_stats`` (module docstring) on the trajectories that sampled tokens
+    with ``version`` and on the first :func:`recorded_rows` of ``trajs`` (``logging``: the
+    run's logging section; None: all), scored in one pass, and return the parity metrics
+    of the tokens ``version`` sampled (``{}`` when none), as
+    ``train.metrics.sampler_parity`` does."""
     import jax.numpy as jnp
 
     from verltool_jax.models.logprobs import token_logprobs
 
-    if not record:
-        return sampler_parity(
-            model, trajs, version, algo.temperature, pad_id, max_len, shared_prompt
-        )
+    first = recorded_rows(logging)
+    trajs = [
+        t
+        for i, t in enumerate(trajs)
+        if first is None or i < first or any(v == version for v in t.versions)
+    ]
     if not any(t.response_ids for t in trajs):
         return {}
     b, kw, n = parity_batch(trajs, pad_id, max_len, shared_prompt)

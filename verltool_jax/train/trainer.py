@@ -224,7 +224,7 @@ class RLLoop:
         d, rc, parity = self.deps, self.deps.run.config, {}
         if rc.trainer.parity_every and self.version % rc.trainer.parity_every == 0:
             args = (self.state.model(), trajs, self.version, d.algo, d.run.pad_id)
-            size = (rc.model.max_seq_len, rc.trainer.shared_prompt, rc.logging.token_stats)
+            size = (rc.model.max_seq_len, rc.trainer.shared_prompt, rc.logging)
             with self.timer.phase(names.TIME_PARITY):  # and token_stats on the trajectories
                 parity = await asyncio.to_thread(token_stats.token_pass, *args, *size)
         with self.timer.phase(names.TIME_TRAIN):
