@@ -183,7 +183,8 @@ JS = r"""
         tip.textContent = tipText(b, i, sp.getAttribute('data-text'));
         tip.style.display = 'block';
         tip.style.left = Math.min(ev.clientX + 12, window.innerWidth - tip.offsetWidth - 4) + 'px';
-        tip.style.top = (ev.clientY + 16) + 'px';
+        var below = ev.clientY + 16, above = ev.clientY - tip.offsetHeight - 8;
+        tip.style.top = (below + tip.offsetHeight > window.innerHeight && above > 0 ? above : below) + 'px';
       });
       sp.addEventListener('mouseleave', function () { tip.style.display = 'none'; });
     });
