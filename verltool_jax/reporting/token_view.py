@@ -98,14 +98,16 @@ JS = r"""
     var xs = values(m);
     if (m === 'sampler' || m === 'trainer') {
       var both = values('sampler').concat(values('trainer'));
-      var lo = Math.min.apply(null, both.concat([-1e-6]));
+      var lo = both.reduce(function (a, x) { return Math.min(a, x); }, -1e-6);
       return {lo: Math.max(lo, -20), hi: 0, n: xs.length};
     }
     if (m === 'gap') {
-      var g = Math.max.apply(null, xs.map(Math.abs).concat([0]));
+      var g = xs.reduce(function (a, x) { return Math.max(a, Math.abs(x)); }, 0);
       return {lo: -g, hi: g, n: xs.length};
     }
-    if (m === 'entropy') return {lo: 0, hi: Math.max.apply(null, xs.concat([1e-6])), n: xs.length};
+    if (m === 'entropy') {  // reduce, not Math.max.apply: a long page has many tokens
+      return {lo: 0, hi: xs.reduce(function (a, x) { return Math.max(a, x); }, 1e-6), n: xs.length};
+    }
     if (m === 'version') {
       var vs = xs.filter(function (v, i) { return xs.indexOf(v) === i; });
       return {cats: vs.sort(function (a, b) { return a - b; }), n: xs.length};
