@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-command set-up: system packages (bubblewrap for the tool server's sandbox), a
+# One-command set-up: system packages (bubblewrap for the tool server's sandbox, chromium
+# that tests/reporting/test_token_view.py drives headless through playwright), a
 # virtual environment in .venv, the project and its CPU extras (vLLM on CPU), test and
 # lint tools. Idempotent: when nothing it installs from has changed since the last
 # successful run (a stamp in .venv), it returns in a moment.
@@ -9,16 +10,17 @@ cd "$(dirname "$0")/.."
 STAMP=.venv/.setup-stamp
 want=$(cat requirements*.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 have_tools() { command -v bwrap >/dev/null 2>&1 && command -v setpriv >/dev/null 2>&1 \
-                 && command -v prlimit >/dev/null 2>&1; }
+                 && command -v prlimit >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; }
 if [ -x .venv/bin/python ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && have_tools; then
   echo "[setup] up to date (.venv); delete $STAMP to force a re-install"
   exit 0
 fi
 
 if ! have_tools; then
-  echo "[setup] installing bubblewrap (the tool server's sandbox)"
+  echo "[setup] installing bubblewrap (the tool server's sandbox) and chromium (the report's browser test)"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap util-linux sqlite3 >/dev/null
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    bubblewrap util-linux sqlite3 chromium >/dev/null
 fi
 
 PY=${PYTHON:-python3}

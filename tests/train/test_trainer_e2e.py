@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import jax
@@ -125,6 +127,10 @@ def test_outputs_written(two_runs):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     html = (out / "trajectories.html").read_text()
     assert "&lt;python&gt;" in html and "<html" in html.lower()
+    # the last batch's tokens carry the trainer's logprobs and entropies (the token pass)
+    boxes = [json.loads(unescape(x)) for x in re.findall(r'data-tok="([^"]*)"', html)]
+    scored = [d for d in boxes if "t" in d and "e" in d]
+    assert scored and any(x is not None for d in scored for x in d["t"])
     assert (out / "tensorboard").is_dir() and any((out / "tensorboard").iterdir())
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["eval_after"] is not None

@@ -7,7 +7,10 @@ inline images (only well-formed ``data:image/...;base64`` URLs), the reward with
 details, and how the trajectory ended. A search turn is labelled with its query, and
 the ``<information>`` block of its observation is shown as a numbered list of the
 retrieved documents (title in bold; a gold passage of the row's
-``extra_info.gold_titles`` marked). All text is HTML-escaped.
+``extra_info.gold_titles`` marked). Then every response token on its own, coloured by
+the sampler's or the trainer's logprob, their gap, the entropy, the policy version or
+the off-policy mask, as a selector at the top picks (``reporting/token_view.py``).
+All text is HTML-escaped; the page fetches nothing (its one script is inline).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from tool_server.kit.search_format import parse_information
 from tool_server.kit.tags import last_tag_body
+from verltool_jax.reporting import token_view
 from verltool_jax.rollout.response_text import response_segments
 from verltool_jax.rollout.trajectory import trajectory_field
 
@@ -207,18 +211,24 @@ def render_report(
     rewards = [r for r in (trajectory_field(t, "reward") for t in trajs) if r is not None]
     mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "n/a"
     body = [f"<h1>{_e(title)}</h1>", f"<p>{len(trajs)} trajectories · mean reward {_e(mean)}</p>"]
+    tokens = [token_view.token_section(t, tokenizer) for t in trajs]
+    if any(tokens):
+        body.insert(0, token_view.toolbar())
     for i, t in enumerate(trajs):
         opened = " open" if i < open_first else ""
         body.append(
             f'<details class="traj"{opened}><summary>{_summary(i, t)}</summary>'
             f"<h3>Prompt</h3>{_prompt_html(t, tokenizer)}"
             f"<h3>Response</h3>{_response_html(t, tokenizer)}"
-            f"<h3>Details</h3>{_details_table(t)}</details>"
+            + (f"<h3>Tokens</h3>{tokens[i]}" if tokens[i] else "")
+            + f"<h3>Details</h3>{_details_table(t)}</details>"
         )
+    script = f"<script>{token_view.JS}</script>" if any(tokens) else ""
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        f"<title>{_e(title)}</title><style>{_CSS}{token_view.CSS}</style></head><body>"
         + "\n".join(body)
+        + script
         + "</body></html>\n"
     )
 

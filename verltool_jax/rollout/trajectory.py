@@ -7,6 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+# Trajectory.token_stats keys: the trainer's logprob of each sampled token (at the
+# sampling temperature, under the sampler's truncation when the trainer scores so), the
+# entropy of the trainer's distribution it was drawn from, and the off-policy weight the
+# train step gives it (0: masked; only with algo.old_logprobs="recompute" and a correction)
+TRAINER_LOGPROB, ENTROPY, IS_WEIGHT = "trainer_logprob", "entropy", "is_weight"
+TOKEN_STAT_KEYS = (TRAINER_LOGPROB, ENTROPY, IS_WEIGHT)
+
 
 @dataclass
 class TrajectoryImage:
@@ -29,6 +36,9 @@ class Trajectory:
     ``loss_mask[i]`` is 1 for tokens the policy sampled and 0 for observation tokens;
     ``logprobs[i]`` is the sampler's logprob (0.0 for observation tokens);
     ``versions[i]`` is the policy version that sampled token i (-1 for observations).
+    ``token_stats`` holds more per-token lists of that length, recorded by the trainer's
+    token pass (``train/token_stats.py``) on the steps that measure parity: the
+    ``TOKEN_STAT_KEYS`` above, None at observation tokens; empty when not recorded.
     """
 
     trajectory_id: str
@@ -38,6 +48,7 @@ class Trajectory:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    token_stats: dict[str, list[float | None]] = field(default_factory=dict)
     num_turns: int = 0
     tool_calls: int = 0
     invalid_tool_calls: int = 0
@@ -63,10 +74,12 @@ class Trajectory:
         """Raise ValueError if the per-token lists disagree in length or an image's placeholder
         run is not where the record says."""
         n = len(self.response_ids)
-        for name in ("loss_mask", "logprobs", "versions"):
-            if len(getattr(self, name)) != n:
+        lists = {k: getattr(self, k) for k in ("loss_mask", "logprobs", "versions")}
+        lists.update({f"token_stats[{k!r}]": v for k, v in self.token_stats.items()})
+        for name, values in lists.items():
+            if len(values) != n:
                 raise ValueError(
-                    f"Trajectory.{name} has length {len(getattr(self, name))}, response_ids has {n}"
+                    f"Trajectory.{name} has length {len(values)}, response_ids has {n}"
                 )
         if self.images:
             from verltool_jax.models.image_inputs import placeholder_runs

@@ -52,6 +52,16 @@ def token_parity(
             **model_inputs,
         )
     )
+    return parity_of(lp, picks)
+
+
+def parity_of(trainer_logprobs: np.ndarray, picks: Sequence[tuple[int, int, float]]) -> dict:
+    """``{"mean_abs_diff", "max_abs_diff", "num_tokens"}`` of
+    ``|trainer_logprobs[row, t] - sampler_logprob|`` over ``picks`` (``(row, t,
+    sampler_logprob)``, as :func:`token_parity` takes them), or ``{}`` when there is none."""
+    if not picks:
+        return {}
+    lp = trainer_logprobs
     d = np.array([abs(float(lp[r, t]) - s) for r, t, s in picks], np.float64)
     return {"mean_abs_diff": float(d.mean()), "max_abs_diff": float(d.max()), "num_tokens": d.size}
 

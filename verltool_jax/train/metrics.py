@@ -81,6 +81,57 @@ def rollout_metrics(trajs: Sequence[Trajectory], version: int) -> dict:
     return stats
 
 
+def parity_batch(
+    trajs: Sequence[Trajectory], pad_id: int, max_len: int, shared_prompt: str = "auto"
+) -> tuple[dict, dict, int]:
+    """``(batch, model_inputs, n)``: the rows of ``trajs`` as the parity pass scores them
+    (``batch_from_trajectories``, zero advantages), the keywords the model takes besides
+    ids and mask (images; a shared-prompt group's prefix) and the group size of the
+    shared-prompt layout (0: plain rows), chosen as ``shared_prompt``
+    (``trainer.shared_prompt``) says for the train batch. Response token j of row i is
+    scored at target position ``response_start(trajs[i], n) + j``."""
+    n = 0 if shared_prompt == "off" else prompt_group_size(trajs)
+    if n and shared_prompt == "auto" and not shared_layout_pays(trajs, n):
+        n = 0
+    zeros = [0.0] * len(trajs)
+    b = batch_from_trajectories(trajs, zeros, pad_id, max_len, PAD_MULTIPLE, group_size=n)
+    positions, row_images = row_images_of(b)
+    kw: dict[str, Any] = {}
+    if row_images is not None:
+        kw = {"positions": positions, "row_images": row_images}
+    if n:
+        kw = {"prefix": (b["prefix_ids"], b["prefix_mask"])}
+    return b, kw, n
+
+
+def response_start(t: Trajectory, n: int) -> int:
+    """The target position of ``t``'s first response token in its :func:`parity_batch`
+    row (a shared-prompt row holds the prompt's last token, then the response)."""
+    return 0 if n else len(t.prompt_ids) - 1
+
+
+def parity_picks(trajs: Sequence[Trajectory], version: int, n: int) -> list:
+    """``(row, t, sampler_logprob)`` of every token that ``version`` sampled, in the
+    :func:`parity_batch` rows of ``trajs`` (what :func:`samplers.parity.token_parity` takes)."""
+    return [
+        (i, response_start(t, n) + j, s)
+        for i, t in enumerate(trajs)
+        for j, (m, v, s) in enumerate(zip(t.loss_mask, t.versions, t.logprobs))
+        if m and v == version
+    ]
+
+
+def parity_metrics(p: dict) -> dict:
+    """``samplers.parity`` results under the logged names (``{}`` stays ``{}``)."""
+    if not p:
+        return {}
+    return {
+        names.PARITY_DIFF_MEAN: p["mean_abs_diff"],
+        names.PARITY_DIFF_MAX: p["max_abs_diff"],
+        names.PARITY_TOKENS: p["num_tokens"],
+    }
+
+
 def sampler_parity(
     model: Any,
     trajs: Sequence[Trajectory],
@@ -99,28 +150,7 @@ def sampler_parity(
     trajs = [t for t in trajs if any(v == version for v in t.versions)]
     if not trajs:
         return {}
-    n = 0 if shared_prompt == "off" else prompt_group_size(trajs)
-    if n and shared_prompt == "auto" and not shared_layout_pays(trajs, n):
-        n = 0
-    zeros = [0.0] * len(trajs)
-    b = batch_from_trajectories(trajs, zeros, pad_id, max_len, PAD_MULTIPLE, group_size=n)
-    positions, row_images = row_images_of(b)
-    kw: dict[str, Any] = {}
-    if row_images is not None:
-        kw = {"positions": positions, "row_images": row_images}
-    if n:
-        kw = {"prefix": (b["prefix_ids"], b["prefix_mask"])}
-    picks = [
-        (i, (0 if n else len(t.prompt_ids) - 1) + j, s)
-        for i, t in enumerate(trajs)
-        for j, (m, v, s) in enumerate(zip(t.loss_mask, t.versions, t.logprobs))
-        if m and v == version
-    ]
+    b, kw, n = parity_batch(trajs, pad_id, max_len, shared_prompt)
+    picks = parity_picks(trajs, version, n)
     p = token_parity(model, b["input_ids"], b["attention_mask"], picks, temperature, **kw)
-    if not p:
-        return {}
-    return {
-        names.PARITY_DIFF_MEAN: p["mean_abs_diff"],
-        names.PARITY_DIFF_MAX: p["max_abs_diff"],
-        names.PARITY_TOKENS: p["num_tokens"],
-    }
+    return parity_metrics(p)

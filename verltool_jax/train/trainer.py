@@ -19,16 +19,15 @@ last line, on every way out). One RL step (:meth:`RLLoop.rl`), phase by phase:
    ``accounting.settle`` ends each group in the data accounting (``rollout.ledger``);
 4. **make batch**: ``batch.make_batch`` (advantages, DAPO keep-mask, padding); None when
    dynamic sampling kept nothing: not a step, another batch is sampled;
-5. **train**: ``step.train_on`` in a worker thread (rollout goes on meanwhile), with
-   the sampler-vs-trainer parity from its own forward (``train.parity``);
+5. **train**: ``step.train_on`` in a worker thread (rollout goes on meanwhile), with the
+   sampler-vs-trainer parity from its own forward (``train.parity``) or the token pass;
 6. **publish**: the new weights to every sampler and the queue (``PolicyPublisher``, the
    owner of the policy version, a host integer);
 7. **log**, then **evaluate** every ``trainer.eval_every`` and **checkpoint** every
    ``trainer.ckpt_every`` steps.
 
-Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves, and stops without the final
-evaluation (exit 130); a later run with the same ``trainer.out_dir`` resumes exactly.
-Several processes: see :mod:`verltool_jax.train.multihost` (process 0 alone writes).
+Ctrl-C or SIGTERM finishes the step, saves, stops without the final evaluation (exit 130);
+the same ``trainer.out_dir`` resumes exactly. Several processes: ``train.multihost``.
 """
 
 from __future__ import annotations
@@ -49,11 +48,11 @@ from verltool_jax.rewards.visual_reward import add_curiosity_terms, curiosity_se
 from verltool_jax.rollout.producer import RolloutProducer
 from verltool_jax.rollout.trajectory import Trajectory, dump_trajectories
 from verltool_jax.runtime.console import CONSOLE, console, console_lines
-from verltool_jax.train import build, multihost, parity, startup
+from verltool_jax.train import build, multihost, parity, startup, token_stats
 from verltool_jax.train.accounting import check_accounting, settle
 from verltool_jax.train.batch import RLBatch, make_batch
 from verltool_jax.train.evaluate import evaluate_run
-from verltool_jax.train.metrics import StepTimer, rollout_metrics, sampler_parity
+from verltool_jax.train.metrics import StepTimer, rollout_metrics
 from verltool_jax.train.signals import StopFlag
 from verltool_jax.train.start import start_run
 from verltool_jax.train.state import TrainState
@@ -219,14 +218,15 @@ class RLLoop:
         return [t for g in groups for t in g], terms
 
     async def train_batch(self, batch: RLBatch, trajs: list[Trajectory]) -> dict:
-        """The train step in a worker thread and its metrics, with parity (every ``parity_every``
-        steps) from its own forward when it can (``train.parity``), else a separate pass."""
+        """The train step in a worker thread; parity from its forward (``train.parity``) or
+        the token pass, which records the report's token stats (``train.token_stats``)."""
         d, rc, passed, v = self.deps, self.deps.run.config, {}, self.version
-        if parity.due(rc.trainer, v) and not parity.score_in_step(rc.trainer, d.algo, batch, v):
-            args = (self.state.model(), trajs, v, d.algo.temperature, d.run.pad_id)
-            size = (rc.model.max_seq_len, rc.trainer.shared_prompt)
+        need = parity.due(rc.trainer, v) and not parity.score_in_step(rc.trainer, d.algo, batch, v)
+        if token_stats.pass_due(rc, v, need):
+            args = (self.state.model(), trajs, v, d.algo, d.run.pad_id, rc.model.max_seq_len)
             with self.timer.phase(names.TIME_PARITY):
-                passed = await asyncio.to_thread(sampler_parity, *args, *size)
+                size = (rc.trainer.shared_prompt, rc.logging, need)
+                passed = await asyncio.to_thread(token_stats.token_pass, *args, *size)
         with self.timer.phase(names.TIME_TRAIN):
             self.state, metrics = await asyncio.to_thread(train_on, d.train_step, self.state, batch)
         return parity.from_step(metrics) | passed | rollout_metrics(trajs, v)
