@@ -39,6 +39,7 @@ from verltool_jax.algos.advantages import GROUP_ESTIMATORS
 from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.algos.optimizer import OptimConfig
 from verltool_jax.gateway.program import REWARD_RULES, load_agent
+from verltool_jax.gateway.render import TOOL_PROMPTS
 from verltool_jax.gateway.server import GatewayConfig
 from verltool_jax.gateway.tool_parsers import FORMATS as TOOL_CALL_FORMATS
 from verltool_jax.models.config import ModelConfig
@@ -158,6 +159,8 @@ class GatewaySection(Checked):
     agent_args: dict = spec(default_factory=dict)
     reward: str = spec("verifier", choices=REWARD_RULES)
     tool_format: str = spec(GatewayConfig.tool_format, choices=TOOL_CALL_FORMATS)
+    # the tool block when the chat template takes no tools= (gateway.render.TOOL_PROMPTS)
+    tool_prompt: str = spec(GatewayConfig.tool_prompt, choices=tuple(TOOL_PROMPTS))
     model: str = GatewayConfig.model  # the name /v1/models reports
     episode_timeout_s: float = spec(GatewayConfig.episode_timeout_s, check=above(0))
     host: str = "127.0.0.1"
@@ -168,6 +171,7 @@ class GatewaySection(Checked):
         return GatewayConfig(
             model=self.model,
             tool_format=self.tool_format,
+            tool_prompt=self.tool_prompt,
             max_model_len=max_model_len,
             default_max_tokens=default_max_tokens,
             episode_timeout_s=self.episode_timeout_s,

@@ -42,6 +42,44 @@ def test_plain_chatml_extends_and_tools_go_to_the_system_message(tok):
     assert msgs[0]["role"] == "system" and '"name": "f"' in msgs[0]["content"]
 
 
+def test_compact_tool_prompt_names_tools_and_params_and_parses(tok):
+    """``tool_prompt="compact"``: one line of signatures (no descriptions) and the Hermes
+    call syntax, appended to the row's own system message; an unknown name is refused."""
+    from verltool_jax.gateway.tool_parsers import parse_tool_calls
+
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "python_code",
+                "description": "a long description the compact block leaves out",
+                "parameters": {"type": "object", "properties": {"code": {"type": "string"}}},
+            },
+        },
+        *TOOLS,
+    ]
+    msgs = normalize_messages(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+        tools, raw_replies={}, template=tok.chat_template, fmt="hermes", tool_prompt="compact",
+    )  # fmt: skip
+    sys = msgs[0]["content"]
+    assert sys.startswith("Be brief.\n\nTools: python_code(code: string); f()\n")
+    assert "description" not in sys and len(msgs) == 2
+    hermes = normalize_messages(
+        [{"role": "user", "content": "hi"}], tools, raw_replies={},
+        template=tok.chat_template, fmt="hermes",
+    )[0]["content"]  # fmt: skip
+    assert len(tok.encode(sys)) * 4 < len(tok.encode(hermes))
+    # the syntax it shows is the one the parser reads
+    call = '<tool_call>{"name": "python_code", "arguments": {"code": "print(1)"}}</tool_call>'
+    assert parse_tool_calls(call, "hermes").calls[0].name == "python_code"
+    with pytest.raises(RenderError, match="tool_prompt 'short' is not one of"):
+        normalize_messages(
+            [{"role": "user", "content": "hi"}], tools, raw_replies={},
+            template=tok.chat_template, fmt="hermes", tool_prompt="short",
+        )  # fmt: skip
+
+
 def test_tools_template_gets_tools_and_extends(tok):
     tok = _with_template(tok, TOOLS_TEMPLATE)
     got = check_template(tok)

@@ -72,10 +72,12 @@ def test_custom_obs_template_and_bad_sizes():
         prepare_task(run_config_from_dict(cfg), "/nonexistent")
 
 
-def test_native_demonstrations_are_what_the_gateway_renders():
+@pytest.mark.parametrize("tool_prompt", ["hermes", "compact"])
+def test_native_demonstrations_are_what_the_gateway_renders(tool_prompt):
     """``task.native_tools``: a demonstration's prompt is the gateway's rendering of the
-    program's request (row messages + the python tool), its reply a python_code call, and
-    prompt + reply + observation the gateway's rendering of the second call."""
+    program's request (row messages + the python tool, in the run's tool block), its reply
+    a python_code call, and prompt + reply + observation the gateway's rendering of the
+    second call."""
     import json
 
     from tool_server.tools.python_code import PythonCodeTool
@@ -84,16 +86,19 @@ def test_native_demonstrations_are_what_the_gateway_renders():
     from verltool_jax.gateway.tool_parsers import parse_tool_calls
 
     tok = tiny_tokenizer()
-    train, _, sft = tiny_math.generate(4, 2, 2, native_tools=True)
+    train, _, sft = tiny_math.generate(4, 2, 2, native_tools=True, tool_prompt=tool_prompt)
     demo, row = sft[0], train[0]
     assert row["prompt"][0]["content"] == tiny_math.NATIVE_SYSTEM_PROMPT
     a, b = row["extra_info"]["a"], row["extra_info"]["b"]
     tools = [PythonCodeTool().function_schema()]
     norm = normalize_messages(
-        row["prompt"], tools, raw_replies={}, template=template_of(tok), fmt="hermes"
-    )
+        row["prompt"], tools, raw_replies={}, template=template_of(tok), fmt="hermes",
+        tool_prompt=tool_prompt,
+    )  # fmt: skip
     text1, ids1 = render(tok, norm, tools)
     assert prompt_token_ids(tok, demo["prompt"]) == ids1
+    # the compact block is what makes the prompt short enough for the tiny model to learn
+    assert len(ids1) < 130 if tool_prompt == "compact" else len(ids1) > 400
     reply, obs, answer = (s["text"] for s in demo["response_segments"])
     assert reply.endswith(tok.eos_token) and answer == f"<answer>{a * b}</answer>"
     (call,) = parse_tool_calls(reply.removesuffix(tok.eos_token), "hermes").calls

@@ -1,10 +1,10 @@
 """OpenAI messages -> the model's chat template -> token ids, and the no-drift check.
 
 A request is rendered with ``tokenizer.apply_chat_template`` (``tools=`` when the template
-knows tools; otherwise the tool list goes into the system message, Hermes style). An
-assistant message the gateway itself produced is rendered from the model's raw text (the
-exact reply, tool-call markup included), so history is never re-rendered from the parsed
-fields.
+knows tools; otherwise the tool list goes into the system message, in the Hermes style or
+a compact one, ``TOOL_PROMPTS``). An assistant message the gateway itself produced is
+rendered from the model's raw text (the exact reply, tool-call markup included), so
+history is never re-rendered from the parsed fields.
 
 ``continuation`` decides how a turn joins the sequence so far (``prev_ids``: every prompt
 and completion token of the current training sample, ``prev_text`` their text):
@@ -34,6 +34,34 @@ TOOLS_SYSTEM_PROMPT = (
     "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
+
+
+def hermes_tool_prompt(tools: list[dict]) -> str:
+    """The Hermes / Qwen2.5 tool block: every tool's full JSON schema (descriptions
+    included) inside ``<tools>``, and how to write a call (``TOOLS_SYSTEM_PROMPT``)."""
+    return TOOLS_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
+
+
+def compact_tool_prompt(tools: list[dict]) -> str:
+    """A short tool block for small models with short contexts: one line naming each tool
+    with its parameters (``name(param: type, ...)``, no descriptions) and the Hermes call
+    syntax. About 60 tokens for python_code with the tiny tokenizer, against ~470 for
+    :func:`hermes_tool_prompt` of ``python_code``; the calls are parsed the same way."""
+    sigs = []
+    for t in tools:
+        fn = t.get("function") or {}
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        args = ", ".join(f"{k}: {(v or {}).get('type', 'any')}" for k, v in props.items())
+        sigs.append(f"{fn.get('name')}({args})")
+    return (
+        "Tools: " + "; ".join(sigs) + "\nCall one as "
+        '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+    )
+
+
+# GatewayConfig.tool_prompt: the tool block written into the system message when the
+# chat template takes no ``tools=``
+TOOL_PROMPTS = {"hermes": hermes_tool_prompt, "compact": compact_tool_prompt}
 
 
 class RenderError(ValueError):
@@ -78,9 +106,15 @@ def normalize_messages(
     raw_replies: dict[str, str],
     template: str,
     fmt: str,
+    tool_prompt: str = "hermes",
 ) -> list[dict]:
     """The messages as the template wants them (see module doc). ``raw_replies`` maps a
-    tool-call id or a reply's content to the raw text the model wrote."""
+    tool-call id or a reply's content to the raw text the model wrote; ``tool_prompt``
+    names the tool block (``TOOL_PROMPTS``) used when the template takes no ``tools=``."""
+    if tool_prompt not in TOOL_PROMPTS:
+        raise RenderError(
+            f"tool_prompt {tool_prompt!r} is not one of {sorted(TOOL_PROMPTS)}", "tool_prompt"
+        )
     if not isinstance(messages, list) or not messages:
         raise RenderError("'messages' must be a non-empty list of message objects")
     knows_tool_calls = "tool_calls" in template
@@ -134,8 +168,7 @@ def normalize_messages(
         else:
             out.append({"role": role, "content": text})
     if tools and "tools" not in template:  # the template ignores tools=: tell the model here
-        listing = "\n".join(json.dumps(t) for t in tools)
-        block = TOOLS_SYSTEM_PROMPT.format(tools=listing)
+        block = TOOL_PROMPTS[tool_prompt](tools)
         if out[0]["role"] == "system":
             out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + block}
         else:

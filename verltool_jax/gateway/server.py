@@ -45,7 +45,14 @@ from verltool_jax.samplers.base import (
 )
 
 from .episodes import Episode
-from .render import RenderError, continuation, normalize_messages, render, template_of
+from .render import (
+    TOOL_PROMPTS,
+    RenderError,
+    continuation,
+    normalize_messages,
+    render,
+    template_of,
+)
 from .tool_parsers import FORMATS, parse_tool_calls
 
 log = logging.getLogger(__name__)
@@ -55,6 +62,8 @@ log = logging.getLogger(__name__)
 class GatewayConfig:
     model: str = "policy"  # the name /v1/models reports and requests may use
     tool_format: str = "hermes"  # tool_parsers.FORMATS
+    # the tool block when the chat template takes no tools= (render.TOOL_PROMPTS)
+    tool_prompt: str = "hermes"
     max_model_len: int = 2048  # prompt + completion tokens of one call
     default_max_tokens: int = (
         512  # when a request gives neither max_tokens nor max_completion_tokens
@@ -66,6 +75,11 @@ class GatewayConfig:
         if self.tool_format not in FORMATS:
             raise ValueError(
                 f"GatewayConfig.tool_format {self.tool_format!r} is not one of {FORMATS}"
+            )
+        if self.tool_prompt not in TOOL_PROMPTS:
+            raise ValueError(
+                f"GatewayConfig.tool_prompt {self.tool_prompt!r} is not one of "
+                f"{sorted(TOOL_PROMPTS)}"
             )
         if self.max_model_len < 2 or self.default_max_tokens < 1:
             raise ValueError("GatewayConfig.max_model_len must be >= 2, default_max_tokens >= 1")
@@ -313,6 +327,7 @@ class Gateway:
             msgs = normalize_messages(
                 body.get("messages"), tools, raw_replies=ep.raw_replies,
                 template=self.template, fmt=self.config.tool_format,
+                tool_prompt=self.config.tool_prompt,
             )  # fmt: skip
             text, ids = render(self.tokenizer, msgs, tools)
         except RenderError as e:

@@ -68,11 +68,12 @@ def demonstration_segments(a: int, b: int, obs_template: str = DEFAULT_OBS_TEMPL
     ]
 
 
-def native_demonstration(row: dict) -> dict:
+def native_demonstration(row: dict, tool_prompt: str = "hermes") -> dict:
     """The SFT row of ``row`` for an agent program with native tool calls (module doc):
     the prompt as the gateway renders it (``gateway.render.normalize_messages`` with the
-    program's tool list), the segments cut from the ChatML rendering of the whole
-    conversation so that each turn's text is what the gateway gives the sampler."""
+    program's tool list and the run's ``gateway.tool_prompt``), the segments cut from the
+    ChatML rendering of the whole conversation so that each turn's text is what the
+    gateway gives the sampler."""
     import jinja2
 
     from tool_server.tools.python_code import PythonCodeTool
@@ -91,6 +92,7 @@ def native_demonstration(row: dict) -> dict:
         raw_replies={},
         template=CHATML_TEMPLATE,
         fmt="hermes",
+        tool_prompt=tool_prompt,
     )
     turn1 = template.render(messages=msgs, add_generation_prompt=True)
     msgs2 = msgs + [
@@ -158,9 +160,11 @@ def generate(
     seed: int = 0,
     obs_template: str = DEFAULT_OBS_TEMPLATE,
     native_tools: bool = False,
+    tool_prompt: str = "hermes",
 ) -> tuple[list[dict], list[dict], list[dict]]:
     """(train rows, held-out eval rows, SFT rows); deterministic in ``seed``;
-    ``native_tools``: for native tool calls (module doc)."""
+    ``native_tools``: for native tool calls (module doc), the demonstrations' tool block
+    ``tool_prompt`` (``gateway.render.TOOL_PROMPTS``)."""
     if num_demos > num_train:
         raise ValueError(
             f"num_demos={num_demos} must be <= num_train={num_train} "
@@ -172,7 +176,8 @@ def generate(
     train = [make_row(a, b, i, "train", native_tools) for i, (a, b) in enumerate(train_pairs)]
     evals = [make_row(a, b, i, "eval", native_tools) for i, (a, b) in enumerate(eval_pairs)]
     if native_tools:
-        return train, evals, [native_demonstration(row) for row in train[:num_demos]]
+        demos = [native_demonstration(row, tool_prompt) for row in train[:num_demos]]
+        return train, evals, demos
     sft = []
     for row in train[:num_demos]:
         a, b = row["extra_info"]["a"], row["extra_info"]["b"]
@@ -189,10 +194,11 @@ def write_task(
     seed: int = 0,
     obs_template: str = DEFAULT_OBS_TEMPLATE,
     native_tools: bool = False,
+    tool_prompt: str = "hermes",
 ) -> TaskFiles:
     """Generate the task and write ``train/eval/sft.parquet`` under ``out_dir``."""
     train, evals, sft = generate(
-        num_train, num_eval, num_demos, digits, seed, obs_template, native_tools
+        num_train, num_eval, num_demos, digits, seed, obs_template, native_tools, tool_prompt
     )
     out = Path(out_dir)
     return TaskFiles(
@@ -203,7 +209,8 @@ def write_task(
 
 
 def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
-    """``write_task`` with the sizes of ``config.task`` and ``config.rollout.obs_template``."""
+    """``write_task`` with the sizes of ``config.task``, ``config.rollout.obs_template``
+    and the gateway's tool block (``config.gateway.tool_prompt``)."""
     t = config.task
     return write_task(
         out_dir,
@@ -214,6 +221,7 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
         t.seed,
         config.rollout.obs_template,
         t.native_tools,
+        config.gateway.tool_prompt,
     )
 
 
