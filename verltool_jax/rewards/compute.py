@@ -243,6 +243,7 @@ class RewardPool:
             # (seconds, for sympy) never counts against a batch's deadline.
             pings = [self._pool.submit(_ping, i) for i in range(self.num_workers)]
             done, _ = cf.wait(pings, timeout=self.startup_timeout_s)
+            errors: list[str | None]
             if len(done) < len(pings):
                 errors = [
                     f"no worker answered within {self.startup_timeout_s}s (a script "
@@ -256,10 +257,10 @@ class RewardPool:
                     else f.result()
                     for f in pings
                 ]
-            errors = [e for e in errors if e]
-            if errors:
+            failed = [e for e in errors if e]
+            if failed:
                 self.close()
-                raise RuntimeError(f"reward workers failed to start: {errors[0]}")
+                raise RuntimeError(f"reward workers failed to start: {failed[0]}")
         return self._pool
 
     def worker_pids(self) -> list[int]:

@@ -303,8 +303,12 @@ class VLLMSampler:
                 f"{self.name}: engine call did not finish within {timeout} s"
             ) from None
 
-    def _build_engine(self) -> Any:
-        """Build an ``AsyncLLM`` (blocks until its engine core has started)."""
+    def _build_engine(self, box: list) -> None:
+        """Build an ``AsyncLLM`` into ``box`` (blocks until its engine core has started).
+
+        Not returned: vLLM keeps the frames of imports it runs during the build alive, and
+        with them this thread's frames; a returned engine would stay referenced from there
+        after ``close`` and be shut down again at interpreter exit, which fails."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -312,7 +316,7 @@ class VLLMSampler:
             from .cpu_placement import apply_env
 
             apply_env(self.placement)
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args))
+        box.append(AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_args)))
 
     async def _new_engine(self) -> Any:
         """A new engine, started within ``startup_timeout_s``.
@@ -326,19 +330,21 @@ class VLLMSampler:
         import multiprocessing
 
         before = {p.pid for p in multiprocessing.active_children()}
-        build = asyncio.ensure_future(asyncio.to_thread(self._build_engine))
+        box: list = []
+        build = asyncio.ensure_future(asyncio.to_thread(self._build_engine, box))
         t0 = time.monotonic()
         while time.monotonic() - t0 < self.startup_timeout_s:  # read each second: settable
             done, _ = await asyncio.wait({build}, timeout=1.0)
             if done:
-                return build.result()
+                build.result()  # raises what the build raised
+                return box.pop()
         spawned = [p for p in multiprocessing.active_children() if p.pid not in before]
         for proc in spawned:
             proc.kill()
         done, _ = await asyncio.wait({build}, timeout=30.0)
-        if done and not build.cancelled() and build.exception() is None:
+        if done and box:
             try:  # it came up just as it was killed: not a usable engine
-                build.result().shutdown(timeout=5)
+                box.pop().shutdown(timeout=5)
             except Exception:
                 pass
         raise SamplerError(
