@@ -162,7 +162,7 @@ def test_vllm_sampler_aborts_and_resumes_from_token_ids(vllm_sampler, sampler_fl
 # ------------------------------------------------------------------ stop strings at a cut
 def test_a_stop_string_straddling_a_cut_ends_the_completion_there():
     chars = "ab</py>cd"  # one character per token id
-    decode = lambda ids: "".join(chars[i] for i in ids)  # noqa: E731
+    decode = lambda ids: "".join(chars[i] for i in ids)
     ids = list(range(len(chars)))
     # cut after "ab</p": the continuation completes "</py>" at token 6 ('>')
     assert stop_across_boundaries(ids, [4], ("</py>",), decode) == (6, "</py>")

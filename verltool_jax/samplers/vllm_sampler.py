@@ -202,6 +202,7 @@ class _Prefix:
         p = EnginePrompt(prompt.ids + self.ids, prompt.images, prompt.image_token_id)
         q = vparams.clone()
         q.max_tokens = vparams.max_tokens - len(self.ids)
+        q.min_tokens = max(0, vparams.min_tokens - len(self.ids))
         if vparams.seed is not None:
             q.seed = (vparams.seed + 7919 * len(self.ids)) & 0x7FFFFFFF
         return p, q
@@ -752,16 +753,19 @@ class VLLMSampler:
         engine = engine or self._engine
         if engine is None:
             raise SamplerDeadError(f"{self.name}: no engine to load weights into (closed?)")
-        partial = self.partial_rollouts and version is not None
-        if partial:
-            assert self._sync_idle is not None  # made with the first engine
-            self._sync_idle.clear()  # new attempts wait for the new weights
+        # partial rollouts: stop the requests in flight (they go on from their prefixes
+        # once the new weights are in), and hold new ones until then
+        gate = self._sync_idle if self.partial_rollouts and version is not None else None
+        if gate is not None:
+            gate.clear()
             self._syncs += 1
         try:
-            await engine.pause_generation(mode="abort" if partial else "keep", clear_cache=False)
+            await engine.pause_generation(
+                mode="keep" if gate is None else "abort", clear_cache=False
+            )
         except BaseException:
-            if partial:
-                self._sync_idle.set()
+            if gate is not None:
+                gate.set()
             raise
         try:
             results = await engine.collective_rpc(method, args=args)
@@ -777,8 +781,8 @@ class VLLMSampler:
                 self.version = int(version)
         finally:
             await engine.resume_generation()
-            if partial:
-                self._sync_idle.set()
+            if gate is not None:
+                gate.set()
         return results
 
     def load_payload(self, payload: WeightPayload, version: int) -> dict:
