@@ -140,7 +140,9 @@ def test_vllm_sampler_aborts_and_resumes_from_token_ids(vllm_sampler, sampler_fl
 
     async def run():
         p = SamplingParams(max_tokens=400, temperature=1.0)
-        task = asyncio.ensure_future(asyncio.gather(*(vllm_sampler.generate(x, p) for x in PROMPTS)))
+        task = asyncio.ensure_future(
+            asyncio.gather(*(vllm_sampler.generate(x, p) for x in PROMPTS))
+        )
         await asyncio.sleep(0.5)
         t = threading.Thread(target=vllm_sampler.update_weights, args=(new, 21))
         t.start()
