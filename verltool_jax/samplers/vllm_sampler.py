@@ -589,9 +589,11 @@ class VLLMSampler:
                 async for out in engine.generate(attempt.tokens_prompt(), aparams, rid):
                     final = out
                 attempt.check_expansion(self.name, final)
-                if self.partial_rollouts and self._cut_by_sync(final, syncs):
+                if self.partial_rollouts and self._syncs != syncs:
+                    # a sync began since this attempt was submitted: it aborted it, or
+                    # raced its submission (see _Prefix.add); go on from the prefix
                     done.add(final, version, _aborted(final) and self._syncs == syncs + 1)
-                    continue  # go on from the prefix with the new weights
+                    continue
                 completion = self._to_completion(final, version, len(attempt.ids))
                 if done.ids:
                     completion = self._join(done, completion, vparams, len(prompt.ids))
@@ -606,11 +608,6 @@ class VLLMSampler:
                     await self._recover(generation, e)
                     continue
                 raise SamplerError(f"{self.name}: generation failed: {e.__cause__ or e}") from e
-
-    def _cut_by_sync(self, out, syncs: int) -> bool:
-        """A partial rollout's attempt met a weight sync (one began since it was
-        submitted): it was aborted by it, or it raced it (see :meth:`_Prefix.add`)."""
-        return self._syncs != syncs
 
     def _join(self, done: _Prefix, tail: Completion, vparams, n_prompt: int) -> Completion:
         """The completion of a request continued across syncs: the tokens of the aborted
