@@ -471,7 +471,7 @@ async def stepped_run(sampler, gen, url, tok, cfg, prompts, args, partial: bool,
                 trajs = [t for g in batch for t in g]
                 trained += sum(sum(t.loss_mask) for t in trajs)
                 cuts += sum(len(set(t.versions) - {-1}) - 1 for t in trajs)
-                lags += [q.version - min(v for v in t.versions if v >= 0) for t in trajs]
+                lags += [q.version - t.min_version for t in trajs if t.min_version >= 0]
                 await asyncio.sleep(args.train_s)  # the train step
                 await asyncio.to_thread(sampler.load_named_tensors, named, base + step + 1)
                 await q.set_version(base + step + 1)
@@ -486,7 +486,7 @@ async def stepped_run(sampler, gen, url, tok, cfg, prompts, args, partial: bool,
         "step_s": statistics.median(steps),
         "tokens_per_s": trained / wall,
         "dropped": q.metrics.dropped_stale,
-        "staleness": statistics.mean(lags),
+        "staleness": statistics.mean(lags) if lags else 0.0,
         "cuts": cuts,
         "wall": wall,
     }
