@@ -67,6 +67,21 @@ prefill is chunked: "CPU Generator does not use offset"), so the sync and async 
 draw different but identically distributed actions; the search latencies are seeded per
 (trajectory id, call index) and are the same in both runs.
 
+Partial rollouts against bounded staleness alone (``--partial-profiles``, after the table
+above; ``--profiles ""`` runs only these): the asynchronous producer and queue as the trainer
+drives them (``RolloutProducer`` + ``TrajectoryQueue`` with ``--max-staleness`` and
+``--batch-groups`` groups a step), and a stand-in trainer that takes a batch, "trains" for
+``--train-s`` seconds (a sleep: the train step runs elsewhere) and pushes real weights to
+the engine as the next version (the checkpoint's tensors through the same shared-memory
+sync as a run). Per mode, ``--steps`` steps: median step time (batch to batch), tokens/s
+(sampled tokens of the trained batches / wall), groups dropped as too stale, the groups'
+mean staleness (oldest token) and the turns a sync cut. Modes alternate within one run:
+``bounded`` (``rollout.partial_rollouts`` off: a request in flight at a sync goes on and
+keeps the version it started on) and ``partial`` (on). Profiles: ``search`` (as above) and
+``heavytail``, one turn of exactly L tokens per trajectory, L Pareto-distributed
+(``--heavy-alpha``, from ``--heavy-min`` tokens, capped at ``--heavy-max``) and seeded by
+the trajectory id (vLLM ``min_tokens = max_tokens``: EOS and stop strings wait until then).
+
 Run:  python experiments/async_vs_sync.py   (about 10 minutes on 2 CPU cores; --repeats 1
       --prompts 16 for a 1-minute look)
 """
@@ -378,6 +393,211 @@ async def run_once(profile, rep, prompts, args, sampler, url, tok, cfg, n_traj, 
     return profile, sync_wall, async_wall, bound, shared
 
 
+# ------------------------------------------------------------------ partial rollouts
+def pareto_tokens(seed: int, trajectory_id: str, alpha: float, lo: int, hi: int) -> int:
+    """A heavy-tail generation length: ``min(hi, floor(lo * u ** (-1 / alpha)))``, ``u``
+    uniform in (0, 1] seeded by ``(seed, trajectory_id)`` (Pareto with index ``alpha``)."""
+    import hashlib
+
+    h = hashlib.sha256(f"{seed}:{trajectory_id}".encode()).digest()
+    u = 1.0 - random.Random(int.from_bytes(h[:8], "little")).random()
+    return min(hi, int(lo * u ** (-1.0 / alpha)))
+
+
+class HeavyTail:
+    """The ``heavytail`` profile over a ``VLLMSampler``: each request generates exactly its
+    trajectory's Pareto length (``pareto_tokens``; the rest of the budget unused)."""
+
+    def __init__(self, sampler, alpha: float, lo: int, hi: int, seed: int) -> None:
+        self.sampler, self.alpha, self.lo, self.hi, self.seed = sampler, alpha, lo, hi, seed
+
+    @property
+    def version(self) -> int:
+        return self.sampler.version
+
+    async def generate(self, ids, params, request_id=None, **kw):
+        import dataclasses
+
+        n = pareto_tokens(self.seed, str(request_id), self.alpha, self.lo, self.hi)
+        p = dataclasses.replace(params, max_tokens=min(params.max_tokens, n))
+        return await self.sampler.generate(ids, p, request_id, **kw)
+
+
+def exact_lengths(sampler):
+    """Make ``sampler`` (a ``VLLMSampler``) generate exactly ``max_tokens`` per request
+    (vLLM ``min_tokens``); returns the undo. For the heavy-tail profile only."""
+    orig = sampler._vllm_params
+
+    def exact(params, max_new):
+        v = orig(params, max_new)
+        v.min_tokens = v.max_tokens
+        return v
+
+    sampler._vllm_params = exact
+    return lambda: setattr(sampler, "_vllm_params", orig)
+
+
+async def stepped_run(sampler, gen, url, tok, cfg, prompts, args, partial: bool, named) -> dict:
+    """One mode of the partial-rollout comparison (see the module docstring)."""
+    from tool_server.client import ToolClient
+    from verltool_jax.rollout.producer import RolloutProducer
+    from verltool_jax.rollout.queue import TrajectoryQueue
+
+    sampler.partial_rollouts = partial
+    base = sampler.version
+    q = TrajectoryQueue(
+        max_groups=64,
+        max_staleness=args.max_staleness,
+        groups_per_batch=args.batch_groups,
+        start_version=base,
+    )
+    trained, steps, cuts, lags = 0, [], 0, []
+    async with ToolClient(url, timeout_s=60.0, max_connections=512) as client:
+        producer = RolloutProducer(
+            iter(enumerate(prompts)),
+            n_samples=args.n_samples,
+            sampler=gen,
+            tool_client=client,
+            tokenizer=tok,
+            cfg=cfg,
+            queue=q,
+        )
+        task = q.watch(asyncio.create_task(producer.run()))
+        t0 = last = time.perf_counter()
+        try:
+            for step in range(args.steps):
+                batch = await q.get_batch(args.batch_groups, timeout=600)
+                producer.consumed(batch)
+                trajs = [t for g in batch for t in g]
+                trained += sum(sum(t.loss_mask) for t in trajs)
+                cuts += sum(len(set(t.versions) - {-1}) - 1 for t in trajs)
+                lags += [q.version - t.min_version for t in trajs if t.min_version >= 0]
+                await asyncio.sleep(args.train_s)  # the train step
+                await asyncio.to_thread(sampler.load_named_tensors, named, base + step + 1)
+                await q.set_version(base + step + 1)
+                now = time.perf_counter()
+                steps.append(now - last)
+                last = now
+            wall = time.perf_counter() - t0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return {
+        "step_s": statistics.median(steps),
+        "tokens_per_s": trained / wall,
+        "dropped": q.metrics.dropped_stale,
+        "staleness": statistics.mean(lags) if lags else 0.0,
+        "cuts": cuts,
+        "wall": wall,
+    }
+
+
+def partial_rows(sampler, model_dir, tok, args, say) -> list[tuple]:
+    """Bounded staleness alone vs partial rollouts, per ``--partial-profiles`` profile,
+    ``--partial-repeats`` alternations; returns ``(profile, mode, rep, result)`` rows."""
+    from tool_server.launcher import run_server
+    from verltool_jax.models.safetensors_io import checkpoint_files, iter_tensors
+    from verltool_jax.rollout.agent_loop import as_prompt_item
+    from verltool_jax.rollout.config import RolloutConfig
+
+    named = [nt for f in checkpoint_files(model_dir) for nt in iter_tensors(f)]
+    rng = random.Random(args.seed + 2)
+    rows = []
+    for profile in [p for p in args.partial_profiles.split(",") if p]:
+        if profile == "heavytail":
+            cfg = RolloutConfig(
+                max_turns=1,
+                max_response_tokens=args.heavy_max,
+                action_stop_strings=("</search>",),
+                temperature=1.0,
+                obs_template="<result>{obs}</result>",
+            )
+            gen = HeavyTail(sampler, args.heavy_alpha, args.heavy_min, args.heavy_max, args.seed)
+        elif profile == "search":
+            cfg = RolloutConfig(
+                max_turns=args.max_turns,
+                max_response_tokens=512,
+                max_action_tokens=args.max_action_tokens,
+                max_obs_tokens=64,
+                action_stop_strings=("</python>", "</search>"),
+                temperature=1.0,
+                obs_template="<result>{obs}</result>",
+            )
+            gen = sampler
+        else:
+            raise SystemExit(f"--partial-profiles: unknown profile {profile!r} (search, heavytail)")
+        undo = exact_lengths(sampler) if profile == "heavytail" else (lambda: None)
+        n_prompts = args.steps * args.batch_groups * 4  # enough for the steps and the drops
+        try:
+            with run_server(
+                tools=["sleep_search"],
+                timeout=30.0,
+                max_concurrency=1024,
+                tool_max_concurrency=1024,
+                tool_opt={
+                    "sleep_search_mean_s": args.search_mean_s,
+                    "sleep_search_sigma": args.search_sigma,
+                    "sleep_search_seed": args.seed,
+                },
+            ) as url:
+                for rep in range(args.partial_repeats):
+                    for mode in ("bounded", "partial"):
+                        prompts = [
+                            {
+                                "prompt_ids": tok.encode(
+                                    SYSTEM.format(q=question(rng, "search")),
+                                    add_special_tokens=False,
+                                ),
+                                "group_id": f"{profile}-{mode}{rep}_{i}",
+                            }
+                            for i in range(n_prompts)
+                        ]
+                        items = [as_prompt_item(p, i) for i, p in enumerate(prompts)]
+                        r = asyncio.run(
+                            stepped_run(
+                                sampler, gen, url, tok, cfg, items, args, mode == "partial", named
+                            )
+                        )
+                        say(
+                            f"  {profile} {mode} #{rep}: step {r['step_s']:.2f} s, "
+                            f"{r['tokens_per_s']:.0f} tokens/s, dropped {r['dropped']}, "
+                            f"staleness {r['staleness']:.2f}, version changes in trajectories {r['cuts']}, wall {r['wall']:.1f} s",
+                            flush=True,
+                        )
+                        rows.append((profile, mode, rep, r))
+        finally:
+            undo()
+            sampler.partial_rollouts = False
+    return rows
+
+
+def print_partial_table(rows, args, say) -> None:
+    say()
+    say(
+        f"partial rollouts vs bounded staleness alone: {args.batch_groups} groups x "
+        f"{args.n_samples} samples a step, max_staleness {args.max_staleness}, "
+        f"train step {args.train_s} s, {args.steps} steps a run"
+    )
+    say(
+        "| profile | mode | runs | step time (s) | tokens/s | dropped groups | "
+        "staleness (oldest token) | tokens/s vs bounded |"
+    )
+    say("|---|---|---|---|---|---|---|---|")
+    med = statistics.median
+    for profile in dict.fromkeys(r[0] for r in rows):
+        by = {
+            m: [r[3] for r in rows if r[0] == profile and r[1] == m] for m in ("bounded", "partial")
+        }
+        base = med(x["tokens_per_s"] for x in by["bounded"])
+        for mode, rs in by.items():
+            tps = med(x["tokens_per_s"] for x in rs)
+            say(
+                f"| {profile} | {mode} | {len(rs)} | {med(x['step_s'] for x in rs):.2f} | "
+                f"{tps:.0f} | {med(x['dropped'] for x in rs):.0f} | "
+                f"{med(x['staleness'] for x in rs):.2f} | {tps / base:.2f}x |"
+            )
+
+
 def describe(trajs) -> str:
     calls = [t.tool_calls for t in trajs]
     term = {}
@@ -414,6 +634,15 @@ def main() -> None:
         help="seeds the model warm-up, the prompts and the search latencies",
     )
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--partial-profiles", default="search,heavytail")
+    ap.add_argument("--partial-repeats", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6, help="trainer steps per partial run")
+    ap.add_argument("--batch-groups", type=int, default=4)
+    ap.add_argument("--max-staleness", type=int, default=1)
+    ap.add_argument("--train-s", type=float, default=1.0)
+    ap.add_argument("--heavy-alpha", type=float, default=1.1)
+    ap.add_argument("--heavy-min", type=int, default=16)
+    ap.add_argument("--heavy-max", type=int, default=768)
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -467,8 +696,9 @@ def main() -> None:
         say("[2/3] starting the vLLM CPU sampler", flush=True)
         sampler = VLLMSampler(model_dir, max_model_len=1024, seed=args.seed)
         rows = []
+        partial = []
         try:
-            profiles = args.profiles.split(",")
+            profiles = [p for p in args.profiles.split(",") if p]
             probe_prompt = prompts_for("search")[0]["prompt_ids"]
             say(
                 f"[3/3] {args.prompts} prompts x {args.n_samples} samples = {n_traj} "
@@ -506,9 +736,16 @@ def main() -> None:
                                 )
                             )
                         )
+            if args.partial_profiles:
+                say("[partial] partial rollouts vs bounded staleness alone", flush=True)
+                partial = partial_rows(sampler, model_dir, tok, args, say)
         finally:
             sampler.close()
 
+        if partial:
+            print_partial_table(partial, args, say)
+        if not profiles:
+            return
         say()
         say(
             f"{n_traj} trajectories per run; load average (1, 5, 15 min) at the end: "

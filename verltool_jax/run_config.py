@@ -46,6 +46,7 @@ from verltool_jax.models.config import ModelConfig
 from verltool_jax.rewards.judge import JudgeSection
 from verltool_jax.rewards.visual_reward import CuriositySettings
 from verltool_jax.rollout.config import RolloutConfig
+from verltool_jax.samplers.base import PARTIAL_ROLLOUTS_DEFAULT
 from verltool_jax.samplers.restart import (
     DEFAULT_DOWN_GRACE_S,
     DEFAULT_MAX_RESTARTS,
@@ -140,6 +141,10 @@ class RolloutSection(RolloutConfig):
     # False trains on tool-output tokens too (an ablation: the mistake the observation
     # mask prevents); their behaviour logprobs are the trainer's own before the update.
     mask_observations: bool = True
+    # Partial rollouts: a weight sync stops the generations in flight at their current
+    # token and continues them from their prefixes with the new weights; every token
+    # records the version that sampled it (docs/rollout.md#partial-rollouts).
+    partial_rollouts: bool = PARTIAL_ROLLOUTS_DEFAULT
 
     def rollout_config(self) -> RolloutConfig:
         """The component's settings (this section without the trainer's knobs)."""
@@ -494,6 +499,11 @@ class RunConfig(Checked):
             )
         if self.rollout.producer == "gateway" and self.gateway.agent:
             load_agent(self.gateway.agent)  # a bad program fails here, before any work
+        if self.rollout.partial_rollouts and self.placement.sampler_urls:
+            raise ValueError(
+                "rollout.partial_rollouts=True works with the in-process samplers (vLLM, "
+                "JAX), not with placement.sampler_urls (a remote vllm serve); drop one of them"
+            )
         if self.rollout.producer == "gateway" and self.rollout.mode != "async":
             raise ValueError(
                 "rollout.producer='gateway' runs with rollout.mode='async' (the sync "

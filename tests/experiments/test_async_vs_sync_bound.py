@@ -64,3 +64,12 @@ def test_prompts_end_with_the_requested_tool(exp):
         assert f"<{tool}>" in episode and f"<{other}>" not in episode
     assert set(exp.PROFILE_TOOLS) == {"python", "search", "mix"}
     assert exp.PROFILE_TOOLS["python"] == ["python_code"]
+
+
+def test_heavy_tail_lengths_are_pareto_and_seeded_by_the_trajectory(exp):
+    n = [exp.pareto_tokens(0, f"t{i}", 1.1, 16, 768) for i in range(4000)]
+    assert n == [exp.pareto_tokens(0, f"t{i}", 1.1, 16, 768) for i in range(4000)]
+    assert min(n) >= 16 and max(n) == 768
+    # P(L >= x) = (16 / x) ** 1.1: half the draws under 30 tokens, ~1.4% at the cap
+    assert 0.45 < sum(x < 30 for x in n) / len(n) < 0.55
+    assert 0.007 < sum(x == 768 for x in n) / len(n) < 0.025

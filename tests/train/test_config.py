@@ -349,3 +349,18 @@ def test_every_field_is_read_by_the_code():
         if not re.search(r"\." + re.escape(key.rpartition(".")[2]) + r"\b", code)
     ]
     assert not unread, unread
+
+
+def test_partial_rollouts_need_an_in_process_sampler():
+    cl = parse_command_line(["--config", TINY, "--config.rollout.partial_rollouts=True"])
+    assert cl.config.rollout.partial_rollouts is True
+    assert load_config(TINY).rollout.partial_rollouts is False  # off unless asked
+    with pytest.raises(ConfigError, match="partial_rollouts=True works with the in-process"):
+        parse_command_line(
+            [
+                "--config",
+                TINY,
+                "--config.rollout.partial_rollouts=True",
+                "--config.placement.sampler_urls=http://h:1",
+            ]
+        )

@@ -83,7 +83,7 @@ class Episode:
         s.response_ids += list(comp.token_ids)
         s.loss_mask += [1] * n
         s.logprobs += [float(x) for x in comp.logprobs]
-        s.versions += [int(comp.policy_version)] * n
+        s.versions += comp.versions()
         s.text = prompt_text + text
         s.num_turns += 1
         s.gen_tokens.append(n)

@@ -41,7 +41,7 @@ class TrajectoryBuilder:
     """Build one trajectory token by token (token-in, token-out).
 
     Sampled ids are appended as sampled (loss mask 1, the sampler's logprobs, the
-    completion's policy version); observation ids are tokenized on their own and
+    version that sampled each token: ``Completion.versions()``); observation ids are tokenized on their own and
     appended with loss mask 0, logprob 0.0 and version -1.
 
     Images (vision-language policies: the formatter has an ``image_processor``): ``prompt_images`` are the
@@ -125,12 +125,18 @@ class TrajectoryBuilder:
         if not self.traj.termination:
             self.traj.termination = reason
 
-    def _append(self, ids: list[int], mask: int, logprobs: list[float], version: int) -> None:
+    def _append(
+        self, ids: list[int], mask: int, logprobs: list[float], version: int | list[int]
+    ) -> None:
+        """Append ``ids``; ``version`` is one version for all, or one per token (a turn a
+        partial rollout continued across a weight sync)."""
         t = self.traj
         t.response_ids.extend(ids)
         t.loss_mask.extend([mask] * len(ids))
         t.logprobs.extend(logprobs)
-        t.versions.extend([version] * len(ids))
+        t.versions.extend(
+            version[: len(ids)] if isinstance(version, list) else [version] * len(ids)
+        )
 
     def _placeholder_cut(self, token_ids) -> int | None:
         """Index of the first image / video placeholder in sampled ``token_ids`` (VL policies)."""
@@ -194,6 +200,7 @@ class TrajectoryBuilder:
             raise ValueError(
                 f"sampler returned {len(comp.token_ids)} tokens but {len(comp.logprobs)} logprobs"
             )
+        versions = comp.versions()  # per token: a partial rollout may span a weight sync
         t = self.traj
         t.num_turns += 1
         t.gen_latencies.append(float(latency_s))
@@ -203,19 +210,14 @@ class TrajectoryBuilder:
             # A sampled image / video placeholder has no image behind it: keep the tokens
             # before it and end the trajectory (its record stays what the sampler saw).
             self._append(
-                list(comp.token_ids[:cut]),
-                1,
-                [float(x) for x in comp.logprobs[:cut]],
-                int(comp.policy_version),
+                list(comp.token_ids[:cut]), 1, [float(x) for x in comp.logprobs[:cut]], versions
             )
             self.fail(
                 f"the policy sampled the image placeholder token "
                 f"{comp.token_ids[cut]} (turn {t.num_turns}); the turn was cut there"
             )
             return None
-        self._append(
-            list(comp.token_ids), 1, [float(x) for x in comp.logprobs], int(comp.policy_version)
-        )
+        self._append(list(comp.token_ids), 1, [float(x) for x in comp.logprobs], versions)
         is_action = (
             comp.finish_reason == "stop"
             and comp.stop_string is not None

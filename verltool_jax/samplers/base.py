@@ -19,6 +19,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from verltool_jax.truncation import TOP_K_OFF, TOP_P_OFF
 
+# Partial rollouts (``rollout.partial_rollouts``; docs/rollout.md): off by default, so a
+# request in flight at a weight sync goes on as before and is labelled with the version
+# it started on. The one default the rollout config and the sampler constructors share.
+PARTIAL_ROLLOUTS_DEFAULT = False
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -47,12 +52,29 @@ class SamplingParams:
 
 @dataclass
 class Completion:
+    """One sampled turn. ``policy_version`` is the version of the first token (the oldest);
+    ``token_versions``, when set (a partial rollout continued across a weight sync), is the
+    version that sampled each token, the same length as ``token_ids``; None: every token
+    is ``policy_version``'s (:meth:`versions` gives the per-token list either way)."""
+
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (stop string / stop id / EOS) or "length"
     stop_string: str | None = None  # the stop string that ended it, if any
-    policy_version: int = 0  # weights version that produced every token
+    policy_version: int = 0  # weights version of the first (oldest) token
     metrics: dict = field(default_factory=dict)
+    token_versions: list[int] | None = None
+
+    def versions(self) -> list[int]:
+        """The policy version that sampled each of ``token_ids``."""
+        if self.token_versions is None:
+            return [int(self.policy_version)] * len(self.token_ids)
+        if len(self.token_versions) != len(self.token_ids):
+            raise ValueError(
+                f"Completion.token_versions has {len(self.token_versions)} entries for "
+                f"{len(self.token_ids)} tokens; a sampler must give one version per token"
+            )
+        return [int(v) for v in self.token_versions]
 
 
 class SamplerError(RuntimeError):

@@ -12,7 +12,13 @@ leaves room for every active row's remaining budget; when no row is active the c
 is reset.
 
 ``update_weights`` swaps the parameter reference between two steps (no copy when the
-trainer and the sampler share devices). Shapes are bucketed (prompt block: next power
+trainer and the sampler share devices); the rows in flight go on with the new weights over
+the cache the old ones computed, their completions labelled with the version they started
+on. With ``partial_rollouts`` (``rollout.partial_rollouts``) every row in flight is instead
+stopped at its current token and continued from its prefix: the cache is reset and the
+rows are prefilled again (prompt + tokens so far) with the new weights, and each token
+records the version that sampled it (``Completion.token_versions``); a seeded request keeps
+its per-position random keys. Shapes are bucketed (prompt block: next power
 of two) so a few compilations serve every request.
 """
 
@@ -34,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .base import (
+    PARTIAL_ROLLOUTS_DEFAULT,
     Completion,
     SamplerDeadError,
     SamplerRequestError,
@@ -56,6 +63,17 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     images: list = field(default_factory=list)  # ImageInput, in placeholder order
+    versions: list[int] = field(default_factory=list)  # the version that sampled each token
+
+    @property
+    def input_ids(self) -> list[int]:
+        """What a prefill of this request takes: the prompt and the tokens so far (a row
+        continued after a weight sync is prefilled again from its prefix)."""
+        return self.prompt + self.tokens if self.tokens else self.prompt
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new - len(self.tokens)
 
 
 @functools.lru_cache(maxsize=8)
@@ -133,6 +151,8 @@ class JAXSampler:
         eos_token_ids: ids that end a completion (default: the model config's eos).
         max_model_len: longest prompt + completion of one request.
         cache_len: KV slots shared by the batch (default ``2 * max_model_len``).
+        partial_rollouts: at a weight sync, stop the rows in flight and continue them from
+            their prefix with the new weights (see the module docstring).
     """
 
     def __init__(
@@ -147,6 +167,7 @@ class JAXSampler:
         request_timeout_s: float = 600.0,
         batch_wait_s: float = 0.005,
         name: str = "jax",
+        partial_rollouts: bool = PARTIAL_ROLLOUTS_DEFAULT,
     ) -> None:
         import jax
         from flax import nnx
@@ -173,6 +194,8 @@ class JAXSampler:
         self.request_timeout_s = float(request_timeout_s)
         self.batch_wait_s = float(batch_wait_s)
         self.version = 0
+        self.partial_rollouts = bool(partial_rollouts)
+        self._restart_rows = False  # a sync asked the loop to continue its rows from prefixes
         self.last_sync: dict = {}
         self._graphdef, self._state = nnx.split(model, nnx.Param)
         self._lock = threading.Lock()
@@ -287,6 +310,7 @@ class JAXSampler:
         with self._lock:
             self._state = params
             self.version = int(version)
+            self._restart_rows = self.partial_rollouts
         self.last_sync = {"sync_seconds": time.perf_counter() - t0, "version": self.version}
 
     def close(self) -> None:
@@ -321,6 +345,10 @@ class JAXSampler:
         last_tok = np.zeros(B, np.int32)
         pending: list[_Request] = []
         while not self._closed:
+            restarted = self._take_rows_for_restart()
+            if restarted:  # partial rollouts: continue them from their prefixes, first
+                pending = restarted + pending
+                cache, index = self._init_cache(), 0
             active = [i for i, r in enumerate(self._rows) if r is not None]
             # drop requests whose callers gave up
             for i in active:
@@ -343,11 +371,11 @@ class JAXSampler:
             admitted = self._admit(pending, active, index)
             if admitted:
                 pending = [r for r in pending if all(r is not a for _, a in admitted)]
-                cache, index, toks, lps = self._run_prefill(cache, index, admitted)
+                cache, index, toks, lps, version = self._run_prefill(cache, index, admitted)
                 self.steps["prefill"] += 1
                 rows = [i for i, _ in admitted]
             elif active:
-                cache, toks, lps = self._run_decode(cache, last_tok, active)
+                cache, toks, lps, version = self._run_decode(cache, last_tok, active)
                 index += 1
                 self.steps["decode"] += 1
                 rows = active
@@ -359,36 +387,50 @@ class JAXSampler:
                 t = int(toks[i])
                 r.tokens.append(t)
                 r.logprobs.append(float(lps[i]))
+                r.versions.append(version)
                 last_tok[i] = t
                 done = r.stop.check(r.tokens)
                 if done is not None:
                     self._finish(i, *done)
+
+    def _take_rows_for_restart(self) -> list[_Request]:
+        """After a weight sync with ``partial_rollouts``: free every row in flight and
+        return its request (tokens, logprobs and versions so far kept), to be prefilled
+        again from its prefix; [] otherwise."""
+        with self._lock:
+            if not self._restart_rows:
+                return []
+            self._restart_rows = False
+        out = [r for r in self._rows if r is not None and not r.future.cancelled()]
+        self._rows = [None] * self.max_batch_size
+        return out
 
     def _admit(self, pending, active, index) -> list[tuple[int, _Request]]:
         """Pick waiting requests for free rows while the shared cache has room for all."""
         free = [i for i, r in enumerate(self._rows) if r is None]
         if not pending or not free:
             return []
-        need = max([self._rows[i].max_new - len(self._rows[i].tokens) for i in active] + [0])
+        need = max([self._rows[i].remaining for i in active] + [0])
         chosen: list[tuple[int, _Request]] = []
         longest = 0
         for r in pending:
             if len(chosen) == len(free):
                 break
-            L = _bucket(max(longest, len(r.prompt)))
-            if index + min(L, self.cache_len) + max(need, r.max_new) > self.cache_len:
+            L = _bucket(max(longest, len(r.input_ids)))
+            if index + min(L, self.cache_len) + max(need, r.remaining) > self.cache_len:
                 if not active and not chosen:  # alone in an empty cache: always fits
                     pass
                 else:
                     continue
             chosen.append((free[len(chosen)], r))
-            longest = max(longest, len(r.prompt))
-            need = max(need, r.max_new)
+            longest = max(longest, len(r.input_ids))
+            need = max(need, r.remaining)
         return chosen
 
     def _params(self):
+        """``(params, version)`` of one step, read together."""
         with self._lock:
-            return self._state
+            return self._state, self.version
 
     def _sampling_arrays(self, rows, reqs):
         import jax.numpy as jnp
@@ -411,24 +453,25 @@ class JAXSampler:
         import jax.numpy as jnp
 
         B = self.max_batch_size
-        L = min(_bucket(max(len(r.prompt) for _, r in admitted)), self.cache_len)
+        L = min(_bucket(max(len(r.input_ids) for _, r in admitted)), self.cache_len)
         if index + L > self.cache_len:  # only when the batch was empty
             cache, index = self._init_cache(), 0
         ids = np.zeros((B, L), np.int32)
         mask = np.zeros((B, L), np.int32)
         new_rows = np.zeros(B, bool)
         for i, r in admitted:
-            n = len(r.prompt)
-            ids[i, L - n :] = r.prompt  # left-padded: the last token ends the block
+            n = len(r.input_ids)
+            ids[i, L - n :] = r.input_ids  # left-padded: the last token ends the block
             mask[i, L - n :] = 1
             new_rows[i] = True
             self._rows[i] = r
         rows = [i for i, _ in admitted]
         arrays = self._sampling_arrays(rows, [r for _, r in admitted])
+        params, version = self._params()
         if any(r.images for _, r in admitted):
             extra = self._image_arrays(ids, mask, admitted)
             cache, tok, lp = self._prefill_img(
-                self._params(),
+                params,
                 cache,
                 jnp.asarray(ids),
                 jnp.asarray(mask),
@@ -438,14 +481,14 @@ class JAXSampler:
             )
         else:
             cache, tok, lp = self._prefill(
-                self._params(),
+                params,
                 cache,
                 jnp.asarray(ids),
                 jnp.asarray(mask),
                 jnp.asarray(new_rows),
                 *arrays,
             )
-        return cache, index + L, np.asarray(tok), np.asarray(lp)
+        return cache, index + L, np.asarray(tok), np.asarray(lp), version
 
     def _image_arrays(self, ids, mask, admitted):
         """``(positions [B,L,3], deltas [B], ImageBatch)`` of a prefill block with images: the
@@ -468,10 +511,11 @@ class JAXSampler:
         act = np.zeros(self.max_batch_size, bool)
         act[active] = True
         arrays = self._sampling_arrays(active, [self._rows[i] for i in active])
+        params, version = self._params()
         cache, tok, lp = self._decode(
-            self._params(), cache, jnp.asarray(last_tok), jnp.asarray(act), *arrays
+            params, cache, jnp.asarray(last_tok), jnp.asarray(act), *arrays
         )
-        return cache, np.asarray(tok), np.asarray(lp)
+        return cache, np.asarray(tok), np.asarray(lp), version
 
     def _finish(
         self, i: int, reason: str, stop_string: str | None, stop_token_id: int | None
@@ -486,6 +530,7 @@ class JAXSampler:
         }
         if stop_token_id is not None:
             metrics["stop_token_id"] = stop_token_id
+        partial = self.partial_rollouts and bool(r.versions)
         try:
             r.future.set_result(
                 Completion(
@@ -493,8 +538,9 @@ class JAXSampler:
                     logprobs=r.logprobs,
                     finish_reason=reason,
                     stop_string=stop_string,
-                    policy_version=r.version,
+                    policy_version=r.versions[0] if partial else r.version,
                     metrics=metrics,
+                    token_versions=list(r.versions) if partial else None,
                 )
             )
         except cf.InvalidStateError:  # the caller gave up (timeout) meanwhile

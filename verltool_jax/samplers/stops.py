@@ -43,3 +43,34 @@ class StopState:
         if len(token_ids) >= self.max_tokens:
             return "length", None, None
         return None
+
+
+def stop_across_boundaries(
+    token_ids: Sequence[int], boundaries: Sequence[int], stop: Sequence[str], decode: Any
+) -> tuple[int, str] | None:
+    """The first stop string that straddles a boundary of a continued completion.
+
+    A partial rollout continues a request after a weight sync as a new request whose
+    prompt ends with the tokens sampled so far (``token_ids[:b]`` for a boundary ``b``); the
+    engine looks for stop strings in the new request's output only, so a stop string begun
+    before ``b`` and completed after it is missed. Returns ``(j, s)``: token ``j`` (``j >= b``)
+    is the first whose text completes ``s``, begun before ``b``, so the completion ends at
+    ``j`` as an uninterrupted one would (the token that completed a stop string is kept);
+    None if no stop string straddles a boundary. ``decode`` maps ids to text.
+    """
+    if not stop:
+        return None
+    longest = max(len(s) for s in stop)
+    for b in boundaries:
+        if b <= 0 or b >= len(token_ids):
+            continue
+        before = decode(list(token_ids[:b]))
+        start = max(0, len(before) - longest + 1)
+        # a token may decode to no text (part of a character): look a little further
+        for j in range(b, min(len(token_ids), b + 2 * longest)):
+            text = decode(list(token_ids[: j + 1]))
+            hits = [(text.find(s, start), s) for s in stop]
+            hits = [(i, s) for i, s in hits if 0 <= i < len(before) < i + len(s)]
+            if hits:
+                return j, min(hits)[1]
+    return None

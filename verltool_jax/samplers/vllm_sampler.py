@@ -16,7 +16,16 @@ vLLM's fused layers hold them) -> ``collective_rpc("verltool_load_shared", manif
 parameters in place, or, where that does not apply, vLLM's ``reload_weights``; see
 ``vllm_worker_ext``) -> prefix cache reset (running requests are preempted and recomputed
 with the new weights) -> ``version`` recorded. ``last_sync["sync_path"]`` says which
-load ran; a fallback is logged with its reason.
+load ran; a fallback is logged with its reason. A request in flight goes on with the new
+weights and is labelled with the version it started on.
+
+Partial rollouts (``partial_rollouts=True``, ``rollout.partial_rollouts``): a sync aborts
+the requests in flight instead (``pause_generation(mode="abort")``: each one returns the
+tokens and logprobs it has so far, all sampled by the old weights), and once the new
+weights are in, each is continued as a new request whose prompt is the old prompt plus
+those tokens, with the remaining token budget; the completion records the version of
+every token (``Completion.token_versions``). New requests wait while a sync runs. A stop
+string that straddles the cut is found on the joined tokens (``stops.stop_across_boundaries``).
 
 A dead engine (``EngineDeadError``, killed engine-core process) is restarted under a
 :class:`~verltool_jax.samplers.restart.RestartBudget` (``max_restarts`` within
@@ -45,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .base import (
+    PARTIAL_ROLLOUTS_DEFAULT,
     Completion,
     SamplerDeadError,
     SamplerError,
@@ -58,6 +68,7 @@ from .restart import (
     DEFAULT_RESTART_WINDOW_S,
     RestartBudget,
 )
+from .stops import stop_across_boundaries
 from .validation import check_image_request, effective_max_tokens
 from .weight_sync import (
     SharedWeightBuffer,
@@ -153,6 +164,50 @@ class EnginePrompt:
             )
 
 
+def _aborted(out) -> bool:
+    return out is not None and bool(out.outputs) and out.outputs[0].finish_reason == "abort"
+
+
+class _Prefix:
+    """What a partial rollout's aborted attempts sampled: tokens, logprobs, the version of
+    each, and the cuts (token counts at which a sync stopped an attempt)."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.cuts: list[int] = []
+
+    def add(self, out, version: int, exact: bool) -> None:
+        """Keep an attempt's tokens as ``version``'s when ``exact``: the one sync begun since
+        its submission aborted it, so the engine held it when the old weights were still
+        in. Otherwise a sync began while it was being submitted (it may have been queued
+        and run on the new weights): its tokens are dropped and sampled again."""
+        o = out.outputs[0] if out is not None and out.outputs else None
+        if not exact or o is None or not o.token_ids:
+            return
+        ids = [int(t) for t in o.token_ids]
+        if o.logprobs is None or len(o.logprobs) < len(ids):
+            return  # no logprobs to keep: sample these positions again
+        self.ids += ids
+        self.logprobs += [float(o.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+        self.versions += [int(version)] * len(ids)
+        self.cuts.append(len(self.ids))
+
+    def attempt(self, prompt: EnginePrompt, vparams):
+        """The next attempt's prompt (the prompt, then the tokens so far) and params (the
+        remaining budget; a seeded request gets a seed of its own per cut)."""
+        if not self.ids:
+            return prompt, vparams
+        p = EnginePrompt(prompt.ids + self.ids, prompt.images, prompt.image_token_id)
+        q = vparams.clone()
+        q.max_tokens = vparams.max_tokens - len(self.ids)
+        q.min_tokens = max(0, vparams.min_tokens - len(self.ids))
+        if vparams.seed is not None:
+            q.seed = (vparams.seed + 7919 * len(self.ids)) & 0x7FFFFFFF
+        return p, q
+
+
 def _on_cpu() -> bool:
     """vLLM's platform here is its CPU backend."""
     from vllm.platforms import current_platform
@@ -178,6 +233,8 @@ class VLLMSampler:
         trainer_overlaps: on CPU, the trainer computes in this process while the engine
             generates (the engine's cores, KV cache and ``max_num_seqs`` are chosen by
             ``cpu_placement`` from the machine and this; ``self.placement`` says what).
+        partial_rollouts: a weight sync stops the requests in flight and continues them
+            from their prefixes with the new weights (see the module docstring).
     """
 
     def __init__(
@@ -198,6 +255,7 @@ class VLLMSampler:
         name: str = "vllm",
         engine_kwargs: dict | None = None,
         trainer_overlaps: bool = False,
+        partial_rollouts: bool = PARTIAL_ROLLOUTS_DEFAULT,
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"VLLMSampler dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -227,6 +285,10 @@ class VLLMSampler:
         self.budget = RestartBudget(max_restarts, restart_window_s, restart_backoff_s)
         self.name = name
         self.version = 0
+        self.partial_rollouts = bool(partial_rollouts)
+        self._syncs = 0  # weight syncs begun (partial rollouts tell theirs apart by it)
+        self._sync_idle: asyncio.Event | None = None  # set while no sync runs
+        self._tokenizer: Any = None  # loaded for the first stop-string check of a join
         self.last_sync: dict = {}
         self._engine_args: dict[str, Any] = dict(
             model=self.model_path,
@@ -354,6 +416,8 @@ class VLLMSampler:
 
     async def _start_first_engine(self) -> None:
         self._restart_lock = asyncio.Lock()  # on the engine loop, which it serves
+        self._sync_idle = asyncio.Event()
+        self._sync_idle.set()
         self._engine = await self._new_engine()
         self._generation += 1
 
@@ -514,17 +578,31 @@ class VLLMSampler:
         from vllm.exceptions import VLLMValidationError
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+        done = _Prefix()  # partial rollouts: what earlier attempts sampled before a sync
         while True:  # ends: every retry follows a restart, and restarts are budgeted
             engine, generation = self._engine, self._generation
             try:
                 if engine is None or engine.errored:
                     raise EngineDeadError()
+                syncs = self._syncs
+                if self.partial_rollouts:
+                    assert self._sync_idle is not None  # made with the first engine
+                    await self._sync_idle.wait()  # no new tokens under weights being replaced
+                    version, syncs = self.version, self._syncs
+                attempt, aparams = done.attempt(prompt, vparams)
                 final = None
                 rid = f"{request_id}-{next(self._ids)}"
-                async for out in engine.generate(prompt.tokens_prompt(), vparams, rid):
+                async for out in engine.generate(attempt.tokens_prompt(), aparams, rid):
                     final = out
-                prompt.check_expansion(self.name, final)
-                completion = self._to_completion(final, version, len(prompt.ids))
+                attempt.check_expansion(self.name, final)
+                if self.partial_rollouts and self._syncs != syncs:
+                    # a sync began since this attempt was submitted: it aborted it, or
+                    # raced its submission (see _Prefix.add); go on from the prefix
+                    done.add(final, version, _aborted(final) and self._syncs == syncs + 1)
+                    continue
+                completion = self._to_completion(final, version, len(attempt.ids))
+                if done.ids:
+                    completion = self._join(done, completion, vparams, len(prompt.ids))
                 self.budget.served()
                 return completion
             except VLLMValidationError as e:
@@ -536,6 +614,36 @@ class VLLMSampler:
                     await self._recover(generation, e)
                     continue
                 raise SamplerError(f"{self.name}: generation failed: {e.__cause__ or e}") from e
+
+    def _join(self, done: _Prefix, tail: Completion, vparams, n_prompt: int) -> Completion:
+        """The completion of a request continued across syncs: the tokens of the aborted
+        attempts (``done``), then ``tail``'s; cut at a stop string that straddles a cut."""
+        ids = done.ids + tail.token_ids
+        lps = done.logprobs + tail.logprobs
+        versions = done.versions + [tail.policy_version] * len(tail.token_ids)
+        reason, stop_string = tail.finish_reason, tail.stop_string
+        metrics = {**tail.metrics, "num_prompt_tokens": n_prompt, "partial_cuts": len(done.cuts)}
+        hit = stop_across_boundaries(ids, done.cuts, vparams.stop or [], self._decode)
+        if hit is not None:  # the engine could not see it: end where it would have
+            j, stop_string = hit
+            ids, lps, versions, reason = ids[: j + 1], lps[: j + 1], versions[: j + 1], "stop"
+            metrics.pop("stop_token_id", None)
+        return Completion(
+            token_ids=ids,
+            logprobs=lps,
+            finish_reason=reason,
+            stop_string=stop_string,
+            policy_version=versions[0] if versions else tail.policy_version,
+            metrics=metrics,
+            token_versions=versions,
+        )
+
+    def _decode(self, ids: list[int]) -> str:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
 
     def _to_completion(self, out, version: int, n_prompt: int) -> Completion:
         if out is None or not out.outputs:
@@ -648,7 +756,20 @@ class VLLMSampler:
         engine = engine or self._engine
         if engine is None:
             raise SamplerDeadError(f"{self.name}: no engine to load weights into (closed?)")
-        await engine.pause_generation(mode="keep", clear_cache=False)
+        # partial rollouts: stop the requests in flight (they go on from their prefixes
+        # once the new weights are in), and hold new ones until then
+        gate = self._sync_idle if self.partial_rollouts and version is not None else None
+        if gate is not None:
+            gate.clear()
+            self._syncs += 1
+        try:
+            await engine.pause_generation(
+                mode="keep" if gate is None else "abort", clear_cache=False
+            )
+        except BaseException:
+            if gate is not None:
+                gate.set()
+            raise
         try:
             results = await engine.collective_rpc(method, args=args)
             if self.is_vision_language:
@@ -663,6 +784,8 @@ class VLLMSampler:
                 self.version = int(version)
         finally:
             await engine.resume_generation()
+            if gate is not None:
+                gate.set()
         return results
 
     def load_payload(self, payload: WeightPayload, version: int) -> dict:

@@ -300,9 +300,14 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
                 trainer_overlaps=(
                     rc.rollout.mode == "async" if trainer_overlaps is None else trainer_overlaps
                 ),
+                partial_rollouts=rc.rollout.partial_rollouts,
             )
         else:
-            kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
+            kw = dict(
+                max_model_len=s.max_model_len,
+                dtype=s.dtype,
+                partial_rollouts=rc.rollout.partial_rollouts,
+            )
         with _env(engine_device_env(rc, i)):
             engines.append(make_backend(model_dir, backend=backend, name=f"{backend}{i}", **kw))
         placement = getattr(engines[-1], "placement", None)
