@@ -399,14 +399,16 @@ def _part_slots(view: np.ndarray, parts: Sequence[Any], layout: str) -> list[tup
     return out
 
 
-_COMPARE_CHUNK = 1 << 20  # elements compared at a time (the first difference ends it)
+# elements compared at a time: the first chunk is small (a changed tensor usually differs
+# there, and costs no more), each next one twice as large, up to the cap
+_COMPARE_FIRST, _COMPARE_CHUNK = 1 << 12, 1 << 20
 
 
 def same_bits(dst: np.ndarray, src: Any) -> bool:
     """Whether ``src`` cast to ``dst``'s dtype (as ``np.copyto(..., casting="unsafe")``
     writes it) is bitwise equal to ``dst``: the bit patterns are compared, so -0.0 differs
     from 0.0 and a NaN equals the same NaN. Compared in chunks of leading rows, so a
-    tensor that changed is usually told apart by its first chunk."""
+    tensor that changed is usually told apart by its first, small chunk."""
     src = np.asarray(src)
     if dst.shape != src.shape:
         return False
@@ -416,14 +418,15 @@ def same_bits(dst: np.ndarray, src: Any) -> bool:
     if dst.ndim == 0:
         return bool(np.asarray(src, dtype=dst.dtype).view(bits) == dst.view(bits))
     row = max(1, dst.size // max(1, dst.shape[0]))
-    step = max(1, _COMPARE_CHUNK // row)
-    for r in range(0, dst.shape[0], step):
-        a = dst[r : r + step]
-        b = src[r : r + step]
+    r, n = 0, min(_COMPARE_FIRST, _COMPARE_CHUNK)
+    while r < dst.shape[0]:
+        step = max(1, n // row)
+        a, b = dst[r : r + step], src[r : r + step]
         if b.dtype != dst.dtype:
             b = b.astype(dst.dtype)
         if not np.array_equal(a.view(bits), b.view(bits)):
             return False
+        r, n = r + step, min(2 * n, _COMPARE_CHUNK)
     return True
 
 
