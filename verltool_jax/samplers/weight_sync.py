@@ -417,13 +417,17 @@ def same_bits(dst: np.ndarray, src: Any) -> bool:
     bits = np.dtype(f"u{dst.dtype.itemsize}")
     if dst.ndim == 0:
         return bool(np.asarray(src, dtype=dst.dtype).view(bits) == dst.view(bits))
+    if (dst.shape[-1] * dst.dtype.itemsize) % 8 == 0:
+        bits = np.dtype("u8")  # rows of whole 8-byte words: compared as such (faster)
     row = max(1, dst.size // max(1, dst.shape[0]))
     r, n = 0, min(_COMPARE_FIRST, _COMPARE_CHUNK)
     while r < dst.shape[0]:
         step = max(1, n // row)
         a, b = dst[r : r + step], src[r : r + step]
-        if b.dtype != dst.dtype:
-            b = b.astype(dst.dtype)
+        b = b.astype(dst.dtype) if b.dtype != dst.dtype else b
+        if bits.itemsize != dst.dtype.itemsize:  # a word view needs contiguous rows
+            a = a if a.strides[-1] == a.itemsize else np.ascontiguousarray(a)
+            b = b if b.strides[-1] == b.itemsize else np.ascontiguousarray(b)
         if not np.array_equal(a.view(bits), b.view(bits)):
             return False
         r, n = r + step, min(2 * n, _COMPARE_CHUNK)
