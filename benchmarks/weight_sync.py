@@ -153,8 +153,13 @@ def main() -> None:
             details.append(("vLLM in-process engine", r))
             parts.append(("full model (every tensor changes)", r))
             if not args.skip_lora:
-                r = time_syncs(s, lora_params(model), args.repeats, 100)
+                lora = lora_params(model)
+                r = time_syncs(s, lora, args.repeats, 100)
                 parts.append(("LoRA r16, top 8 layers", r))
+                s.skip_unchanged = False  # as before: every tensor sent and repacked
+                r = time_syncs(s, lora, args.repeats, 200)
+                parts.append(("  same, skip_unchanged=False", r))
+                s.skip_unchanged = True
             if args.reload:
                 s.sync_mode = "reload"
                 r = time_syncs(s, [params2, params], 0)
