@@ -175,6 +175,7 @@ class JAXSampler:
         self.version = 0
         self.last_sync: dict = {}
         self._graphdef, self._state = nnx.split(model, nnx.Param)
+        self._base_graphdef, self._model_cls = self._graphdef, type(model)
         self._lock = threading.Lock()
         self._queue: queue.Queue[_Request] = queue.Queue()
         self._dead: BaseException | None = None
@@ -206,7 +207,7 @@ class JAXSampler:
         from verltool_jax.models.decode import init_cache
 
         self._init_cache = lambda: init_cache(self.config, self.max_batch_size, self.cache_len)
-        self._prefill, self._decode, self._prefill_img = _kernels(self._graphdef)
+        self._fns = _kernels(self._graphdef)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -278,16 +279,42 @@ class JAXSampler:
             self._inflight -= 1
 
     def update_weights(self, params: Any, version: int) -> None:
-        """Swap in the trainer's params (``nnx.State`` of the ``Transformer``, or the model)."""
+        """Swap in the trainer's params (``nnx.State`` of the ``Transformer``, or the model).
+        ``models.lora.AdapterWeights`` are applied as they are: the sampler runs the
+        model with its LoRA layers (``y = x W + s (x A) B``, the trainer's own forward),
+        compiled once per adapter structure; nothing is merged or copied."""
         from flax import nnx
 
+        from verltool_jax.models.lora import AdapterWeights
+
         t0 = time.perf_counter()
+        graphdef, path = self._base_graphdef, "swap"
         if isinstance(params, nnx.Module):
             params = nnx.split(params, nnx.Param)[1]
+        elif isinstance(params, AdapterWeights):
+            graphdef, params, path = self._lora_graphdef(params.config), params.params, "adapter"
+        fns = _kernels(graphdef)
         with self._lock:
-            self._state = params
+            self._graphdef, self._fns, self._state = graphdef, fns, params
             self.version = int(version)
-        self.last_sync = {"sync_seconds": time.perf_counter() - t0, "version": self.version}
+        self.last_sync = {
+            "sync_seconds": time.perf_counter() - t0,
+            "version": self.version,
+            "sync_path": path,
+        }
+
+    def _lora_graphdef(self, config: Any) -> Any:
+        """The graph of this sampler's model with the adapters of ``config`` (no arrays)."""
+        from flax import nnx
+
+        from verltool_jax.models.lora import LORA_FIELDS
+
+        if config.lora_rank <= 0:
+            raise ValueError(f"{self.name}: AdapterWeights with lora_rank=0")
+        # the sampler's own model (its dtype, no remat) with the trainer's adapters
+        cfg = self.config.replace(**{f: getattr(config, f) for f in LORA_FIELDS})
+        abstract = nnx.eval_shape(lambda: self._model_cls(cfg, nnx.Rngs(0)))
+        return nnx.split(abstract, nnx.Param)[0]
 
     def close(self) -> None:
         self._closed = True
@@ -387,8 +414,10 @@ class JAXSampler:
         return chosen
 
     def _params(self):
+        """``((prefill, decode, prefill_images), state)``: the kernels of the structure
+        being served and its params, read together (a sync may change both)."""
         with self._lock:
-            return self._state
+            return self._fns, self._state
 
     def _sampling_arrays(self, rows, reqs):
         import jax.numpy as jnp
@@ -427,8 +456,9 @@ class JAXSampler:
         arrays = self._sampling_arrays(rows, [r for _, r in admitted])
         if any(r.images for _, r in admitted):
             extra = self._image_arrays(ids, mask, admitted)
-            cache, tok, lp = self._prefill_img(
-                self._params(),
+            (_, _, prefill_img), state = self._params()
+            cache, tok, lp = prefill_img(
+                state,
                 cache,
                 jnp.asarray(ids),
                 jnp.asarray(mask),
@@ -437,8 +467,9 @@ class JAXSampler:
                 *arrays,
             )
         else:
-            cache, tok, lp = self._prefill(
-                self._params(),
+            (prefill, _, _), state = self._params()
+            cache, tok, lp = prefill(
+                state,
                 cache,
                 jnp.asarray(ids),
                 jnp.asarray(mask),
@@ -468,9 +499,8 @@ class JAXSampler:
         act = np.zeros(self.max_batch_size, bool)
         act[active] = True
         arrays = self._sampling_arrays(active, [self._rows[i] for i in active])
-        cache, tok, lp = self._decode(
-            self._params(), cache, jnp.asarray(last_tok), jnp.asarray(act), *arrays
-        )
+        (_, decode, _), state = self._params()
+        cache, tok, lp = decode(state, cache, jnp.asarray(last_tok), jnp.asarray(act), *arrays)
         return cache, np.asarray(tok), np.asarray(lp)
 
     def _finish(

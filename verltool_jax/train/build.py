@@ -300,6 +300,8 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
                 trainer_overlaps=(
                     rc.rollout.mode == "async" if trainer_overlaps is None else trainer_overlaps
                 ),
+                # vLLM's LoRA serving, for adapter-only syncs (sampler.lora_sync)
+                lora_rank=rc.model.lora_rank if s.lora_sync == "adapter" else 0,
             )
         else:
             kw = dict(max_model_len=s.max_model_len, dtype=s.dtype)
