@@ -75,6 +75,7 @@ TOKENS_PER_S = "perf/tokens_per_s"  # sampled (loss-mask) tokens of the step per
 SYNC_BYTES = "weight_sync/bytes"  # payload bytes of the last push (per engine)
 SYNC_SECONDS = "weight_sync/seconds"  # wall seconds of the last push (all engines)
 SYNC_GBPS = "weight_sync/gb_per_s"  # SYNC_BYTES / SYNC_SECONDS / 1e9
+SYNC_ADAPTER_ONLY = "weight_sync/adapter_only"  # 1: the last push carried LoRA adapters only
 PARITY_DIFF_MEAN = "sync/logprob_diff_mean"  # mean |sampler - trainer| log-prob
 PARITY_DIFF_MAX = "sync/logprob_diff_max"
 PARITY_TOKENS = "sync/parity_tokens"  # tokens compared

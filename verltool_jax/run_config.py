@@ -202,6 +202,10 @@ class SamplerSection(Checked):
     restart_window_s: float = spec(DEFAULT_RESTART_WINDOW_S, check=above(0))
     restart_backoff_s: float = spec(DEFAULT_RESTART_BACKOFF_S, check=at_least(0))
     down_grace_s: float = spec(DEFAULT_DOWN_GRACE_S, check=at_least(0))
+    # With LoRA (model.lora_rank > 0): "adapter" syncs only the adapters after each step
+    # (vLLM serves them with its LoRA layers, the JAX sampler applies them itself; a remote
+    # server gets merged weights); "merged" folds them into the kernels and syncs the model.
+    lora_sync: str = spec("adapter", choices=("adapter", "merged"))
 
 
 def _tool_urls_ok(v: Any) -> bool:

@@ -1,6 +1,7 @@
 """A LoRA run through the real trainer (tiny_math smoke config, JAX sampler): only the
-adapters change, the sampler serves the merged weights (its logprobs match the trainer's
-unmerged forward), the SFT warm start trains adapters too, and the HF export is merged."""
+adapters change, every sync after the first carries the adapters only (the default
+``sampler.lora_sync="adapter"``) and the sampler's logprobs match the trainer's, the SFT
+warm start trains adapters too, and the HF export is merged."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from verltool_jax.cli import parse_command_line
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_lora_run_trains_adapters_and_syncs_merged_weights(tmp_path):
+def test_lora_run_trains_adapters_and_syncs_them_alone(tmp_path):
     from flax import nnx
 
     from verltool_jax.models.hf_io import load_hf
@@ -47,7 +48,9 @@ def test_lora_run_trains_adapters_and_syncs_merged_weights(tmp_path):
         np.testing.assert_array_equal(params[k], v, err_msg=str(k))
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     diffs = [r["sync/logprob_diff_max"] for r in records if "sync/logprob_diff_max" in r]
-    assert diffs and max(diffs) < 1e-3, diffs  # the sampler serves the merged weights
+    assert diffs and max(diffs) < 1e-3, diffs  # the sampler serves the trainer's policy
+    adapter_only = [r["weight_sync/adapter_only"] for r in records if "weight_sync/bytes" in r]
+    assert adapter_only and set(adapter_only) == {1.0}, adapter_only
     if sft_steps:
         assert any("sft/sft_loss" in r for r in records)
     merged = load_hf(out / "hf_model")  # export: plain HF weights, adapters folded

@@ -24,15 +24,22 @@ small and on-policy), and ``A`` is drawn uniform with the fan-in bound directly.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_LEAVES = ("lora_a", "lora_b")
+# The ModelConfig fields that describe the adapters.
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "lora_last_layers")
 
 
 class LoRALinear(nnx.Linear):
@@ -161,3 +168,95 @@ def with_lora(
     base = nnx.state(model, nnx.Param)
     nnx.update(new, base)
     return new
+
+
+# ------------------------------------------------------------------ adapter-only sync
+def strip_lora(params: nnx.State) -> nnx.State:
+    """The param state without its adapter factors: the frozen base model."""
+    return nnx.from_flat_state(
+        {k: v for k, v in _flat(params).items() if not (k and k[-1] in LORA_LEAVES)}
+    )
+
+
+@dataclass(frozen=True)
+class AdapterWeights:
+    """The policy as the frozen base plus its LoRA adapters, for samplers that apply the
+    adapters themselves (``sampler.lora_sync="adapter"``): vLLM's LoRA serving, the JAX
+    sampler. ``params`` is the trainer's unfolded param state (base kernels and
+    ``lora_a`` / ``lora_b``), ``config`` its ``ModelConfig`` (rank, alpha, targets).
+    A sampler that cannot apply adapters serves :meth:`merged`, the same function.
+    A pytree (``config`` static), so multi-host gathers and device puts go through it."""
+
+    params: Any
+    config: Any
+
+    def merged(self) -> nnx.State:
+        """``W' = W + s A B`` folded into every adapted kernel (:func:`fold_lora`)."""
+        return fold_lora(self.params, self.config.lora_scale)
+
+    def base(self) -> nnx.State:
+        """The frozen base model (:func:`strip_lora`)."""
+        return strip_lora(self.params)
+
+    def peft_tensors(self) -> list[tuple[str, np.ndarray]]:
+        """The adapters as a PEFT checkpoint holds them, in HF layout:
+        ``base_model.model.<hf module>.lora_A.weight = A^T [r, in]`` and
+        ``...lora_B.weight = B^T [out, r]``; PEFT's scaling ``lora_alpha / r`` is ours, so
+        the served layer computes ``x W^T + (alpha / r) (x A) B`` as the trainer does."""
+        from .name_maps import param_table
+
+        flat = _flat(self.params)
+        out = []
+        for m in param_table(self.config):
+            stem = m.path[:-1]
+            if m.path[-1] != "kernel" or stem + ("lora_a",) not in flat:
+                continue
+            hf = "base_model.model." + m.hf_name.removesuffix(".weight")
+            a = np.asarray(_value(flat[stem + ("lora_a",)]))
+            b = np.asarray(_value(flat[stem + ("lora_b",)]))
+            out += [(f"{hf}.lora_A.weight", a.T), (f"{hf}.lora_B.weight", b.T)]
+        if not out:
+            raise ValueError("AdapterWeights: the param state holds no LoRA factors")
+        return out
+
+    def peft_config(self) -> dict:
+        """``adapter_config.json`` of a PEFT LoRA checkpoint with these adapters."""
+        c = self.config
+        return {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": int(c.lora_rank),
+            "lora_alpha": float(c.lora_alpha),
+            "target_modules": sorted(c.lora_targets),
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "use_rslora": False,
+            "fan_in_fan_out": False,
+        }
+
+    def save_peft(self, path: str | os.PathLike, dtype: str | None = None) -> int:
+        """Write the adapters as a PEFT checkpoint directory (``adapter_config.json``,
+        ``adapter_model.safetensors``; ``dtype`` casts, None keeps float32); each file is
+        written beside its name and renamed over it, so a reader never sees half a file.
+        Returns the tensor bytes written."""
+        from .safetensors_io import write_file
+
+        d = Path(path)
+        d.mkdir(parents=True, exist_ok=True)
+        named = [(n, np.ascontiguousarray(_cast_np(a, dtype))) for n, a in self.peft_tensors()]
+        tmp = d / ".adapter_model.safetensors.tmp"
+        write_file(tmp, [(n, a.shape, a.dtype) for n, a in named], named)
+        os.replace(tmp, d / "adapter_model.safetensors")
+        tmp = d / ".adapter_config.json.tmp"
+        tmp.write_text(json.dumps(self.peft_config()))
+        os.replace(tmp, d / "adapter_config.json")
+        return sum(a.nbytes for _, a in named)
+
+
+def _cast_np(a: np.ndarray, dtype: str | None) -> np.ndarray:
+    if dtype is None or dtype == "float32":
+        return a.astype(np.float32, copy=False)
+    return a.astype(jnp.dtype(dtype))
+
+
+jax.tree_util.register_dataclass(AdapterWeights, data_fields=["params"], meta_fields=["config"])

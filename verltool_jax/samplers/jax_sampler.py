@@ -198,6 +198,7 @@ class JAXSampler:
         self._restart_rows = False  # a sync asked the loop to continue its rows from prefixes
         self.last_sync: dict = {}
         self._graphdef, self._state = nnx.split(model, nnx.Param)
+        self._base_graphdef, self._model_cls = self._graphdef, type(model)
         self._lock = threading.Lock()
         self._queue: queue.Queue[_Request] = queue.Queue()
         self._dead: BaseException | None = None
@@ -229,7 +230,7 @@ class JAXSampler:
         from verltool_jax.models.decode import init_cache
 
         self._init_cache = lambda: init_cache(self.config, self.max_batch_size, self.cache_len)
-        self._prefill, self._decode, self._prefill_img = _kernels(self._graphdef)
+        self._fns = _kernels(self._graphdef)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -301,17 +302,43 @@ class JAXSampler:
             self._inflight -= 1
 
     def update_weights(self, params: Any, version: int) -> None:
-        """Swap in the trainer's params (``nnx.State`` of the ``Transformer``, or the model)."""
+        """Swap in the trainer's params (``nnx.State`` of the ``Transformer``, or the model).
+        ``models.lora.AdapterWeights`` are applied as they are: the sampler runs the
+        model with its LoRA layers (``y = x W + s (x A) B``, the trainer's own forward),
+        compiled once per adapter structure; nothing is merged or copied."""
         from flax import nnx
 
+        from verltool_jax.models.lora import AdapterWeights
+
         t0 = time.perf_counter()
+        graphdef, path = self._base_graphdef, "swap"
         if isinstance(params, nnx.Module):
             params = nnx.split(params, nnx.Param)[1]
+        elif isinstance(params, AdapterWeights):
+            graphdef, params, path = self._lora_graphdef(params.config), params.params, "adapter"
+        fns = _kernels(graphdef)
         with self._lock:
-            self._state = params
+            self._graphdef, self._fns, self._state = graphdef, fns, params
             self.version = int(version)
             self._restart_rows = self.partial_rollouts
-        self.last_sync = {"sync_seconds": time.perf_counter() - t0, "version": self.version}
+        self.last_sync = {
+            "sync_seconds": time.perf_counter() - t0,
+            "version": self.version,
+            "sync_path": path,
+        }
+
+    def _lora_graphdef(self, config: Any) -> Any:
+        """The graph of this sampler's model with the adapters of ``config`` (no arrays)."""
+        from flax import nnx
+
+        from verltool_jax.models.lora import LORA_FIELDS
+
+        if config.lora_rank <= 0:
+            raise ValueError(f"{self.name}: AdapterWeights with lora_rank=0")
+        # the sampler's own model (its dtype, no remat) with the trainer's adapters
+        cfg = self.config.replace(**{f: getattr(config, f) for f in LORA_FIELDS})
+        abstract = nnx.eval_shape(lambda: self._model_cls(cfg, nnx.Rngs(0)))
+        return nnx.split(abstract, nnx.Param)[0]
 
     def close(self) -> None:
         self._closed = True
@@ -428,9 +455,11 @@ class JAXSampler:
         return chosen
 
     def _params(self):
-        """``(params, version)`` of one step, read together."""
+        """``((prefill, decode, prefill_images), params, version)``: the kernels of the
+        structure being served, its params and their version, read together (a sync may
+        change all three)."""
         with self._lock:
-            return self._state, self.version
+            return self._fns, self._state, self.version
 
     def _sampling_arrays(self, rows, reqs):
         import jax.numpy as jnp
@@ -467,10 +496,10 @@ class JAXSampler:
             self._rows[i] = r
         rows = [i for i, _ in admitted]
         arrays = self._sampling_arrays(rows, [r for _, r in admitted])
-        params, version = self._params()
+        fns, params, version = self._params()
         if any(r.images for _, r in admitted):
             extra = self._image_arrays(ids, mask, admitted)
-            cache, tok, lp = self._prefill_img(
+            cache, tok, lp = fns[2](
                 params,
                 cache,
                 jnp.asarray(ids),
@@ -480,7 +509,7 @@ class JAXSampler:
                 *arrays,
             )
         else:
-            cache, tok, lp = self._prefill(
+            cache, tok, lp = fns[0](
                 params,
                 cache,
                 jnp.asarray(ids),
@@ -511,10 +540,8 @@ class JAXSampler:
         act = np.zeros(self.max_batch_size, bool)
         act[active] = True
         arrays = self._sampling_arrays(active, [self._rows[i] for i in active])
-        params, version = self._params()
-        cache, tok, lp = self._decode(
-            params, cache, jnp.asarray(last_tok), jnp.asarray(act), *arrays
-        )
+        fns, params, version = self._params()
+        cache, tok, lp = fns[1](params, cache, jnp.asarray(last_tok), jnp.asarray(act), *arrays)
         return cache, np.asarray(tok), np.asarray(lp), version
 
     def _finish(

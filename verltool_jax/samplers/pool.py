@@ -85,6 +85,9 @@ class SamplerPool:
             "sync_bytes": max((int(p.get("sync_bytes", 0)) for p in per), default=0),
             "sync_bytes_total": sum(int(p.get("sync_bytes", 0)) for p in per),
         }
+        paths = {p.get("sync_path") for p in per}
+        if len(paths) == 1:  # e.g. "adapter" when every engine took the adapters only
+            self.last_sync["sync_path"] = paths.pop()
 
     @property
     def load(self) -> int:

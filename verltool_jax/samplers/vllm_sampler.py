@@ -46,6 +46,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -71,6 +72,7 @@ from .restart import (
 from .stops import stop_across_boundaries
 from .validation import check_image_request, effective_max_tokens
 from .weight_sync import (
+    SHM_DIR,
     SharedWeightBuffer,
     WeightPayload,
     engine_sync_info,
@@ -92,6 +94,25 @@ _DTYPES = {
     "float16": "float16",
     "fp16": "float16",
 }
+
+
+# The one adapter a LoRA-serving engine holds: replaced in place by every sync.
+ADAPTER_NAME = "verltool-policy"
+ADAPTER_ID = 1
+# The ranks vLLM's LoRA layers are built for (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_engine_args(rank: int) -> dict:
+    """``AsyncEngineArgs`` fields of an engine serving one LoRA adapter of rank <= ``rank``:
+    the smallest ``max_lora_rank`` vLLM accepts that holds it, one adapter slot."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if rank < 1 or not fits:
+        raise ValueError(
+            f"LoRA rank {rank}: vLLM serves ranks 1..{VLLM_LORA_RANKS[-1]}; set model.lora_rank "
+            "within that or sampler.lora_sync='merged'"
+        )
+    return dict(enable_lora=True, max_lora_rank=fits[0], max_loras=1, max_cpu_loras=1)
 
 
 async def _cancel_tasks(tasks: list | None = None, timeout_s: float = 2.0) -> None:
@@ -236,6 +257,10 @@ class VLLMSampler:
             ``cpu_placement`` from the machine and this; ``self.placement`` says what).
         partial_rollouts: a weight sync stops the requests in flight and continues them
             from their prefixes with the new weights (see the module docstring).
+        lora_rank: > 0 serves LoRA adapters of up to this rank with vLLM's LoRA layers
+            (``enable_lora``, one adapter slot): ``update_weights`` given
+            :class:`~verltool_jax.models.lora.AdapterWeights` then loads only the adapters
+            (:meth:`load_adapter`); 0: every sync loads the merged weights.
     """
 
     def __init__(
@@ -257,6 +282,7 @@ class VLLMSampler:
         engine_kwargs: dict | None = None,
         trainer_overlaps: bool = False,
         partial_rollouts: bool = PARTIAL_ROLLOUTS_DEFAULT,
+        lora_rank: int = 0,
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"VLLMSampler dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -324,6 +350,12 @@ class VLLMSampler:
             # the request's torch generator, which CPU generators cannot do. Whole-prompt
             # prefill never takes that path (tests/samplers: test_seeded_requests_...).
             self._engine_args["enable_chunked_prefill"] = False
+        self.lora_rank = int(lora_rank)
+        if self.lora_rank > 0:
+            self._engine_args.update(lora_engine_args(self.lora_rank))
+        self._lora_request: Any = None  # the adapter every request runs with, once loaded
+        self._lora_dir: Path | None = None  # its PEFT directory, rewritten by each sync
+        self._base_load: tuple[str, tuple] | None = None  # the base load under the adapter
         self._engine_args.update(engine_kwargs or {})
         self._model_config: ModelConfig | None = None  # loaded on first update
         # "auto": in place where it applies, else vLLM's reload; "reload" forces the latter
@@ -496,6 +528,13 @@ class VLLMSampler:
                 engine = None
                 try:
                     engine = await self._new_engine()
+                    if self._lora_request is not None and self._base_load is not None:
+                        await asyncio.wait_for(
+                            self._unless_dead(
+                                engine, self._reload(*self._base_load, engine=engine)
+                            ),
+                            self.request_timeout_s,
+                        )
                     if self._last_load is not None:  # the policy the trainer published last
                         await asyncio.wait_for(
                             self._unless_dead(
@@ -597,7 +636,10 @@ class VLLMSampler:
                 attempt, aparams = done.attempt(prompt, vparams)
                 final = None
                 rid = f"{request_id}-{next(self._ids)}"
-                async for out in engine.generate(attempt.tokens_prompt(), aparams, rid):
+                lora = self._lora_request
+                async for out in engine.generate(
+                    attempt.tokens_prompt(), aparams, rid, lora_request=lora
+                ):
                     final = out
                 attempt.check_expansion(self.name, final)
                 if self.partial_rollouts and self._syncs != syncs:
@@ -795,6 +837,7 @@ class VLLMSampler:
 
     def load_payload(self, payload: WeightPayload, version: int) -> dict:
         """Install an already packed payload as ``version``; returns timing metrics."""
+        self._lora_request = self._base_load = None  # whole weights: no adapter on top
         args = (
             list(payload.names),
             list(payload.dtypes),
@@ -832,16 +875,63 @@ class VLLMSampler:
         return self._model_config
 
     def update_weights(self, params: Any, version: int) -> None:
-        """Install the trainer's Flax params (``nnx.State`` / ``Transformer``) as ``version``."""
+        """Install the trainer's Flax params (``nnx.State`` / ``Transformer``) as ``version``;
+        :class:`~verltool_jax.models.lora.AdapterWeights` load only their adapters when the
+        engine serves LoRA (``lora_rank``), else their merged weights."""
+        from verltool_jax.models.lora import AdapterWeights
+
+        if isinstance(params, AdapterWeights) and self.lora_rank:
+            self.load_adapter(params, version)
+            return
         self.load_named_tensors(named_tensors_from_params(params, self.model_config()), version)
+
+    def load_adapter(self, weights: Any, version: int) -> dict:
+        """Serve ``weights`` (``AdapterWeights``) as ``version`` through vLLM's LoRA layers.
+
+        The first call loads the frozen base (``weights.base()``, the full-weight path) once;
+        every call writes the adapters as a PEFT directory in shared memory and replaces the
+        engine's one adapter in place (``vllm_worker_ext.verltool_load_lora``: vLLM's
+        ``add_lora`` with ``load_inplace``, the same ``lora_int_id``): running requests keep their adapter id and, like a full sync,
+        are recomputed with the new adapter; no adapter accumulates, the slot is reused.
+        ``last_sync["sync_bytes"]`` counts the adapter tensors only."""
+        from vllm.lora.request import LoRARequest
+
+        rank = int(weights.config.lora_rank)
+        if rank > self.lora_rank:
+            raise ValueError(
+                f"{self.name}: adapter rank {rank} > the engine's lora_rank {self.lora_rank}; "
+                "start the sampler with lora_rank >= model.lora_rank"
+            )
+        t0 = time.perf_counter()
+        if self._base_load is None:
+            base = named_tensors_from_params(weights.base(), self.model_config())
+            self.load_named_tensors(base, version)
+            self._base_load = self._last_load
+        if self._lora_dir is None:
+            self._lora_dir = Path(SHM_DIR) / f"verltool-lora-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        t1 = time.perf_counter()
+        nbytes = weights.save_peft(self._lora_dir, self.dtype)
+        pack_s = time.perf_counter() - t1
+        args = (ADAPTER_NAME, ADAPTER_ID, str(self._lora_dir))
+        self._load_rpc("verltool_load_lora", args, nbytes, version)
+        self._lora_request = LoRARequest(*args)
+        self.last_sync.update(
+            sync_path="adapter",
+            pack_seconds=pack_s,
+            load_seconds=self.last_sync["sync_seconds"],
+            sync_seconds=time.perf_counter() - t0,
+        )
+        return self.last_sync
 
     def load_named_tensors(self, named: Iterable[tuple[str, Any]], version: int) -> dict:
         """Install HF-named tensors ``(name, array)`` as ``version`` through shared memory;
         returns ``{sync_seconds, sync_bytes, pack_seconds, load_seconds, version}``
         (``sync_seconds`` = pack + load) and the buffer's ``written_bytes``,
         ``skipped_tensors``, ``compare_seconds``. After an in-place load of this buffer, the
-        next sync sends only the tensors whose bytes changed (``skip_unchanged``)."""
+        next sync sends only the tensors whose bytes changed (``skip_unchanged``). Whole
+        weights: no adapter is applied on top."""
         t0 = time.perf_counter()
+        self._lora_request = self._base_load = None
         self._shm = self._shm or SharedWeightBuffer()
         skip = self.skip_unchanged and self._engine_holds_shm and self.sync_mode != "reload"
         manifest = self._shm.write(named, dtype=self.dtype, skip_unchanged=skip)
@@ -889,6 +979,8 @@ class VLLMSampler:
         self._closed = True
         if self._shm is not None:
             self._shm.close()
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
         # Let what vLLM cancelled on shutdown (its output-queue task) finish cancelling
         # before the loop stops, else: "Task was destroyed but it is pending!" at exit.
         self._cancel_on_loop()

@@ -271,3 +271,22 @@ class WeightSyncWorkerExtension:
             "repacked": 0,
             "seconds": time.perf_counter() - t0,
         }
+
+    def verltool_load_lora(self, name: str, lora_id: int, path: str) -> dict:
+        """Replace the adapter ``lora_id`` in place with the PEFT directory ``path`` (vLLM's
+        ``add_lora`` with ``load_inplace``: the new one is loaded, the old one removed, the
+        same slot reused). Plain arguments, so it crosses any RPC; returns what
+        ``verltool_load_shared`` does, with ``path="adapter"`` and ``adapters``, the
+        number the engine holds afterwards (1: nothing accumulates)."""
+        from vllm.lora.request import LoRARequest
+
+        t0 = time.perf_counter()
+        req = LoRARequest(lora_name=name, lora_int_id=int(lora_id), lora_path=path)
+        req.load_inplace = True
+        self.model_runner.add_lora(req)
+        return {
+            "path": "adapter",
+            "reason": None,
+            "adapters": len(self.model_runner.list_loras()),
+            "seconds": time.perf_counter() - t0,
+        }

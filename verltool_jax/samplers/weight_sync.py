@@ -89,14 +89,18 @@ def payload_to_torch(names, dtypes, shapes, buffers) -> Iterator[tuple[str, Any]
 
 
 def named_tensors_from_params(params: Any, config: Any) -> Iterator[tuple[str, np.ndarray]]:
-    """Flax params (an ``nnx.State`` or the ``Transformer``) -> HF-named numpy arrays.
+    """Flax params (an ``nnx.State``, the ``Transformer`` or ``AdapterWeights``, merged)
+    -> HF-named numpy arrays.
 
     Uses the models' single name/shape table, so the sampler never keeps its own copy
     of the parameter naming. Transposed kernels come as views: ``SharedWeightBuffer``
     transposes while it copies (one pass); ``pack_named_tensors`` makes them contiguous.
     """
     from verltool_jax.models.hf_io import hf_named_tensors
+    from verltool_jax.models.lora import AdapterWeights
 
+    if isinstance(params, AdapterWeights):  # an engine that serves no adapters: merged
+        params = params.merged()
     for name, arr in hf_named_tensors(params, config, contiguous=False):
         yield name, np.asarray(arr)
 
@@ -519,7 +523,9 @@ def log_sync_path(name: str, info: dict, logged: set) -> None:
     if key in logged:
         return
     logged.add(key)
-    if info.get("path") == "inplace":
+    if info.get("path") == "adapter":
+        log.info("%s: weight sync of the LoRA adapter only (vLLM LoRA serving)", name)
+    elif info.get("path") == "inplace":
         log.info(
             "%s: weight sync in place (%s tensors, %s packed GEMM weights rebuilt)",
             name,
@@ -541,7 +547,7 @@ def engine_sync_info(info: dict) -> dict:
     its ``engine_copy_seconds`` (plain copies) / ``engine_repack_seconds`` (packed GEMM
     weights rebuilt, the LM head's included) / ``engine_repack_cpu_seconds``."""
     out = {"sync_path": info.get("path"), "engine_load_seconds": info.get("seconds")}
-    for k in ("copy_seconds", "repack_seconds", "repack_cpu_seconds"):
+    for k in ("copy_seconds", "repack_seconds", "repack_cpu_seconds", "adapters"):
         if k in info:
             out["engine_" + k] = info[k]
     return out

@@ -301,6 +301,8 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
                     rc.rollout.mode == "async" if trainer_overlaps is None else trainer_overlaps
                 ),
                 partial_rollouts=rc.rollout.partial_rollouts,
+                # vLLM's LoRA serving, for adapter-only syncs (sampler.lora_sync)
+                lora_rank=rc.model.lora_rank if s.lora_sync == "adapter" else 0,
             )
         else:
             kw = dict(

@@ -7,7 +7,13 @@ trajectory queue (given at construction), so a group is never labelled with a ve
 its sampler did not serve. :attr:`version` is a host integer: reading it never waits for
 the device.
 Every push is measured: :meth:`sync_metrics` gives the bytes (the payload per engine, as
-the sampler reports it in ``last_sync["sync_bytes"]``) and wall seconds of the last one.
+the sampler reports it in ``last_sync["sync_bytes"]``) and wall seconds of the last one,
+and whether it carried the LoRA adapters only.
+
+With LoRA the trainer publishes ``models.lora.AdapterWeights`` (base + adapters):
+``lora_sync="adapter"`` hands them to the samplers as they are (each applies the adapters
+itself, or merges them if it cannot); ``"merged"`` folds them into the kernels first, so
+every sampler gets the whole merged model (``sampler.lora_sync``).
 """
 
 from __future__ import annotations
@@ -25,9 +31,15 @@ log = logging.getLogger("verltool_jax.train")
 class PolicyPublisher:
     """Moves sampler(s) and queue to a new policy version together."""
 
-    def __init__(self, sampler: Any, queue: TrajectoryQueue | None = None):
+    def __init__(
+        self, sampler: Any, queue: TrajectoryQueue | None = None, lora_sync: str = "adapter"
+    ):
+        if lora_sync not in ("adapter", "merged"):
+            raise ValueError(f"sampler.lora_sync must be adapter | merged, got {lora_sync!r}")
         self.sampler = sampler
         self.queue = queue
+        self.lora_sync = lora_sync
+        self.last_sync_adapter = False
         self.version: int | None = None
         self.last_sync_s = 0.0
         self.last_sync_bytes = 0
@@ -54,10 +66,16 @@ class PolicyPublisher:
     def _push(self, params: Any, version: int) -> None:
         if self.version is not None and version < self.version:
             raise ValueError(f"policy version may not go back: {self.version} -> {version}")
+        from verltool_jax.models.lora import AdapterWeights
+
         t0 = time.perf_counter()
+        if isinstance(params, AdapterWeights) and self.lora_sync == "merged":
+            params = params.merged()
         self.sampler.update_weights(params, version)
         self.last_sync_s = time.perf_counter() - t0
-        self.last_sync_bytes = int(getattr(self.sampler, "last_sync", {}).get("sync_bytes", 0))
+        last = getattr(self.sampler, "last_sync", {})
+        self.last_sync_bytes = int(last.get("sync_bytes", 0))
+        self.last_sync_adapter = last.get("sync_path") == "adapter"
         self.syncs += 1
         self.version = version
         log.info(
@@ -70,11 +88,13 @@ class PolicyPublisher:
         )
 
     def sync_metrics(self) -> dict:
-        """Bytes, seconds and GB/s of the last push (``metric_names.SYNC_*``)."""
+        """Bytes, seconds, GB/s of the last push and whether it was adapter-only
+        (``metric_names.SYNC_*``)."""
         from verltool_jax import metric_names as names
 
         return {
             names.SYNC_BYTES: float(self.last_sync_bytes),
             names.SYNC_SECONDS: self.last_sync_s,
             names.SYNC_GBPS: self.last_sync_bytes / max(self.last_sync_s, 1e-9) / 1e9,
+            names.SYNC_ADAPTER_ONLY: float(self.last_sync_adapter),
         }

@@ -102,12 +102,14 @@ class TrainState(struct.PyTreeNode):  # a frozen flax struct dataclass with a ty
         return nnx.merge(self.graphdef, self.params if params is None else params)
 
     def sampler_params(self) -> Any:
-        """The params the samplers serve: LoRA adapters folded into their kernels."""
-        from verltool_jax.models.lora import fold_lora
+        """The params the samplers serve: all of them, or with LoRA the base and its
+        adapters as ``models.lora.AdapterWeights`` (the publisher merges them unless
+        ``sampler.lora_sync="adapter"``)."""
+        from verltool_jax.models.lora import AdapterWeights
 
         if self.trainable is nnx.Param:
             return self.params
-        return fold_lora(self.params, self.graphdef_config().lora_scale)
+        return AdapterWeights(self.params, self.graphdef_config())
 
     def graphdef_config(self):
         """The model's ``ModelConfig``."""

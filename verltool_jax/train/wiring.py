@@ -75,7 +75,8 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
             groups_per_batch=groups,
             start_version=version,
         )
-    publisher = PolicyPublisher(run.open_sampler(), queue)  # waits for the engine start
+    # waits for the engine start
+    publisher = PolicyPublisher(run.open_sampler(), queue, rc.sampler.lora_sync)
     with part("first weight push"):
         publisher.publish_now(multihost.local_copy(state.sampler_params()), version)
     ts = rc.tool_server
