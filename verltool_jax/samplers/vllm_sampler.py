@@ -431,6 +431,8 @@ class VLLMSampler:
         before = {p.pid for p in multiprocessing.active_children()}
         box: list = []
         build = asyncio.ensure_future(asyncio.to_thread(self._build_engine, box))
+        # a build given up below ends later with an error nobody awaits: retrieve it
+        build.add_done_callback(lambda t: t.cancelled() or t.exception())
         t0 = time.monotonic()
         while time.monotonic() - t0 < self.startup_timeout_s:  # read each second: settable
             done, _ = await asyncio.wait({build}, timeout=1.0)
