@@ -26,6 +26,7 @@ stale, and the groups of a gateway producer (an agent program's state is its own
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -121,7 +122,7 @@ def restore_group(record: dict, make_builder: Any) -> list[Slot]:
     calls tells the tool server on its next call (``RESUMED_FIELD``)."""
     slots = []
     for saved in record["trajectories"]:
-        rec = saved["trajectory"]
+        rec = copy.deepcopy(saved["trajectory"])  # the record stays as saved
         b: TrajectoryBuilder = make_builder(rec["trajectory_id"])
         fresh = b.traj
         b.traj = Trajectory.from_json(
