@@ -16,6 +16,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from support.scripted_sampler import ScriptedSampler
 from support.smoke_run import smoke_train_flags
 
@@ -71,6 +72,7 @@ def _trained(out: Path) -> dict:
     return {t.trajectory_id: t for t in trajs}
 
 
+@pytest.mark.slow  # ~5 min on 2 busy cores: two runs (tests/rollout/test_inflight.py: fast)
 def test_a_resume_goes_on_with_the_trajectories_in_flight(tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setattr(build, "make_sampler", make_sampler)
