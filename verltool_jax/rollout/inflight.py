@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tool_server.protocol import RESUMED_FIELD
@@ -125,6 +125,8 @@ def restore_group(record: dict, make_builder: Any) -> list[Slot]:
         rec = copy.deepcopy(saved["trajectory"])  # the record stays as saved
         b: TrajectoryBuilder = make_builder(rec["trajectory_id"])
         fresh = b.traj
+        known = {f.name for f in fields(Trajectory)}  # a field a later version dropped: left out
+        rec = {k: v for k, v in rec.items() if k in known}
         b.traj = Trajectory.from_json(
             {**rec, "prompt_ids": list(fresh.prompt_ids), "data": rec.get("data", fresh.data)}
         )
