@@ -109,3 +109,18 @@ def test_a_restored_producer_goes_on_with_the_trajectories_in_flight(tok, tool_u
     assert kept.strip() == "8"  # the interpreter the server kept: v is still 7
     ledger.end([group], "trained")
     assert ledger.report().ok
+
+
+def test_a_group_with_observation_images_is_not_kept():
+    from verltool_jax.rollout.inflight import snapshot
+    from verltool_jax.rollout.ledger import Entry
+    from verltool_jax.rollout.trajectory import Trajectory, TrajectoryImage
+
+    def group(gid, source):
+        images = [TrajectoryImage(None, 1, source, 0 if source == "prompt" else 1)]
+        return [Trajectory(f"{gid}-0", gid, [1, 2], images=images)]
+
+    entries = {g: Entry(i, i, PromptItem([1, 2], group_id=g)) for i, g in enumerate("ab")}
+    kept = snapshot({}, [group("a", "prompt"), group("b", "observation")], entries)
+    assert [r["gid"] for r in kept] == ["a"]  # b is sampled again from its prompt
+    assert snapshot({}, [group("c", "prompt")], entries) == []  # not in flight: not kept

@@ -75,9 +75,9 @@ def trajectory_record(t: Trajectory, done: bool, pending_action: str | None) -> 
     return {"done": done, "pending_action": pending_action, "trajectory": rec}
 
 
-def resumable(slots: Iterable[Slot]) -> bool:
+def resumable(group: Iterable[Trajectory]) -> bool:
     """False for a group a checkpoint cannot keep: one with observation images."""
-    return not any(im.source != "prompt" for s in slots for im in s.builder.traj.images)
+    return not any(im.source != "prompt" for t in group for im in t.images)
 
 
 def snapshot(
@@ -87,15 +87,15 @@ def snapshot(
 ) -> list[dict]:
     """The records of the groups in flight: ``live`` (rolling out) and ``waiting`` (complete,
     in the queue), each kept only if its group id is one of ``entries`` (the ledger's
-    started draws, ``ledger.Entry`` by group id) and :func:`resumable`. Each record:
+    draws in flight, ``ledger.Entry`` by group id) and :func:`resumable`. Each record:
     ``serial``, ``gid``, ``base_gid``, ``attempt`` (the ledger's), ``prompt_ids`` and
     ``trajectories`` (:func:`trajectory_record`)."""
     groups: dict[str, list[tuple[Trajectory, bool, str | None]]] = {}
     for g in waiting:
-        if g:
+        if g and resumable(g):
             groups[g[0].group_id] = [(t, True, None) for t in g]
     for gid, slots in live.items():
-        if resumable(slots):
+        if resumable(s.builder.traj for s in slots):
             groups[gid] = [(s.builder.traj, s.done, s.builder.pending_action) for s in slots]
     out = []
     for gid, trajs in sorted(groups.items()):
