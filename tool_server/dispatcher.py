@@ -1,6 +1,14 @@
 """The server's core, independent of HTTP: routes each action to a tool, bounds
 concurrency, enforces the per-call timeout, truncates observations and frees
 per-trajectory state (on ``finish``, ``is_last_step``, ``done`` and after an idle TTL).
+
+A trajectory resumed from a trainer's checkpoint (its call carries
+``extra_fields[RESUMED_FIELD]``, see :mod:`tool_server.protocol`) keeps its tool state only
+if this server still holds exactly the state its record reflects: the server counts each
+trajectory's calls, and the count must equal the record's and every tool that keeps state
+(``BaseTool.keeps_state``) and served one of its earlier actions must still hold it.
+Otherwise (a restarted server, state freed by the TTL, calls made after the checkpoint)
+its state is freed and the observation starts with :data:`RESET_NOTE`.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from tool_server.kit.observations import (
     normalize_observation,
     truncate_observation,
 )
-from tool_server.protocol import ObservationRequest, make_response
+from tool_server.protocol import RESUMED_FIELD, ObservationRequest, make_response
 
 log = logging.getLogger("tool_server")
 
@@ -29,6 +37,19 @@ Step = tuple[Observation, bool, bool]
 
 # Actions at least this long are parsed in a thread, off the event loop.
 ROUTE_IN_THREAD_CHARS = 64 * 1024
+# What a resumed trajectory whose tool state is lost reads before its observation.
+RESET_NOTE = (
+    "[tool state was reset: this trajectory was paused at a checkpoint and resumed; what "
+    "{tools} kept for it from its {n} earlier call(s) (variables, files, sessions) is "
+    "gone. Run again what this call needs.]"
+)
+
+
+def with_note(observation: Observation, note: str) -> Observation:
+    """``observation`` with ``note`` as its first line."""
+    if isinstance(observation, dict):
+        return dict(observation, obs=note + "\n" + str(observation.get("obs", "")))
+    return note + "\n" + observation
 
 
 class Dispatcher:
@@ -80,7 +101,9 @@ class Dispatcher:
             "timeouts": 0,
             "tool_errors": 0,
             "freed_by_ttl": 0,
+            "states_reset": 0,  # resumed trajectories told their tool state was reset
         }
+        self._calls: dict[str, tuple[int, float]] = {}  # trajectory -> (calls, last call)
         self._sweeper: asyncio.Task | None = None
 
     # --- lifecycle -----------------------------------------------------------------
@@ -151,6 +174,35 @@ class Dispatcher:
         if finish or (self.verltool and self._only_finish):
             self.free(tid)
             return "", True, True
+        before = self._calls.get(tid, (0, 0.0))[0]
+        self._calls[tid] = (before + 1, time.monotonic())
+        note = None
+        if RESUMED_FIELD in extra:
+            resumed, extra = extra[RESUMED_FIELD], dict(extra)
+            del extra[RESUMED_FIELD]  # ours, not the tools'
+            note = await self.resumed_state(tid, resumed, extra, before)
+        observation, done, valid = await self._step(tid, action, extra, last)
+        return (observation if note is None else with_note(observation, note)), done, valid
+
+    async def resumed_state(
+        self, tid: str, resumed: dict, extra: dict, calls_before: int
+    ) -> str | None:
+        """The reset note for a resumed trajectory whose tool state is not the one its
+        record (``resumed``: its ``tool_calls`` and earlier ``actions``) reflects, after
+        freeing that state; None when it is intact or no tool it used keeps state."""
+        actions = list(resumed["actions"])
+        tools = await asyncio.to_thread(lambda: [self.route(a)[0] for a in actions])
+        keeping = {t.name: t for t in tools if t is not None and t.keeps_state(extra)}
+        if not keeping:
+            return None
+        if calls_before == resumed["tool_calls"] and all(tid in t.env for t in keeping.values()):
+            return None  # this server kept it (e.g. it outlived the trainer)
+        self.free(tid)
+        self._calls[tid] = (1, time.monotonic())
+        self.stats["states_reset"] += 1
+        return RESET_NOTE.format(tools=", ".join(sorted(keeping)), n=len(actions))
+
+    async def _step(self, tid: str, action: str, extra: dict, last: bool) -> Step:
         if len(action) >= ROUTE_IN_THREAD_CHARS:  # keep the event loop responsive
             tool, parsed = await asyncio.to_thread(self.route, action)
         else:
@@ -224,6 +276,7 @@ class Dispatcher:
     # --- state ---------------------------------------------------------------------
     def free(self, tid: str) -> None:
         """Free the trajectory's state in every tool."""
+        self._calls.pop(tid, None)
         for tool in self.tools:
             try:
                 tool.delete_env(tid)
@@ -233,6 +286,10 @@ class Dispatcher:
     def sweep(self, now: float | None = None) -> int:
         """Free state idle longer than ``settings.state_ttl_s``; returns how many."""
         freed = 0
+        now = time.monotonic() if now is None else now
+        for tid, (_, last) in list(self._calls.items()):
+            if now - last > self.settings.state_ttl_s:
+                del self._calls[tid]
         for tool in self.tools:
             for tid in tool.expired(now):
                 try:

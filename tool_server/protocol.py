@@ -6,7 +6,12 @@ Request (``POST /get_observation``)::
      "extra_fields": [{...} | null, ...]?, "finish": [bool, ...]?, "is_last_step": [bool, ...]?}
 
 Response: ``{"observations": [...], "dones": [bool, ...], "valids": [bool, ...]}``, same
-length and order as the request. A bad request raises :class:`ProtocolError` whose
+length and order as the request.
+
+An entry of ``extra_fields`` may carry :data:`RESUMED_FIELD` (our trainer's, on the first
+call of a trajectory resumed from a checkpoint): ``{"tool_calls": n, "actions": [the n
+earlier actions]}``; the server then checks the trajectory's tool state
+(``Dispatcher.step``) and the tools never see the key. A bad request raises :class:`ProtocolError` whose
 message names the field and the fix; the server answers it with HTTP 400/422.
 """
 
@@ -16,6 +21,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from tool_server.kit.base import Observation
+
+RESUMED_FIELD = "verltool_resumed"
+
+
+def check_resumed(value: Any, index: int) -> None:
+    """Raise :class:`ProtocolError` unless ``value`` (``extra_fields[index][RESUMED_FIELD]``)
+    is ``{"tool_calls": n >= 0, "actions": [n strings]}``."""
+    n = value.get("tool_calls") if isinstance(value, dict) else None
+    actions = value.get("actions") if isinstance(value, dict) else None
+    if (
+        isinstance(n, bool)
+        or not isinstance(n, int)
+        or n < 0
+        or not isinstance(actions, list)
+        or len(actions) != n
+        or not all(isinstance(a, str) for a in actions)
+    ):
+        raise ProtocolError(
+            f"extra_fields[{index}].{RESUMED_FIELD} must be {{'tool_calls': n, 'actions': "
+            f"[n earlier action strings]}}, got {str(value)[:200]}",
+            field="extra_fields",
+        )
 
 
 class ProtocolError(ValueError):
@@ -126,6 +153,8 @@ def parse_request(body: Any, max_batch: int | None = None) -> ObservationRequest
                     f"extra_fields[{i}] must be an object or null, got {type(e).__name__}",
                     field="extra_fields",
                 )
+            elif RESUMED_FIELD in e:
+                check_resumed(e[RESUMED_FIELD], i)
     flags = {}
     for name in ("finish", "is_last_step"):
         values = _list_field(body, name)

@@ -127,3 +127,30 @@ def test_a_snapshot_never_splits_a_draw_from_its_entry():
     t.join()
     for s in snaps:
         assert s["prompts"] == s["ledger"]["drawn"] == len(s["replay"])
+
+
+def test_a_kept_group_resumes_under_its_id_unless_its_prompt_changed():
+    led, src = PromptLedger(), stream(10)
+    items = [led.draw(src)[1] for _ in range(3)]
+    led.give_back([group(items[1])], "stale")
+    led.start_waiting()  # s1-1.a1, started again
+
+    def rollouts(entries):  # what the producer keeps: draws 1 (again) and 2
+        return [
+            {"serial": e.serial, "gid": gid, "base_gid": e.base_gid, "attempt": e.attempt,
+             "prompt_ids": e.item.prompt_ids, "trajectories": []}
+            for gid, e in entries.items() if e.serial > 0
+        ]  # fmt: skip
+
+    saved = json.loads(json.dumps(led.state(rollouts=rollouts)))
+    assert {r["gid"] for r in saved["rollouts"]} == {"s1-1.a1", "s2-2"}
+
+    def rebuild(key, serial):  # row 2's prompt changed since (a new template)
+        return PromptItem([1, key] + ([9] if key == 2 else []), group_id=f"r{serial}-{key}")
+
+    back = PromptLedger.restore(saved, rebuild)
+    assert list(back.resumed) == ["s1-1.a1"]  # goes on; row 2 is sampled again
+    assert [back.start_waiting()[1].gid() for _ in range(3)] == ["r0-0", "s1-1.a1", "r2-2"]
+    back.give_back([group(PromptItem([1, 1], group_id="s1-1.a1"))], "stale")
+    assert back.start_waiting()[1].gid() == "s1-1.a2"  # its attempt count went on
+    assert back.report().ok

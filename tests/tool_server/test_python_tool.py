@@ -9,6 +9,7 @@ import pytest
 from support.tool_server import obs_text, one
 
 from tool_server.launcher import get_json, run_server
+from tool_server.protocol import RESUMED_FIELD
 from tool_server.python_pool import RunResult
 from tool_server.sandbox import ResourceLimits
 from tool_server.tools.python_code import clean_paths, extract_code, format_result
@@ -117,6 +118,29 @@ def test_stateful_mode_keeps_variables_until_finish(server):
     assert "NameError" in py(server, "print(counter)", tid="k", extra_fields={"stateful": True})
     one(server, "k", "", finish=True)
     one(server, "k2", "", finish=True)
+
+
+def test_a_resumed_trajectory_is_told_when_its_state_was_reset(server):
+    """The first call of a trajectory resumed from a checkpoint carries its earlier
+    actions: a server that holds exactly the state they built keeps it; one that lost it
+    (restarted) or holds more (calls after the checkpoint) frees it and says so."""
+    first = "<python>v = 7</python>"
+
+    def resumed(n, stateful=True):
+        return {"stateful": stateful, RESUMED_FIELD: {"tool_calls": n, "actions": [first] * n}}
+
+    py(server, "v = 7", tid="rs", extra_fields={"stateful": True})
+    assert py(server, "print(v)", tid="rs", extra_fields=resumed(1)) == "7\n"  # kept
+    out = py(server, "print(v)", tid="rs", extra_fields=resumed(1))  # the server is ahead
+    assert out.startswith("[tool state was reset") and "python_code" in out, out
+    assert "NameError" in out  # run on a fresh interpreter
+    out = py(server, "print(1)", tid="rs-new", extra_fields=resumed(1))  # never seen here
+    assert out.startswith("[tool state was reset") and out.endswith("\n1\n"), out
+    assert py(server, "print(2)", tid="rs-sl", extra_fields=resumed(1, False)) == "2\n"
+    assert py(server, "print(3)", tid="rs-0", extra_fields=resumed(0)) == "3\n"
+    assert get_json(server + "/health")["states_reset"] == 2
+    for tid in ("rs", "rs-new", "rs-sl", "rs-0"):
+        one(server, tid, "", finish=True)
 
 
 def test_stateful_timeout_loses_state_but_recovers(server):

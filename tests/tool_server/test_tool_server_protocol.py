@@ -12,7 +12,7 @@ from support.tool_server import one, write_faulty_tool
 
 from tool_server.kit.observations import truncate_text
 from tool_server.launcher import get_json, post_json, run_server
-from tool_server.protocol import ProtocolError, parse_request
+from tool_server.protocol import RESUMED_FIELD, ProtocolError, parse_request
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +185,15 @@ def test_hung_call_does_not_block_other_requests(server):
         ({"trajectory_ids": ["a"], "actions": [3]}, "actions", 422),
         ({"trajectory_ids": ["a"], "actions": ["a"], "extra_fields": [1]}, "extra_fields", 422),
         ({"trajectory_ids": ["a"], "actions": ["a"], "extra_fields": []}, "extra_fields", 422),
+        (
+            {
+                "trajectory_ids": ["a"],
+                "actions": ["a"],
+                "extra_fields": [{RESUMED_FIELD: {"tool_calls": 2, "actions": ["x"]}}],
+            },
+            "extra_fields",
+            422,
+        ),
         ({"trajectory_ids": ["a"], "actions": ["a"], "finish": ["yes"]}, "finish", 422),
         (
             {"trajectory_ids": ["a"], "actions": ["a"], "is_last_step": [True, False]},

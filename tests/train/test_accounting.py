@@ -111,12 +111,15 @@ def test_skipped_and_stale_prompts_are_trained_later_and_a_resume_stays_exact(
 
     # resumed in the middle: the accounting goes on from the checkpoint, still exact
     monkeypatch.undo()
-    replay = _final_data(out)["replay"]
+    replay, kept = _final_data(out)["replay"], {r["gid"] for r in _final_data(out)["rollouts"]}
     second = trainer_mod.train(_config(out, steps=5), echo=False).summary.data
     assert second["ok"] and second["trained"] == 10, second
     assert second["given_back"]["skipped"] == 2 and second["drawn"] > data["drawn"]
     rows = _check_independently(out, second)
     assert all(_row(gid) in rows for gid in skipped + stale)
-    # the prompts in flight at the checkpoint were rolled out again and trained
-    trained_after = [g for g in _trained_gids(out) if g.startswith("r")]
+    # the prompts in flight at the checkpoint were trained: gone on with under their group
+    # id (the trajectories the checkpoint kept) or rolled out again (``r<serial>-``)
+    trained_after = [
+        g for g in _trained_gids(out) if g[0] == "r" or g in kept or g.rsplit(".a", 1)[0] in kept
+    ]
     assert sorted(_row(g) for g in trained_after) == sorted(key for _, key in replay)

@@ -126,6 +126,13 @@ class BaseTool:
         """True when this tool answers in VerlTool's format."""
         return self.compat == VERLTOOL
 
+    def keeps_state(self, extra_field: dict) -> bool:
+        """True if this tool keeps per-trajectory state between calls that a later call
+        depends on (a shell, a workspace, an interpreter, images), so that a trajectory
+        resumed on a server that lost it is told its tool state was reset
+        (``Dispatcher.step``). Default False: each call stands alone."""
+        return False
+
     # --- per-trajectory state helpers ---------------------------------------------
     def load_env(self, trajectory_id: str) -> dict:
         """The trajectory's state dict (created empty on first use)."""

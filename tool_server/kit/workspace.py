@@ -287,6 +287,9 @@ class WorkspaceTool(BaseTool):
     ``file_editor``, ``run_tests``): acquiring it marks the tool as a holder, freeing the
     trajectory releases it, and server shutdown waits for the deletions."""
 
+    def keeps_state(self, extra_field: dict) -> bool:
+        return True  # the workspace (and bash's shell)
+
     def workspace(self, trajectory_id: str, extra_field: dict | None) -> Workspace:
         """The trajectory's workspace, from a worker thread (blocks while copying)."""
         ws = REGISTRY.acquire(trajectory_id, self.name, extra_field, self.settings.workdir)

@@ -285,6 +285,9 @@ class ImageTool(BaseTool):
         '"rotate" (angle, expand). Boxes in pixels or normalised to [0, 1].'
     )
 
+    def keeps_state(self, extra_field: dict) -> bool:
+        return True  # the images of the trajectory (the ones it made too)
+
     def parse_action(self, action: str) -> tuple[Any, bool]:
         return parse_tool_call_for(action, IMAGE_TOOL_NAMES)
 

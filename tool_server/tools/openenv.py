@@ -57,6 +57,9 @@ class OpenEnvTool(BaseTool):
                 f"(an OpenEnv environment server), got {self.url!r}"
             )
 
+    def keeps_state(self, extra_field: dict) -> bool:
+        return True  # the environment session
+
     def parse_action(self, action: str) -> tuple[Any, bool]:
         body = last_tag_body(action, "env")
         return (body, True) if body is not None else (None, False)

@@ -173,6 +173,9 @@ class PythonCodeTool(BaseTool):
         self.close()
         await self.pool.close()
 
+    def keeps_state(self, extra_field: dict) -> bool:
+        return bool((extra_field or {}).get("stateful", self.stateful))  # the interpreter
+
     def parse_action(self, action: str) -> tuple[Any, bool]:
         if self.verltool_compat:
             code = vt.extract_code(action)

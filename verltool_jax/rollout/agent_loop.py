@@ -94,18 +94,22 @@ async def rollout_trajectory(
     tid = builder.traj.trajectory_id
     try:
         while True:
-            req = builder.request()
-            if req is None:
-                break
-            ids, params = req
-            g0 = time.perf_counter()
-            comp = await builder.generate(sampler, ids, params)
-            action = builder.apply_completion(comp, time.perf_counter() - g0)
+            action = builder.pending_action  # set when resumed in the middle of a tool call
             if action is None:
-                break
+                req = builder.request()
+                if req is None:
+                    break
+                ids, params = req
+                g0 = time.perf_counter()
+                comp = await builder.generate(sampler, ids, params)
+                action = builder.apply_completion(comp, time.perf_counter() - g0)
+                if action is None:
+                    break
+            extra = builder.extra_field | (builder.resumed or {})
             res = await tool_client.get_observation(
-                tid, action, builder.extra_field, is_last_step=builder.is_last_tool_turn
+                tid, action, extra, is_last_step=builder.is_last_tool_turn
             )
+            builder.resumed = None
             builder.apply_observation(res)
     except asyncio.CancelledError:
         raise
@@ -119,7 +123,7 @@ async def rollout_trajectory(
             raise
         except Exception as e:
             builder.traj.data.setdefault("finish_error", f"{type(e).__name__}: {e}")
-    builder.traj.wall_time_s = time.perf_counter() - t0
+    builder.traj.wall_time_s += time.perf_counter() - t0  # resumed: its earlier time too
     return builder.traj
 
 
@@ -137,22 +141,37 @@ async def rollout_group(
     formatter = formatter or make_formatter(tokenizer, cfg)
 
     async def one(k: int) -> Trajectory:
-        b = TrajectoryBuilder(
-            f"{item.group_id}-{k}",
-            item.gid(),
-            item.prompt_ids,
-            cfg,
-            tokenizer,
-            formatter,
-            item.data,
-            item.images,
-        )
-        if semaphore is None:
-            return await rollout_trajectory(b, sampler, tool_client)
-        async with semaphore:
-            return await rollout_trajectory(b, sampler, tool_client)
+        b = item_builder(item, f"{item.group_id}-{k}", cfg, tokenizer, formatter)
+        return await rollout_bounded(b, sampler, tool_client, semaphore)
 
     return list(await asyncio.gather(*(one(k) for k in range(n_samples))))
+
+
+def item_builder(
+    item: PromptItem,
+    trajectory_id: str,
+    cfg: RolloutConfig,
+    tokenizer: Any,
+    formatter: ObservationFormatter,
+) -> TrajectoryBuilder:
+    """A fresh builder of one trajectory of ``item``'s group."""
+    return TrajectoryBuilder(
+        trajectory_id, item.gid(), item.prompt_ids, cfg, tokenizer, formatter, item.data,
+        item.images,
+    )  # fmt: skip
+
+
+async def rollout_bounded(
+    builder: TrajectoryBuilder,
+    sampler: Sampler,
+    tool_client: ToolClient,
+    semaphore: asyncio.Semaphore | None = None,
+) -> Trajectory:
+    """:func:`rollout_trajectory` holding ``semaphore`` (``rollout.max_concurrency``)."""
+    if semaphore is None:
+        return await rollout_trajectory(builder, sampler, tool_client)
+    async with semaphore:
+        return await rollout_trajectory(builder, sampler, tool_client)
 
 
 async def run_rollout(

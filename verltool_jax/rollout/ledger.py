@@ -7,7 +7,9 @@ comes back once per epoch: each time is its own draw). The ledger numbers draws 
 follows each one:
 
 * **in flight**: drawn and being rolled out, waiting in the queue, or waiting to be rolled
-  out again; a checkpoint saves these and the resumed run rolls them out first;
+  out again; a checkpoint saves these and the resumed run rolls them out first, going on
+  with the trajectories the checkpoint kept (``rollouts``, :mod:`verltool_jax.rollout.inflight`)
+  under their group id, and sampling the others again from their prompts;
 * **given back** (:meth:`PromptLedger.give_back`): its group was not trained on because
   the batch was skipped (too many failed trajectories), every trajectory of the group
   failed, or the queue dropped it as too stale; the prompt is rolled out again (a new
@@ -144,6 +146,8 @@ class PromptLedger:
         self._pending: dict[str, Entry] = {}  # group id -> entry: started, not ended
         self._waiting: deque[Entry] = deque()  # to roll out (again) before new draws
         self._lock = threading.Lock()
+        # saved groups to go on with (``rollouts`` of the checkpoint), by group id
+        self.resumed: dict[str, dict] = {}
 
     # -------------------------------------------------------------- state
     @classmethod
@@ -153,8 +157,10 @@ class PromptLedger:
         """The ledger of a checkpoint's data item ``saved`` (``{}`` for a fresh run):
         its counts, and its prompts in flight waiting to be rolled out first.
         ``rebuild(key, serial)`` makes a replayed prompt (None: it no longer fits;
-        counted ``unusable``). A checkpoint from before the ledger (``replay`` a list of
-        keys) starts the numbering afresh at its position."""
+        counted ``unusable``). A draw whose group the checkpoint kept (``rollouts``) and
+        whose prompt rebuilds to the same ids keeps its group id, attempt count and
+        record (:attr:`resumed`, for the producer to go on with). A checkpoint from before
+        the ledger (``replay`` a list of keys) starts the numbering afresh at its position."""
         s = saved.get("ledger") or {}
         ledger = cls(
             drawn=int(s.get("drawn", 0)),
@@ -162,6 +168,7 @@ class PromptLedger:
             given_back=s.get("given_back"),
             twice=s.get("twice", []),
         )
+        kept = {int(r["serial"]): r for r in saved.get("rollouts", [])}
         for entry in saved.get("replay", []):
             if isinstance(entry, list):
                 serial, key = int(entry[0]), entry[1]
@@ -169,21 +176,34 @@ class PromptLedger:
                 serial, key = ledger.drawn, entry
                 ledger.drawn += 1
             item = rebuild(key, serial)
+            rec = kept.get(serial)
             if item is None:
                 ledger.ended["unusable"].add(serial)
+            elif rec is not None and rec["prompt_ids"] == item.prompt_ids:
+                item = dataclasses.replace(item, group_id=rec["gid"])
+                ledger._waiting.append(Entry(serial, key, item, rec["attempt"], rec["base_gid"]))
+                ledger.resumed[rec["gid"]] = rec
             else:
                 ledger._waiting.append(Entry(serial, key, item))
         return ledger
 
-    def state(self, source_state: Callable[[], Any] = lambda: None) -> dict:
+    def state(
+        self,
+        source_state: Callable[[], Any] = lambda: None,
+        rollouts: Callable[[dict[str, Entry]], list[dict]] = lambda entries: [],
+    ) -> dict:
         """The data position to checkpoint, taken with ``source_state()`` (the prompt
         source's position) under the lock: ``prompts``, ``replay`` (``[serial, key]`` of
-        every prompt in flight) and ``ledger`` (counts and ended serials as ranges)."""
+        every prompt in flight), ``rollouts`` (the records of the groups in flight that
+        ``rollouts(entries)`` keeps, given the draws in flight by group id;
+        :func:`verltool_jax.rollout.inflight.snapshot`) and ``ledger`` (counts and ended
+        serials as ranges)."""
         with self._lock:
             flight = sorted((e.serial, e.key) for e in self._in_flight())
             return {
                 "prompts": source_state(),
                 "replay": [list(p) for p in flight],
+                "rollouts": rollouts({e.item.gid(): e for e in self._in_flight()}),
                 "ledger": {
                     "drawn": self.drawn,
                     **{o: to_ranges(self.ended[o]) for o in OUTCOMES},

@@ -14,7 +14,9 @@ index) and stays *in flight* until the consumer ends its group (:meth:`consumed`
 ``ledger.end`` for the other outcomes) or gives it back (:meth:`give_back`: rolled out
 again, first); :meth:`in_flight_keys` is what a checkpoint must replay on resume. Prompts
 given as ``replay`` (or waiting in a restored ledger) are started first; groups the
-queue dropped as too stale are given back before each new start.
+queue dropped as too stale are given back before each new start. :meth:`data_state` is
+the checkpoint's data item: the ledger's with the trajectories in flight
+(:mod:`verltool_jax.rollout.inflight`), which a resumed producer goes on with.
 """
 
 from __future__ import annotations
@@ -23,9 +25,15 @@ import asyncio
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from verltool_jax.rollout.agent_loop import PromptItem, make_formatter, rollout_group
+from verltool_jax.rollout.agent_loop import (
+    PromptItem,
+    item_builder,
+    make_formatter,
+    rollout_bounded,
+)
 from verltool_jax.rollout.config import RolloutConfig
-from verltool_jax.rollout.ledger import Keyed, PromptLedger
+from verltool_jax.rollout.inflight import InFlight, Slot, restore_group, snapshot
+from verltool_jax.rollout.ledger import Entry, Keyed, PromptLedger
 from verltool_jax.rollout.queue import QueueClosed, TrajectoryQueue
 from verltool_jax.rollout.sync_baseline import run_rollout_sync
 from verltool_jax.rollout.trajectory import Trajectory
@@ -63,6 +71,7 @@ class RolloutProducer:
         self._formatter = make_formatter(tokenizer, cfg, image_processor)
         self._sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
         self._exhausted = False
+        self.in_flight = InFlight()
 
     # -------------------------------------------------------------- data position
     def in_flight_keys(self) -> list:
@@ -78,6 +87,22 @@ class RolloutProducer:
         prompts are rolled out again before any new one."""
         self.ledger.give_back(groups, reason)
 
+    def data_state(self, source_state: Any = lambda: None) -> dict:
+        """The checkpoint's data item (``PromptLedger.state``): the prompt position, the
+        prompts in flight and the records of their trajectories (async mode: the groups
+        rolling out and those complete in the queue; saved records not yet started)."""
+
+        def rollouts(entries: dict[str, Entry]) -> list[dict]:
+            if type(self)._group is not RolloutProducer._group:
+                return []  # a subclass rolling out its own way (the gateway's agent program)
+            waiting = self.queue.waiting_groups() if self.queue is not None else []
+            out = snapshot(self.in_flight.groups, waiting, entries)
+            done = {r["gid"] for r in out}
+            unstarted = [r for g, r in self.ledger.resumed.items() if g in entries]
+            return out + [r for r in unstarted if r["gid"] not in done]
+
+        return self.ledger.state(source_state, rollouts)
+
     async def _next(self) -> Keyed | None:
         if self.queue is not None:
             self.ledger.give_back(self.queue.take_dropped(), "stale")
@@ -89,16 +114,28 @@ class RolloutProducer:
         return nxt
 
     async def _group(self, item: PromptItem) -> list[Trajectory]:
-        return await rollout_group(
-            item,
-            self.n_samples,
-            self.sampler,
-            self.tool_client,
-            self.tokenizer,
-            self.cfg,
-            self._formatter,
-            self._sem,
-        )
+        """Roll out ``item``'s group, registered in :attr:`in_flight` (a checkpoint keeps
+        it) until :meth:`run` has put it in the queue; a group the checkpoint kept goes on
+        from its record."""
+        gid = item.gid()
+
+        def builder(tid: str):
+            return item_builder(item, tid, self.cfg, self.tokenizer, self._formatter)
+
+        record = self.ledger.resumed.pop(gid, None)
+        if record is not None and len(record["trajectories"]) == self.n_samples:
+            slots = restore_group(record, builder)
+        else:
+            slots = [Slot(builder(f"{gid}-{k}")) for k in range(self.n_samples)]
+        self.in_flight.add(gid, slots)
+
+        async def one(slot: Slot) -> Trajectory:
+            if not slot.done:
+                await rollout_bounded(slot.builder, self.sampler, self.tool_client, self._sem)
+                slot.done = True
+            return slot.builder.traj
+
+        return list(await asyncio.gather(*(one(s) for s in slots)))
 
     # -------------------------------------------------------------- async mode
     async def run(self) -> list[list[Trajectory]]:
@@ -118,7 +155,8 @@ class RolloutProducer:
             try:
                 await queue.put_group(group)
             except QueueClosed:
-                pass
+                return group  # not queued: still in flight (the final checkpoint keeps it)
+            self.in_flight.remove(item.gid())
             return group
 
         try:

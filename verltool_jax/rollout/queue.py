@@ -121,6 +121,10 @@ class TrajectoryQueue:
     def summary(self) -> dict:
         return self.metrics.summary(self.depth())
 
+    def waiting_groups(self) -> list[list[Trajectory]]:
+        """The complete groups waiting for the trainer (a checkpoint keeps them)."""
+        return list(self._ready)
+
     # --- producers --------------------------------------------------------------------
     def _admissible(self) -> bool:
         if self.groups_per_batch is None:

@@ -101,6 +101,8 @@ class TrajectoryBuilder:
             encode(tokenizer, cfg.close_action_on_length) if cfg.close_action_on_length else []
         )
         self.pending_action: str | None = None
+        # extra fields of the next tool call only (a trajectory resumed from a checkpoint)
+        self.resumed: dict | None = None
 
     # --- state ------------------------------------------------------------------------
     @property

@@ -292,9 +292,9 @@ class RLLoop:
             )
 
     def data_state(self) -> dict:
-        """The data position to checkpoint: the pipeline, the prompts in flight (rolled out
-        again first on resume) and the data accounting, taken together (``PromptLedger``);
-        a collective with several processes."""
+        """The data position to checkpoint: the pipeline, the prompts in flight and their
+        trajectories (gone on with first on resume) and the data accounting, taken
+        together (``RolloutProducer.data_state``); a collective with several processes."""
         d = self.deps
         assert d.producer is not None  # only RL steps save
-        return multihost.data_state(d.producer.ledger.state(d.prompts.get_state))
+        return multihost.data_state(d.producer.data_state(d.prompts.get_state))
