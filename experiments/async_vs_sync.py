@@ -121,6 +121,24 @@ PROFILE_TOOLS = {
 }
 
 
+def start_tool_server(args: argparse.Namespace, tools: list[str]):
+    """The experiment's tool server (``run_server``): ``tools``, with the simulated search's
+    latency settings from the command line; a context manager giving its URL."""
+    from tool_server.launcher import run_server
+
+    return run_server(
+        tools=list(tools),
+        timeout=30.0,
+        max_concurrency=1024,
+        tool_max_concurrency=1024,
+        tool_opt={
+            "sleep_search_mean_s": args.search_mean_s,
+            "sleep_search_sigma": args.search_sigma,
+            "sleep_search_seed": args.seed,
+        },
+    )
+
+
 def question(rng: random.Random, tool: str) -> str:
     """A question that ends with the tool to use (the last words before the answer turn,
     so the tiny model learns to follow the request; see ``warm_tiny_model``)."""
@@ -495,7 +513,6 @@ async def stepped_run(sampler, gen, url, tok, cfg, prompts, args, partial: bool,
 def partial_rows(sampler, model_dir, tok, args, say) -> list[tuple]:
     """Bounded staleness alone vs partial rollouts, per ``--partial-profiles`` profile,
     ``--partial-repeats`` alternations; returns ``(profile, mode, rep, result)`` rows."""
-    from tool_server.launcher import run_server
     from verltool_jax.models.safetensors_io import checkpoint_files, iter_tensors
     from verltool_jax.rollout.agent_loop import as_prompt_item
     from verltool_jax.rollout.config import RolloutConfig
@@ -529,17 +546,7 @@ def partial_rows(sampler, model_dir, tok, args, say) -> list[tuple]:
         undo = exact_lengths(sampler) if profile == "heavytail" else (lambda: None)
         n_prompts = args.steps * args.batch_groups * 4  # enough for the steps and the drops
         try:
-            with run_server(
-                tools=["sleep_search"],
-                timeout=30.0,
-                max_concurrency=1024,
-                tool_max_concurrency=1024,
-                tool_opt={
-                    "sleep_search_mean_s": args.search_mean_s,
-                    "sleep_search_sigma": args.search_sigma,
-                    "sleep_search_seed": args.seed,
-                },
-            ) as url:
+            with start_tool_server(args, ["sleep_search"]) as url:
                 for rep in range(args.partial_repeats):
                     for mode in ("bounded", "partial"):
                         prompts = [
@@ -647,7 +654,6 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from tool_server.launcher import run_server
     from verltool_jax.rollout.config import RolloutConfig
     from verltool_jax.runtime.console import library_output_to
     from verltool_jax.samplers.vllm_sampler import VLLMSampler
@@ -708,17 +714,7 @@ def main() -> None:
             for profile in profiles:
                 # Each profile gets the server its task would have: an action for a tool that
                 # is not served is an invalid action (a fast error observation).
-                with run_server(
-                    tools=PROFILE_TOOLS[profile],
-                    timeout=30.0,
-                    max_concurrency=1024,
-                    tool_max_concurrency=1024,
-                    tool_opt={
-                        "sleep_search_mean_s": args.search_mean_s,
-                        "sleep_search_sigma": args.search_sigma,
-                        "sleep_search_seed": args.seed,
-                    },
-                ) as url:
+                with start_tool_server(args, PROFILE_TOOLS[profile]) as url:
                     for rep in range(args.repeats):
                         rows.append(
                             asyncio.run(
