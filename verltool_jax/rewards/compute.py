@@ -337,9 +337,7 @@ class RewardPool:
         if self.judge is not None:
             self.judge.close()
             self.judge = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._kill_pool()
+        self._kill_pool()
 
     def __enter__(self) -> RewardPool:
         return self
