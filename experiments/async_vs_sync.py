@@ -121,6 +121,21 @@ PROFILE_TOOLS = {
 }
 
 
+def agent_rollout_config(args: argparse.Namespace):
+    """The multi-turn agent's rollout settings (python and search tools, unseeded turns)."""
+    from verltool_jax.rollout.config import RolloutConfig
+
+    return RolloutConfig(
+        max_turns=args.max_turns,
+        max_response_tokens=512,
+        max_action_tokens=args.max_action_tokens,
+        max_obs_tokens=64,
+        action_stop_strings=("</python>", "</search>"),
+        temperature=1.0,
+        obs_template="<result>{obs}</result>",
+    )
+
+
 def start_tool_server(args: argparse.Namespace, tools: list[str]):
     """The experiment's tool server (``run_server``): ``tools``, with the simulated search's
     latency settings from the command line; a context manager giving its URL."""
@@ -531,15 +546,7 @@ def partial_rows(sampler, model_dir, tok, args, say) -> list[tuple]:
             )
             gen = HeavyTail(sampler, args.heavy_alpha, args.heavy_min, args.heavy_max, args.seed)
         elif profile == "search":
-            cfg = RolloutConfig(
-                max_turns=args.max_turns,
-                max_response_tokens=512,
-                max_action_tokens=args.max_action_tokens,
-                max_obs_tokens=64,
-                action_stop_strings=("</python>", "</search>"),
-                temperature=1.0,
-                obs_template="<result>{obs}</result>",
-            )
+            cfg = agent_rollout_config(args)
             gen = sampler
         else:
             raise SystemExit(f"--partial-profiles: unknown profile {profile!r} (search, heavytail)")
@@ -654,7 +661,6 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from verltool_jax.rollout.config import RolloutConfig
     from verltool_jax.runtime.console import library_output_to
     from verltool_jax.samplers.vllm_sampler import VLLMSampler
 
@@ -670,16 +676,7 @@ def main() -> None:
         say(f"[1/3] warming the tiny model in {work}", flush=True)
         model_dir = warm_tiny_model(work / "model", args.warm_steps, args.seed)
         tok = AutoTokenizer.from_pretrained(model_dir)
-        cfg = RolloutConfig(
-            max_turns=args.max_turns,
-            max_response_tokens=512,
-            max_action_tokens=args.max_action_tokens,
-            max_obs_tokens=64,
-            action_stop_strings=("</python>", "</search>"),
-            temperature=1.0,
-            obs_template="<result>{obs}</result>",
-            seed=None,
-        )
+        cfg = agent_rollout_config(args)
         rng = random.Random(args.seed + 1)
         n_traj = args.prompts * args.n_samples
 
