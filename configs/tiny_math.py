@@ -25,7 +25,7 @@ import ml_collections
 from configs import base
 from verltool_jax.tasks import task_section
 
-VARIANTS = ("sync", "smoke", "gateway")
+VARIANTS = ("sync", "smoke", "gateway", "lookup")
 
 
 def parse_arg(arg: str) -> set[str]:
@@ -121,6 +121,24 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.model.max_seq_len = 384
         c.sampler.max_model_len = 384
         c.trainer.out_dir += "_gateway"
+    if "lookup" in variants:
+        # Two calls a problem (verltool_jax/tasks/tiny_lookup.py): search a code, multiply
+        # it in python, answer; the index lives where the task writes it.
+        c.task = task_section("tiny_lookup")
+        c.task.code_digits = (3, 4)
+        c.task.factor_digits = (2,)
+        c.task.num_train = 2000
+        c.task.num_eval = 200
+        c.task.num_demos = 256
+        c.task.seed = 1234
+        c.tool_server.tools = ("search_retrieval", "python_code")
+        c.tool_server.tool_opt.retrieval_index = "runs/tiny_math_lookup_index"
+        c.tool_server.tool_opt.topk = 1
+        c.rollout.max_turns = 3
+        c.rollout.action_stop_strings = ("</search>", "</python>")
+        c.rollout.max_obs_tokens = 48
+        c.rollout.max_response_tokens = 128
+        c.trainer.out_dir += "_lookup"
     if "smoke" in variants:
         c.model.tiny.num_layers = 1
         c.model.tiny.intermediate_size = 128
