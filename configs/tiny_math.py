@@ -138,6 +138,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.rollout.action_stop_strings = ("</search>", "</python>")
         c.rollout.max_obs_tokens = 48
         c.rollout.max_response_tokens = 128
+        c.sft.steps = 200
         c.trainer.out_dir += "_lookup"
     if "smoke" in variants:
         c.model.tiny.num_layers = 1

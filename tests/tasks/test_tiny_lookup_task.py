@@ -45,6 +45,7 @@ def test_data_is_deterministic_with_held_out_keys(written):
     for r in train + evals:
         x = r["extra_info"]
         assert 100 <= x["code"] <= 9999 and 10 <= x["factor"] <= 99
+        assert len(x["key"]) == 8 and x["key"].startswith("item") and x["key"][4:].isdigit()
         assert code_of[x["key"]] == f"code {x['code']}"
         assert r["reward_model"]["ground_truth"] == str(x["code"] * x["factor"])
         assert r["prompt"][-1]["content"] == f"What is the code of {x['key']} times {x['factor']}?"
@@ -85,7 +86,7 @@ def test_demonstration_observations_are_the_real_tools(written):
             actions.append(act["text"])
             expected.append(obs["text"])
     with serve_tools(rc.tool_server) as (url, _):
-        got = asyncio.run(ask(url, actions + ["<search>Z0Z</search>"]))
+        got = asyncio.run(ask(url, actions + ["<search>item0000</search>"]))
     assert got[:-1] == expected
     assert "No results" in got[-1] and "code" not in got[-1]
 

@@ -1,19 +1,21 @@
 """The tiny_lookup task: look a code up, then multiply it, with two tools.
 
 tiny_math's sibling for agents that need several calls (the per-turn credit ablation):
-a synthetic corpus holds one short passage per key (title ``K7Q``, text ``code 4821``),
-indexed with BM25 (``tool_server.retrieval``), and a question asks ``What is the code
-of K7Q times 37?``. The code is only in the corpus and the product is too long to guess,
-so the answer needs ``<search>K7Q</search>``, then ``<python>print(4821 * 37)</python>``,
-then ``<answer>178377</answer>``. Keys are letter-digit-letter (never a stop word; BM25
-keeps them whole), one question per key; the held-out questions ask about keys that no
-training question asks about. Rows use the verl layout (``data_source="tiny_lookup"``,
+a synthetic corpus holds one short passage per key (title ``item5170``, text ``code
+4821``), indexed with BM25 (``tool_server.retrieval``), and a question asks ``What is
+the code of item5170 times 37?``. The code is only in the corpus and the product is too
+long to guess, so the answer needs ``<search>item5170</search>``, then
+``<python>print(4821 * 37)</python>``, then ``<answer>178377</answer>``. A key is
+``item`` and four digits: BM25 keeps it one term (a code never matches it), and the tiny
+tokenizer splits digits one a token, which the tiny model learns to copy (keys of random
+letters it did not copy after 150 SFT steps). One question per key; the held-out
+questions ask about keys that no training question asks about. Rows use the verl layout (``data_source="tiny_lookup"``,
 scored by the math reward; ``reward_model.ground_truth`` the product as a string).
 
 The SFT demonstrations (training rows) hold both observations as the tools return them,
 formatted by the rollout's own observation formatter (``"observation": True``)::
 
-    <search>K7Q</search> | <information>Doc 1 (Title: K7Q) code 4821</information>
+    <search>item5170</search> | <information>Doc 1 (Title: item5170) code 4821</information>
     <python>print(4821 * 37)</python> | 178377\\n | <answer>178377</answer><eos>
     (trained | observation, loss 0, alternating)
 
@@ -27,7 +29,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import string
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ SYSTEM_PROMPT = (
     "answer as <answer>number</answer>."
 )
 CORPUS_FILE = "corpus.jsonl"
+KEY_PREFIX = "item"
 
 
 def question(key: str, factor: int) -> str:
@@ -58,22 +60,14 @@ def passage(key: str, code: int) -> tuple[str, str]:
 
 
 def draw_keys(n: int, rng: random.Random) -> list[str]:
-    """``n`` distinct letter-digit-letter keys (``K7Q``)."""
-    capacity = 26 * 10 * 26
+    """``n`` distinct keys ``item`` + 4 digits (``item4821``)."""
+    capacity = 9000
     if not 0 <= n <= capacity // 2:
         raise ValueError(
             f"cannot draw {n} distinct keys (at most {capacity // 2}); "
             "lower task.num_train + task.num_eval"
         )
-    seen: set[str] = set()
-    out: list[str] = []
-    while len(out) < n:
-        key = rng.choice(string.ascii_uppercase) + str(rng.randint(0, 9))
-        key += rng.choice(string.ascii_uppercase)
-        if key not in seen:
-            seen.add(key)
-            out.append(key)
-    return out
+    return [f"{KEY_PREFIX}{k}" for k in rng.sample(range(1000, 10000), n)]
 
 
 def draw_number(digits: Sequence[int], rng: random.Random) -> int:
