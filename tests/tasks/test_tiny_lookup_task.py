@@ -44,7 +44,7 @@ def test_data_is_deterministic_with_held_out_keys(written):
     assert set(code_of) == keys(train) | keys(evals)
     for r in train + evals:
         x = r["extra_info"]
-        assert 100 <= x["code"] <= 9999 and 10 <= x["factor"] <= 99
+        assert 1000 <= x["code"] <= 9999 and 10 <= x["factor"] <= 99
         assert len(x["key"]) == 8 and x["key"].startswith("item") and x["key"][4:].isdigit()
         assert code_of[x["key"]] == f"code {x['code']}"
         assert r["reward_model"]["ground_truth"] == str(x["code"] * x["factor"])

@@ -8,8 +8,10 @@ long to guess, so the answer needs ``<search>item5170</search>``, then
 ``<python>print(4821 * 37)</python>``, then ``<answer>178377</answer>``. A key is
 ``item`` and four digits: BM25 keeps it one term (a code never matches it), and the tiny
 tokenizer splits digits one a token, which the tiny model learns to copy (keys of random
-letters it did not copy after 150 SFT steps). One question per key; the held-out
-questions ask about keys that no training question asks about. Rows use the verl layout (``data_source="tiny_lookup"``,
+letters it did not copy after 150 SFT steps). Keys, codes and factors of fixed lengths
+put every copied number at a fixed distance from its copy, which the tiny model learns
+in a few hundred SFT steps (with 3- or 4-digit codes it had not after 200). One question
+per key; the held-out questions ask about keys that no training question asks about. Rows use the verl layout (``data_source="tiny_lookup"``,
 scored by the math reward; ``reward_model.ground_truth`` the product as a string).
 
 The SFT demonstrations (training rows) hold both observations as the tools return them,
@@ -109,7 +111,7 @@ class TinyLookupTask:
     """The ``task`` config section of tiny_lookup."""
 
     name: str = "tiny_lookup"
-    code_digits: tuple[int, ...] = (3, 4)  # the looked-up codes
+    code_digits: tuple[int, ...] = (4,)  # the looked-up codes
     factor_digits: tuple[int, ...] = (2,)  # the multipliers in the questions
     num_train: int = 2000
     num_eval: int = 200
@@ -121,7 +123,7 @@ def generate(
     num_train: int,
     num_eval: int,
     num_demos: int,
-    code_digits: Sequence[int] = (3, 4),
+    code_digits: Sequence[int] = (4,),
     factor_digits: Sequence[int] = (2,),
     seed: int = 0,
 ) -> tuple[list[dict], list[dict], list[dict], list[Document]]:
@@ -176,7 +178,7 @@ def write_task(
     num_train: int,
     num_eval: int,
     num_demos: int,
-    code_digits: Sequence[int] = (3, 4),
+    code_digits: Sequence[int] = (4,),
     factor_digits: Sequence[int] = (2,),
     seed: int = 0,
 ) -> TaskFiles:
