@@ -38,7 +38,7 @@ from pathlib import Path
 
 from tool_server.kit.search_format import format_information
 from tool_server.retrieval.corpus import Document, corpus_fingerprint, write_corpus
-from tool_server.retrieval.index import build_index, read_meta
+from tool_server.retrieval.index import RetrievalIndexError, build_index, read_meta
 from verltool_jax.data.readers import write_rows
 from verltool_jax.tasks import TaskFiles
 
@@ -163,7 +163,7 @@ def ensure_index(corpus: list[Document], corpus_path: Path, index_dir: str | os.
         try:
             if read_meta(str(index_dir)).get("corpus_fingerprint") == corpus_fingerprint(corpus):
                 return
-        except Exception:
+        except (RetrievalIndexError, ValueError, OSError):
             pass  # not a complete index: build it again
     index_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=index_dir.name + ".", dir=index_dir.parent)
