@@ -10,9 +10,10 @@ long to guess, so the answer needs ``<search>item5170</search>``, then
 tokenizer splits digits one a token, which the tiny model learns to copy (keys of random
 letters it did not copy after 150 SFT steps). Keys, codes and factors of fixed lengths
 put every copied number at a fixed distance from its copy, which the tiny model learns
-in a few hundred SFT steps (with 3- or 4-digit codes it had not after 200). One question
-per key; the held-out questions ask about keys that no training question asks about. Rows use the verl layout (``data_source="tiny_lookup"``,
-scored by the math reward; ``reward_model.ground_truth`` the product as a string).
+in 200 SFT steps (with 3- or 4-digit codes it had not, loss 0.93 against 0.11). One
+question per key; the held-out questions ask about keys that no training question asks
+about. Rows use the verl layout (``data_source="tiny_lookup"``, scored by the math
+reward; ``reward_model.ground_truth`` the product as a string).
 
 The SFT demonstrations (training rows) hold both observations as the tools return them,
 formatted by the rollout's own observation formatter (``"observation": True``)::
