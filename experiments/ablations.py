@@ -30,8 +30,9 @@ Ablations (the first arm of each is its baseline; every arm runs every seed):
 * ``turns``: the tool-call budget ``rollout.max_turns`` 1 / 2 / 4;
 * ``kl``: no KL term / k1 / k3 (``algo.kl_coef`` 0.01 against the initial policy);
 * ``credit``: per-turn credit, ``algo.turn_discount`` 1 (every turn gets the whole
-  advantage) / 0.8 / 0.5; meant for a family whose answers take several tool calls:
-  ``python experiments/ablations.py credit --config configs/vt_search.py:smol``.
+  advantage) / 0.8 / 0.5, on a family whose answers take several tool calls: search a
+  code, then multiply it in python (the tiny model learns it in minutes):
+  ``python experiments/ablations.py credit --config configs/tiny_math.py:lookup``.
 
 Any ``--config.a.b=v`` given on the command line is shared by every arm (before the
 arm's own overrides, so an arm's setting wins). Runs go to

@@ -110,6 +110,7 @@ def math_equivalent(pred: str, gold: Any) -> bool:
 @register_reward(
     "math",
     "tiny_math",
+    "tiny_lookup",
     "math",
     "gsm8k",
     "openai/gsm8k",

@@ -56,6 +56,7 @@ class TaskFiles:
 # cleanly and a run imports only its own task.
 BUILTIN = {
     "tiny_math": "tiny_math",
+    "tiny_lookup": "tiny_lookup",
     "vt_math": "math_data",
     "search_qa": "search_qa",
     "spider": "spider",
