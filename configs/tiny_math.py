@@ -23,6 +23,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
+from verltool_jax.models.tiny import NATIVE_CALL_MARKUP
 from verltool_jax.tasks import task_section
 
 VARIANTS = ("sync", "smoke", "gateway")
@@ -117,6 +118,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # (experiments/results/gateway_tiny/results.md).
         c.sft.steps = 400
         c.task.num_demos = 1024
+        # The call's JSON as two atomic tokens: 5 tokens from <tool_call> to the first
+        # operand instead of 39, 20 for the whole call instead of 56
+        # (experiments/results/gateway_tiny/results.md, run D).
+        c.model.tiny.markup = NATIVE_CALL_MARKUP
         c.trainer.eval_every = 20  # a held-out pass through the program takes minutes
         c.model.max_seq_len = 384
         c.sampler.max_model_len = 384
