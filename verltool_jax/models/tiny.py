@@ -52,6 +52,7 @@ def markup_ok(markup: Sequence[str]) -> bool:
         and not set(items) & set(SPECIAL_TOKENS + MARKUP_TOKENS)
     )
 
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
