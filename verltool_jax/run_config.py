@@ -43,6 +43,7 @@ from verltool_jax.gateway.render import TOOL_PROMPTS
 from verltool_jax.gateway.server import GatewayConfig
 from verltool_jax.gateway.tool_parsers import FORMATS as TOOL_CALL_FORMATS
 from verltool_jax.models.config import ModelConfig
+from verltool_jax.models.tiny import MARKUP_RULE, markup_ok
 from verltool_jax.rewards.judge import JudgeSection
 from verltool_jax.rewards.visual_reward import CuriositySettings
 from verltool_jax.rollout.config import RolloutConfig
@@ -84,6 +85,9 @@ class TinyModelSection(Checked):
     head_dim: int = spec(64, check=at_least(8, "the vLLM CPU kernel needs 64"))
     intermediate_size: int = spec(512, check=at_least(8))
     seed: int = 0
+    # extra atomic strings for the tokenizer (models.tiny.build_tokenizer), e.g.
+    # models.tiny.NATIVE_CALL_MARKUP for native tool calls; empty: the default tokenizer
+    markup: tuple[str, ...] = spec((), check=(markup_ok, MARKUP_RULE))
 
 
 @dataclass(frozen=True)

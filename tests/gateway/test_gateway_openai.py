@@ -396,3 +396,42 @@ def test_a_second_concurrent_call_on_one_key_is_refused(tiny_tok):
         assert isinstance(err, openai.ConflictError) and err.code == "call_in_flight"
     finally:
         gt.close()
+
+
+def test_a_call_in_atomic_markup_tokens_is_parsed(tmp_path):
+    """With ``model.tiny.markup`` the call's JSON is two tokens of the reply (as a model
+    trained on them samples it); the gateway's decoded text still holds the JSON, the
+    call is parsed, and the next turn extends the sampled tokens."""
+    from support.scripted_sampler import ScriptedSampler
+
+    from verltool_jax.models.tiny import NATIVE_CALL_MARKUP, build_tokenizer
+
+    tok = build_tokenizer(tmp_path, markup=NATIVE_CALL_MARKUP)
+    call = (
+        '<tool_call>\n{"name": "python_code", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
+    )
+    replies = [call, "<answer>42</answer>"]
+    sampler = ScriptedSampler(tok, lambda rid, k: replies[k], canonical=True)
+    gt = GatewayThread(Gateway(sampler, tok, GatewayConfig(max_model_len=4096)))
+    try:
+        key = gt.open_episode()
+        c = _client(gt, key)
+        msgs = [{"role": "user", "content": "What is 6 * 7?"}]
+        r = c.chat.completions.create(model="policy", messages=msgs, tools=TOOLS)
+        msg = r.choices[0].message.model_dump(exclude_none=True)
+        (tc,) = msg["tool_calls"]
+        assert tc["function"]["name"] == "python_code"
+        assert json.loads(tc["function"]["arguments"]) == {"code": "print(6 * 7)"}
+        msgs += [msg, {"role": "tool", "tool_call_id": tc["id"], "content": "42\n"}]
+        c.chat.completions.create(model="policy", messages=msgs, tools=TOOLS)
+        httpx.post(gt.gateway.url(key)[:-3] + "/end", json={"reward": 1})
+        (t,) = gt.wait(key)
+        first = sampler.calls[0]
+        sampled = _sampled(t)
+        for m in NATIVE_CALL_MARKUP:
+            assert tok.convert_tokens_to_ids(m) in sampled
+        assert len(sampled) < len(call)  # not one token per character
+        assert t.tool_calls == 1 and t.invalid_tool_calls == 0
+        assert gt.gateway.stats["turns_break"] == 0 and first[1] == t.prompt_ids
+    finally:
+        gt.close()

@@ -171,7 +171,8 @@ def test_sections_feed_the_components():
         inspect.signature(build_tiny_hf).parameters
     )
     assert set(tiny) <= accepted, set(tiny) - accepted
-    d = tiny_config_dict(rc.model.family, **{k: v for k, v in tiny.items() if k != "seed"})
+    sizes = {k: v for k, v in tiny.items() if k not in ("seed", "markup")}  # markup: tokenizer
+    d = tiny_config_dict(rc.model.family, **sizes)
     assert d["hidden_size"] // d["num_attention_heads"] == 64  # vLLM CPU needs head_dim 64
     assert rc.algo_for_run().temperature == rc.rollout.temperature
     assert rc.optimizer_for_run().total_steps == rc.trainer.steps
@@ -249,6 +250,7 @@ def _other_value(key, ft, current):
         "data.eval_files": (("b.jsonl",), "b.jsonl"),
         "sft.files": (("c.parquet",), "c.parquet"),
         "model.lora_targets": (("q_proj", "v_proj"), "q_proj,v_proj"),
+        "model.tiny.markup": (("<x>", "</x>"), "<x>,</x>"),
         # pass-rate bounds in [0, 1] with lower_below < raise_above
         "curriculum.raise_above": (0.9, "0.9"),
         "curriculum.lower_below": (0.1, "0.1"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -37,6 +37,21 @@ MARKUP_TOKENS = [
     "<bash>",
     "</bash>",
 ]
+# Extra atomic markup for one run (``model.tiny.markup``): e.g. the JSON around a native
+# tool call, so that ``<tool_call>`` is followed by one token, not ~35, before the code.
+NATIVE_CALL_MARKUP = ('{"name": "python_code", "arguments": {"code": "', '"}}')
+MARKUP_RULE = "distinct non-empty strings, none already a special or markup token"
+
+
+def markup_ok(markup: Sequence[str]) -> bool:
+    """Whether ``markup`` can be added to the tiny tokenizer (``MARKUP_RULE``)."""
+    items = list(markup)
+    return (
+        all(isinstance(m, str) and m for m in items)
+        and len(set(items)) == len(items)
+        and not set(items) & set(SPECIAL_TOKENS + MARKUP_TOKENS)
+    )
+
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -94,15 +109,23 @@ def build_tokenizer(
     model_max_length: int = 2048,
     extra_special_tokens: tuple[str, ...] = (),
     chat_template: str = CHATML_TEMPLATE,
+    markup: Sequence[str] = (),
 ):
     """Train a byte-level BPE tokenizer and save it as a HF ``PreTrainedTokenizerFast``.
 
-    Digits are split into single tokens; ``SPECIAL_TOKENS`` and ``MARKUP_TOKENS`` are
-    atomic. Returns the loaded transformers tokenizer.
+    Digits are split into single tokens; ``SPECIAL_TOKENS``, ``MARKUP_TOKENS`` and the
+    extra ``markup`` are atomic (added tokens the BPE never splits; they decode to their
+    text with ``skip_special_tokens=False``, as every decoder of ours and the vLLM
+    sampler's detokenizer do). Corpus lines could not merge such markup: the byte-level
+    pre-tokenizer cuts text at spaces and punctuation before BPE sees it. With no
+    ``markup`` the tokenizer is the one every other run uses. Returns the loaded
+    transformers tokenizer.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if not markup_ok(markup):
+        raise ValueError(f"markup {list(markup)!r} must be {MARKUP_RULE} (model.tiny.markup)")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -113,7 +136,7 @@ def build_tokenizer(
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS + MARKUP_TOKENS + list(extra_special_tokens),
+        special_tokens=SPECIAL_TOKENS + MARKUP_TOKENS + list(markup) + list(extra_special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -219,11 +242,13 @@ def build_tiny_hf(
     vocab_size: int = 512,
     seed: int = 0,
     tokenizer_dir: str | os.PathLike | None = None,
+    markup: Sequence[str] = (),
     **config_kwargs,
 ) -> Path:
     """Write a random-initialised tiny HF checkpoint (and tokenizer) to ``out_dir``.
 
-    The tokenizer is trained here unless ``tokenizer_dir`` points at one to copy.
+    The tokenizer is trained here (with the extra atomic ``markup``, see
+    :func:`build_tokenizer`) unless ``tokenizer_dir`` points at one to copy.
     Uses transformers (PyTorch) to initialise and save, so the files are exactly what
     the HF ecosystem produces.
     """
@@ -236,7 +261,7 @@ def build_tiny_hf(
         tok = AutoTokenizer.from_pretrained(tokenizer_dir)
         tok.save_pretrained(out)
     else:
-        tok = build_tokenizer(out, vocab_size=vocab_size)
+        tok = build_tokenizer(out, vocab_size=vocab_size, markup=markup)
     vocab = max(vocab_size, len(tok))
     cfg_dict = tiny_config_dict(
         family, vocab, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **config_kwargs
@@ -276,6 +301,7 @@ def build_tiny_vl_hf(
     spatial_merge_size: int = 2,
     window_size: int = 32,
     max_position_embeddings: int = 2048,
+    markup: Sequence[str] = (),
 ) -> Path:
     """A random-initialised tiny Qwen2.5-VL checkpoint (``Qwen2_5_VLForConditionalGeneration``)
     with its own BPE tokenizer, whose special tokens include ``VISION_TOKENS`` and whose chat
@@ -300,6 +326,7 @@ def build_tiny_vl_hf(
         corpus=corpus,
         extra_special_tokens=VISION_TOKENS,
         chat_template=CHATML_VL_TEMPLATE,
+        markup=markup,
     )
     ids = {
         name: tok.convert_tokens_to_ids(t)

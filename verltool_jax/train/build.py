@@ -106,6 +106,7 @@ def _build_tiny(rc: RunConfig, path: Path) -> None:
             intermediate_size=t.intermediate_size,
             mrope_section=sec,
             max_position_embeddings=max(rc.model.max_seq_len, rc.sampler.max_model_len),
+            markup=t.markup,
         )
         return
     build_tiny_hf(
@@ -120,6 +121,7 @@ def _build_tiny(rc: RunConfig, path: Path) -> None:
         head_dim=t.head_dim,
         intermediate_size=t.intermediate_size,
         max_position_embeddings=max(rc.model.max_seq_len, rc.sampler.max_model_len),
+        markup=t.markup,
     )
 
 
