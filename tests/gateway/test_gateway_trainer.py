@@ -95,3 +95,10 @@ def test_one_rl_step_through_the_gateway(tmp_path, sampler_tokenizer):
     eps = list(episodes.values())
     adv = compute_advantages("grpo", [p[0].reward for p in eps], [p[0].group_id for p in eps])
     assert np.allclose(adv, 0.0)  # all rewards in a group equal with an untrained policy
+
+    # resuming the finished run takes no step; its held-out evaluation still goes through
+    # the agent program (2 problems x 2 calls), not the built-in loop
+    before = len(log.read_text().splitlines())
+    again = train(cfg, echo=False)
+    assert again.policy_version == 1
+    assert len(log.read_text().splitlines()) == before + 4

@@ -266,7 +266,7 @@ class RLLoop:
 
     async def evaluate(self, tag: str) -> dict:
         d = self.deps
-        m, trajs = await evaluate_run(d.run, d.client, d.health, self.version, tag, d.producer)
+        m, trajs = await evaluate_run(d.run, d.client, d.health, self.version, tag, d.evaluator)
         self.evals = trajs or self.evals
         return m
 

@@ -32,7 +32,9 @@ from verltool_jax.train.step import make_train_step
 @dataclass(frozen=True)
 class LoopDeps:
     """What ``trainer.RLLoop`` works with. ``queue`` is None in sync rollout;
-    ``producer`` is None when the run takes no RL step (only evaluation)."""
+    ``producer`` is None when the run takes no RL step (only evaluation); ``evaluator``
+    is the producer the held-out evaluation goes through (the gateway's, also when no
+    RL step is left, so that a resumed finished run evaluates its agent program)."""
 
     run: Any  # build.Run
     algo: AlgoConfig
@@ -49,6 +51,7 @@ class LoopDeps:
     signal_watch: NoSignalWatch
     stop: StopFlag
     gateway: Any = None  # verltool_jax.gateway.Gateway with rollout.producer="gateway"
+    evaluator: RolloutProducer | None = None
 
 
 def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopFlag) -> LoopDeps:
@@ -96,7 +99,7 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
     )
     producer: RolloutProducer | None = None
     gateway = None
-    if rl:
+    if rl or rc.rollout.producer == "gateway":
         kw: dict[str, Any] = dict(
             n_samples=rc.rollout.n_samples,
             sampler=run.sampler,
@@ -107,15 +110,19 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
             image_processor=run.image_processor,
             ledger=PromptLedger.restore(start.resume_data, _replay_item(start)),
         )
+        prompts = _fresh_prompts(start.prompts) if rl else iter(())
         if rc.rollout.producer == "gateway":
-            gp = gateway_producer(run, _fresh_prompts(start.prompts), kw)
+            gp = gateway_producer(run, prompts, kw)
             producer, gateway = gp, gp.gateway
         else:
-            producer = RolloutProducer(_fresh_prompts(start.prompts), **kw)
+            producer = RolloutProducer(prompts, **kw)
+    evaluator = producer
+    if not rl:
+        producer = None  # no RL step left: the gateway's producer only evaluates
     watch = NoSignalWatch(rc.trainer.no_signal_steps, rc.trainer.no_signal_frac)
     return LoopDeps(
         run, start.algo, train_step, publisher, start.ckpt, start.prompts, client, guard,
-        health, queue, producer, groups, watch, stop, gateway,
+        health, queue, producer, groups, watch, stop, gateway, evaluator,
     )  # fmt: skip
 
 
