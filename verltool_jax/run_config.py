@@ -38,10 +38,10 @@ from tool_server.client import parse_tool_urls
 from verltool_jax.algos.advantages import GROUP_ESTIMATORS
 from verltool_jax.algos.config import AlgoConfig
 from verltool_jax.algos.optimizer import OptimConfig
+from verltool_jax.chat.render import TOOL_PROMPTS
+from verltool_jax.chat.tool_parsers import FORMATS as TOOL_CALL_FORMATS
 from verltool_jax.gateway.program import REWARD_RULES, load_agent
-from verltool_jax.gateway.render import TOOL_PROMPTS
 from verltool_jax.gateway.server import GatewayConfig
-from verltool_jax.gateway.tool_parsers import FORMATS as TOOL_CALL_FORMATS
 from verltool_jax.models.config import ModelConfig
 from verltool_jax.models.tiny import MARKUP_RULE, markup_ok
 from verltool_jax.rewards.judge import JudgeSection
@@ -168,7 +168,7 @@ class GatewaySection(Checked):
     agent_args: dict = spec(default_factory=dict)
     reward: str = spec("verifier", choices=REWARD_RULES)
     tool_format: str = spec(GatewayConfig.tool_format, choices=TOOL_CALL_FORMATS)
-    # the tool block when the chat template takes no tools= (gateway.render.TOOL_PROMPTS)
+    # the tool block when the chat template takes no tools= (chat.render.TOOL_PROMPTS)
     tool_prompt: str = spec(GatewayConfig.tool_prompt, choices=tuple(TOOL_PROMPTS))
     model: str = GatewayConfig.model  # the name /v1/models reports
     episode_timeout_s: float = spec(GatewayConfig.episode_timeout_s, check=above(0))

@@ -81,9 +81,9 @@ def test_native_demonstrations_are_what_the_gateway_renders(tool_prompt):
     import json
 
     from tool_server.tools.python_code import PythonCodeTool
+    from verltool_jax.chat.render import normalize_messages, render, template_of
+    from verltool_jax.chat.tool_parsers import parse_tool_calls
     from verltool_jax.data.templating import prompt_token_ids
-    from verltool_jax.gateway.render import normalize_messages, render, template_of
-    from verltool_jax.gateway.tool_parsers import parse_tool_calls
 
     tok = tiny_tokenizer()
     train, _, sft = tiny_math.generate(4, 2, 2, native_tools=True, tool_prompt=tool_prompt)

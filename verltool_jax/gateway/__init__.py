@@ -1,8 +1,8 @@
 """An OpenAI-compatible gateway that records every call's tokens for training (docs/gateway.md)."""
 
-from .render import check_template
+from verltool_jax.chat import FORMATS, check_template, parse_tool_calls, parser_for_model
+
 from .server import Gateway, GatewayConfig, GatewayThread
-from .tool_parsers import FORMATS, parse_tool_calls, parser_for_model
 
 __all__ = [
     "FORMATS",

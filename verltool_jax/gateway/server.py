@@ -36,6 +36,15 @@ from typing import Any
 
 from aiohttp import web
 
+from verltool_jax.chat.render import (
+    DEFAULT_TOOL_PROMPT,
+    TOOL_PROMPTS,
+    RenderError,
+    continuation,
+    render_messages,
+    template_of,
+)
+from verltool_jax.chat.tool_parsers import FORMATS, parse_tool_calls
 from verltool_jax.rollout.trajectory import Trajectory
 from verltool_jax.samplers.base import (
     Completion,
@@ -45,15 +54,6 @@ from verltool_jax.samplers.base import (
 )
 
 from .episodes import Episode
-from .render import (
-    TOOL_PROMPTS,
-    RenderError,
-    continuation,
-    normalize_messages,
-    render,
-    template_of,
-)
-from .tool_parsers import FORMATS, parse_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class GatewayConfig:
     model: str = "policy"  # the name /v1/models reports and requests may use
     tool_format: str = "hermes"  # tool_parsers.FORMATS
     # the tool block when the chat template takes no tools= (render.TOOL_PROMPTS)
-    tool_prompt: str = "hermes"
+    tool_prompt: str = DEFAULT_TOOL_PROMPT
     max_model_len: int = 2048  # prompt + completion tokens of one call
     default_max_tokens: int = (
         512  # when a request gives neither max_tokens nor max_completion_tokens
@@ -324,12 +324,11 @@ class Gateway:
         if choice == "none":
             tools = None
         try:
-            msgs = normalize_messages(
-                body.get("messages"), tools, raw_replies=ep.raw_replies,
-                template=self.template, fmt=self.config.tool_format,
-                tool_prompt=self.config.tool_prompt,
+            text, ids = render_messages(
+                self.tokenizer, body.get("messages"), tools, raw_replies=ep.raw_replies,
+                fmt=self.config.tool_format, tool_prompt=self.config.tool_prompt,
+                template=self.template,
             )  # fmt: skip
-            text, ids = render(self.tokenizer, msgs, tools)
         except RenderError as e:
             raise ApiError(400, str(e), param=e.param) from None
         params = sampling_params(body, len(ids), self.config)

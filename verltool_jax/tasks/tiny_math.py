@@ -70,15 +70,15 @@ def demonstration_segments(a: int, b: int, obs_template: str = DEFAULT_OBS_TEMPL
 
 def native_demonstration(row: dict, tool_prompt: str = "hermes") -> dict:
     """The SFT row of ``row`` for an agent program with native tool calls (module doc):
-    the prompt as the gateway renders it (``gateway.render.normalize_messages`` with the
+    the prompt as the gateway renders it (``chat.render.normalize_messages`` with the
     program's tool list and the run's ``gateway.tool_prompt``), the segments cut from the
     ChatML rendering of the whole conversation so that each turn's text is what the
     gateway gives the sampler."""
     import jinja2
 
     from tool_server.tools.python_code import PythonCodeTool
-    from verltool_jax.gateway.render import normalize_messages
-    from verltool_jax.gateway.tool_parsers import format_calls_as_text
+    from verltool_jax.chat.render import normalize_messages
+    from verltool_jax.chat.tool_parsers import format_calls_as_text
     from verltool_jax.models.tiny import CHATML_TEMPLATE
 
     a, b = row["extra_info"]["a"], row["extra_info"]["b"]
@@ -164,7 +164,7 @@ def generate(
 ) -> tuple[list[dict], list[dict], list[dict]]:
     """(train rows, held-out eval rows, SFT rows); deterministic in ``seed``;
     ``native_tools``: for native tool calls (module doc), the demonstrations' tool block
-    ``tool_prompt`` (``gateway.render.TOOL_PROMPTS``)."""
+    ``tool_prompt`` (``chat.render.TOOL_PROMPTS``)."""
     if num_demos > num_train:
         raise ValueError(
             f"num_demos={num_demos} must be <= num_train={num_train} "

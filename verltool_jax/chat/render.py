@@ -1,5 +1,9 @@
 """OpenAI messages -> the model's chat template -> token ids, and the no-drift check.
 
+Shared by the gateway (``verltool_jax/gateway``: an agent program's requests) and our own
+agent loop with native tool calls (``rollout.tool_format``: the prompt, then each turn's
+tool results), so both give the same tokens for the same conversation.
+
 A request is rendered with ``tokenizer.apply_chat_template`` (``tools=`` when the template
 knows tools; otherwise the tool list goes into the system message, in the Hermes style or
 a compact one, ``TOOL_PROMPTS``). An assistant message the gateway itself produced is
@@ -25,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .tool_parsers import format_calls_as_text
+from .tool_parsers import FORMATS, format_calls_as_text
 
 TOOLS_SYSTEM_PROMPT = (
     "You may call one or more functions to assist with the user query.\n\n"
@@ -59,9 +63,10 @@ def compact_tool_prompt(tools: list[dict]) -> str:
     )
 
 
-# GatewayConfig.tool_prompt: the tool block written into the system message when the
-# chat template takes no ``tools=``
+# GatewayConfig.tool_prompt and rollout.tool_prompt: the tool block written into the
+# system message when the chat template takes no ``tools=``
 TOOL_PROMPTS = {"hermes": hermes_tool_prompt, "compact": compact_tool_prompt}
+DEFAULT_TOOL_PROMPT = "hermes"
 
 
 class RenderError(ValueError):
@@ -106,7 +111,7 @@ def normalize_messages(
     raw_replies: dict[str, str],
     template: str,
     fmt: str,
-    tool_prompt: str = "hermes",
+    tool_prompt: str = DEFAULT_TOOL_PROMPT,
 ) -> list[dict]:
     """The messages as the template wants them (see module doc). ``raw_replies`` maps a
     tool-call id or a reply's content to the raw text the model wrote; ``tool_prompt``
@@ -187,6 +192,67 @@ def render(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> tu
     except Exception as e:  # jinja errors: a message the template cannot take
         raise RenderError(f"the model's chat template cannot render these messages: {e}") from e
     return text, list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_messages(
+    tokenizer: Any,
+    messages: Any,
+    tools: list[dict] | None,
+    *,
+    raw_replies: dict[str, str],
+    fmt: str,
+    tool_prompt: str = DEFAULT_TOOL_PROMPT,
+    template: str | None = None,
+) -> tuple[str, list[int]]:
+    """(text, ids) of an OpenAI conversation with the generation prompt, as the gateway
+    gives it to the sampler: :func:`normalize_messages`, then :func:`render`."""
+    msgs = normalize_messages(
+        messages, tools, raw_replies=raw_replies, template=template or template_of(tokenizer),
+        fmt=fmt, tool_prompt=tool_prompt,
+    )  # fmt: skip
+    return render(tokenizer, msgs, tools)
+
+
+@dataclass(frozen=True, eq=False)
+class ToolChat:
+    """How our agent loop renders a conversation with native tool calls
+    (``rollout.tool_format``): the tools' OpenAI entries (``BaseTool.function_schema()``),
+    the call format (``tool_parsers.FORMATS``) and the tool block when the template takes
+    no ``tools=`` (``TOOL_PROMPTS``). :meth:`render` is the gateway's rendering."""
+
+    tools: tuple[dict, ...]
+    fmt: str = "hermes"
+    tool_prompt: str = DEFAULT_TOOL_PROMPT
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise ValueError(f"tool-call format {self.fmt!r} is not one of {FORMATS}")
+        if self.tool_prompt not in TOOL_PROMPTS:
+            raise ValueError(
+                f"tool_prompt {self.tool_prompt!r} is not one of {sorted(TOOL_PROMPTS)}"
+            )
+        if not self.tools or not all(
+            isinstance(t, dict) and isinstance((t.get("function") or {}).get("name"), str)
+            for t in self.tools
+        ):
+            raise ValueError(
+                "native tool calls need the tools' schemas: a non-empty list of "
+                "{type: function, function: {name, ...}} (BaseTool.function_schema())"
+            )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t["function"]["name"] for t in self.tools)
+
+    def render(
+        self, tokenizer: Any, messages: Any, raw_replies: dict[str, str] | None = None
+    ) -> tuple[str, list[int]]:
+        """(text, ids) of ``messages`` (OpenAI form; an assistant message whose call id or
+        content is in ``raw_replies`` is rendered from that raw text) with the tools."""
+        return render_messages(
+            tokenizer, messages, list(self.tools), raw_replies=raw_replies or {},
+            fmt=self.fmt, tool_prompt=self.tool_prompt,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""Chat-template rendering and the no-drift check (``verltool_jax/gateway/render.py``)."""
+"""Chat-template rendering and the no-drift check (``verltool_jax/chat/render.py``)."""
 
 from __future__ import annotations
 
 import pytest
 from support.chat_templates import DROPS_THINK_TEMPLATE, TOOLS_TEMPLATE
 
-from verltool_jax.gateway.render import (
+from verltool_jax.chat.render import (
     RenderError,
     check_template,
     continuation,
@@ -45,7 +45,7 @@ def test_plain_chatml_extends_and_tools_go_to_the_system_message(tok):
 def test_compact_tool_prompt_names_tools_and_params_and_parses(tok):
     """``tool_prompt="compact"``: one line of signatures (no descriptions) and the Hermes
     call syntax, appended to the row's own system message; an unknown name is refused."""
-    from verltool_jax.gateway.tool_parsers import parse_tool_calls
+    from verltool_jax.chat.tool_parsers import parse_tool_calls
 
     tools = [
         {

@@ -1,4 +1,4 @@
-"""Native tool-call parsing per format (``verltool_jax/gateway/tool_parsers.py``) and the
+"""Native tool-call parsing per format (``verltool_jax/chat/tool_parsers.py``) and the
 tools' JSON Schemas (``BaseTool.function_schema``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from verltool_jax.gateway.tool_parsers import (
+from verltool_jax.chat.tool_parsers import (
     FORMATS,
     format_calls_as_text,
     parse_tool_calls,

@@ -23,6 +23,14 @@ import uuid
 from dataclasses import dataclass, field
 
 FORMATS = ("hermes", "qwen3", "llama3")
+# The text a call ends with, per format: our agent loop stops a turn there
+# (``rollout.stop_after_call``). A Llama-3 call is the whole reply: it ends with the
+# end-of-turn token, which the sampler stops on anyway.
+CALL_STOPS: dict[str, tuple[str, ...]] = {
+    "hermes": ("</tool_call>",),
+    "qwen3": ("</tool_call>",),
+    "llama3": (),
+}
 _HERMES_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _THINK_RE = re.compile(r"^\s*<think>(.*?)</think>", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
@@ -124,6 +132,13 @@ def _parse_llama3(text: str) -> ParsedReply:
     if not calls and not tagged and errors:
         return ParsedReply(text.strip(), [], errors)  # JSON-looking prose
     return ParsedReply("", calls, errors)
+
+
+def stop_strings(fmt: str) -> tuple[str, ...]:
+    """The stop strings that end a call in format ``fmt`` (``CALL_STOPS``)."""
+    if fmt not in CALL_STOPS:
+        raise ValueError(f"tool-call format {fmt!r} is not one of {FORMATS}")
+    return CALL_STOPS[fmt]
 
 
 def parse_tool_calls(text: str, fmt: str) -> ParsedReply:
