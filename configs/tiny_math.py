@@ -4,12 +4,15 @@
     python -m verltool_jax.train --config configs/tiny_math.py:sync     # sync baseline
     python -m verltool_jax.train --config configs/tiny_math.py:smoke    # seconds, for tests
     python -m verltool_jax.train --config configs/tiny_math.py:gateway  # an agent program
+    python -m verltool_jax.train --config configs/tiny_math.py:native   # our loop, native calls
     python -m verltool_jax.train --config configs/tiny_math.py:lookup   # two tool calls
 
 ``arg`` is a comma-separated list of variants: ``sync`` (batch-synchronous rollout, the
 ablation baseline), ``smoke`` (tiny sizes, a few steps) and ``gateway`` (trained through
 the OpenAI-compatible gateway by ``examples/gateway_agent.py`` with native tool calls,
-warm-started on demonstrations in that format; docs/gateway.md) and ``lookup`` (search a
+warm-started on demonstrations in that format; docs/gateway.md), ``native`` (the same
+task, prompts and demonstrations rolled out by our own agent loop in the native format,
+``rollout.tool_format="hermes"``; docs/rollout.md) and ``lookup`` (search a
 code, then multiply it: ``verltool_jax.tasks.tiny_lookup``, for the per-turn credit
 ablation; docs/tasks/math.md); e.g. ``:smoke,sync``, ``:lookup,smoke``.
 The model and tokenizer are built locally (``verltool_jax.models.tiny``); the task data
@@ -33,7 +36,12 @@ from configs import base
 from verltool_jax.models.tiny import NATIVE_CALL_MARKUP
 from verltool_jax.tasks import task_section
 
-VARIANTS = ("sync", "smoke", "gateway", "lookup")
+VARIANTS = ("sync", "smoke", "gateway", "native", "lookup")
+# :native token budgets (measured with the markup tokenizer): prompts with the compact
+# tool block are ~121 tokens; a demonstrated episode's response 58 (the call 20, the
+# template's tool turn and next generation prompt 27, the answer 11)
+NATIVE_PROMPT_TOKENS = 160
+NATIVE_RESPONSE_TOKENS = 96
 
 
 def parse_arg(arg: str) -> set[str]:
@@ -110,15 +118,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     if "sync" in variants:
         c.rollout.mode = "sync"
         c.trainer.out_dir += "_sync"
-    if "gateway" in variants:
+    if "gateway" in variants and "native" in variants:
+        raise ValueError(
+            "configs/tiny_math.py: 'gateway' (an agent program) and 'native' (our loop) "
+            "are two ways to make native tool calls; choose one"
+        )
+    if "gateway" in variants or "native" in variants:
         c.task.native_tools = True
-        c.rollout.producer = "gateway"
-        c.gateway.agent = "examples/gateway_agent.py:solve"
-        c.gateway.agent_args = {"max_turns": 2}  # replies: rollout.max_response_tokens
-        # The tool list in the compact block (~120-token prompts): with the Hermes block
-        # (~530) 150 SFT steps left the model unable to copy operands (held-out 0.000;
-        # experiments/results/gateway_tiny/results.md).
-        c.gateway.tool_prompt = "compact"
         # The call's JSON as two atomic tokens: 5 tokens from <tool_call> to the first
         # operand instead of 39, 20 for the whole call instead of 56. With the default
         # tokenizer 400 SFT steps on 1024 demonstrations left held-out accuracy at 0.000;
@@ -127,10 +133,27 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.model.tiny.markup = NATIVE_CALL_MARKUP
         c.sft.steps = 400
         c.task.num_demos = 1024
-        c.trainer.eval_every = 20  # a held-out pass through the program takes minutes
         c.model.max_seq_len = 384
         c.sampler.max_model_len = 384
+    if "gateway" in variants:
+        c.rollout.producer = "gateway"
+        c.gateway.agent = "examples/gateway_agent.py:solve"
+        c.gateway.agent_args = {"max_turns": 2}  # replies: rollout.max_response_tokens
+        # The tool list in the compact block (~120-token prompts): with the Hermes block
+        # (~530) 150 SFT steps left the model unable to copy operands (held-out 0.000;
+        # experiments/results/gateway_tiny/results.md).
+        c.gateway.tool_prompt = "compact"
+        c.trainer.eval_every = 20  # a held-out pass through the program takes minutes
         c.trainer.out_dir += "_gateway"
+    if "native" in variants:
+        # The same task, prompts and demonstrations as :gateway, rolled out by our own
+        # loop in the native format: the prompt and the tool turns are the chat
+        # template's rendering with the tools' schemas, as the gateway renders them.
+        c.rollout.tool_format = "hermes"
+        c.rollout.tool_prompt = "compact"
+        c.rollout.max_prompt_tokens = NATIVE_PROMPT_TOKENS
+        c.rollout.max_response_tokens = NATIVE_RESPONSE_TOKENS
+        c.trainer.out_dir += "_native"
     if "lookup" in variants:
         # Two calls a problem (verltool_jax/tasks/tiny_lookup.py): search a code, multiply
         # it in python, answer. The task writes the BM25 index at retrieval_index (kept
@@ -160,7 +183,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         c.task.num_eval = 8
         c.task.num_demos = 16
         c.rollout.n_samples = 2
-        c.rollout.max_response_tokens = 40
+        if "native" not in variants:  # a native episode needs its NATIVE_RESPONSE_TOKENS
+            c.rollout.max_response_tokens = 40
         c.algo.mini_batch_size = 4
         c.algo.micro_batch_size = 4
         c.sft.steps = 2

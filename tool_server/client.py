@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 import urllib.error
 import urllib.request
@@ -453,3 +454,16 @@ def http_healthy(url: str, timeout_s: float = 2.0) -> bool:
             return r.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def fetch_tool_schemas(url: str, timeout_s: float = 10.0) -> list[dict]:
+    """The OpenAI ``tools`` entries (``BaseTool.function_schema()``) of every tool the
+    server at ``url`` serves (``GET /tools``; the first replica of a comma-separated
+    list: replicas serve the same tools). Raises :class:`ToolServerError` naming the URL."""
+    base = parse_tool_urls(url)[0]
+    try:
+        with urllib.request.urlopen(base + "/tools", timeout=timeout_s) as r:
+            listed = json.loads(r.read())["tools"]
+        return [dict(t["schema"]) for t in listed]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as e:
+        raise ToolServerError(f"cannot read the tool schemas from {base}/tools: {e!r}") from e

@@ -267,6 +267,7 @@ def eval_items_per_file(run, limit: int | None = None) -> list:
             num_epochs=1,
             max_prompt_tokens=rc.rollout.max_prompt_tokens,
             image_processor=run.image_processor,
+            chat=rc.rollout.tool_chat(),
         )
         want = min(limit or len(pipe.rows), len(pipe.rows))
         got = pipe.next_batch(want)

@@ -251,7 +251,11 @@ def measure(
         )
         if todo:
             transform = _prompt_transform(
-                run.tokenizer, rc.rollout.max_prompt_tokens, "drop", run.image_processor
+                run.tokenizer,
+                rc.rollout.max_prompt_tokens,
+                "drop",
+                run.image_processor,
+                rc.rollout.tool_chat(),
             )
             model, what = load_policy(run, checkpoint)
             sampler = run.open_sampler(trainer_overlaps=False)

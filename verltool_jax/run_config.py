@@ -512,6 +512,17 @@ class RunConfig(Checked):
                 "rollout.partial_rollouts=True works with the in-process samplers (vLLM, "
                 "JAX), not with placement.sampler_urls (a remote vllm serve); drop one of them"
             )
+        if self.rollout.producer == "gateway" and self.rollout.native:
+            raise ValueError(
+                f"rollout.tool_format={self.rollout.tool_format!r} is our agent loop's; "
+                "through the gateway the program's calls are parsed by gateway.tool_format: "
+                "set rollout.tool_format='tags' (or rollout.producer='agent_loop')"
+            )
+        if self.rollout.native and self.model.family == "qwen2_5_vl":
+            raise ValueError(
+                f"rollout.tool_format={self.rollout.tool_format!r} does not take "
+                "vision-language policies yet: set rollout.tool_format='tags'"
+            )
         if self.rollout.producer == "gateway" and self.rollout.mode != "async":
             raise ValueError(
                 "rollout.producer='gateway' runs with rollout.mode='async' (the sync "

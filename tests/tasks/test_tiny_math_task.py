@@ -109,3 +109,25 @@ def test_native_demonstrations_are_what_the_gateway_renders(tool_prompt):
         {"role": "tool", "content": f"{a * b}\n"},
     ]
     assert render(tok, turn2, tools)[0] == text1 + reply + obs
+
+
+def test_the_native_variant_writes_native_data_and_a_mismatch_is_refused(tmp_path):
+    """``:native`` (our loop, ``rollout.tool_format="hermes"``) writes the prompts and
+    demonstrations of ``:gateway``, in its own tool block (``rollout.tool_prompt``); a
+    loop whose format does not match ``task.native_tools`` is refused before any work."""
+    cfg = load_config("configs/tiny_math.py:smoke,native")
+    files = prepare_task(run_config_from_dict(cfg), tmp_path / "data")
+    (demo,) = read_rows(files.sft, validate=validate_sft_row)[:1]
+    assert demo["prompt"][0]["content"].endswith(
+        "Tools: python_code(code: string)\n"
+        + ('Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>')
+    )  # the compact block
+    cfg.rollout.tool_format = "tags"
+    with pytest.raises(ValueError, match="set rollout.tool_format='hermes' or task.native_tools"):
+        prepare_task(run_config_from_dict(cfg), tmp_path / "other")
+    cfg = load_config("configs/tiny_math.py:smoke")
+    cfg.rollout.tool_format = "hermes"
+    with pytest.raises(
+        ValueError, match="set rollout.tool_format='tags' or task.native_tools=True"
+    ):
+        prepare_task(run_config_from_dict(cfg), tmp_path / "other")

@@ -93,19 +93,21 @@ class BaseTool:
             "function": {"name": self.name, "description": self.usage, "parameters": params},
         }
 
-    def action_from_call(self, name: str, arguments: dict) -> str:
+    @classmethod
+    def action_from_call(cls, name: str, arguments: dict) -> str:
         """The action text a native call ``name(arguments)`` stands for, as
-        :meth:`parse_action` reads it. Raises ValueError naming a missing argument."""
-        if self.call_tag is None:
+        :meth:`parse_action` reads it (the class's ``call_tag`` and ``call_arg`` decide:
+        no instance is needed). Raises ValueError naming a missing argument."""
+        if cls.call_tag is None:
             return (
                 "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
             )
-        value = arguments.get(self.call_arg)
+        value = arguments.get(cls.call_arg)
         if not isinstance(value, str):
             raise ValueError(
-                f"tool {name!r} needs the string argument {self.call_arg!r}, got {sorted(arguments)}"
+                f"tool {name!r} needs the string argument {cls.call_arg!r}, got {sorted(arguments)}"
             )
-        return f"<{self.call_tag}>{value}</{self.call_tag}>"
+        return f"<{cls.call_tag}>{value}</{cls.call_tag}>"
 
     def parse_action(self, action: str) -> tuple[Any, bool]:
         """Return ``(parsed, True)`` if this tool handles ``action``, else ``(None, False)``."""

@@ -168,11 +168,18 @@ class RowPipeline:
 
 
 def _prompt_transform(
-    tokenizer, max_prompt_tokens: int | None, overlong: str, image_processor=None
+    tokenizer, max_prompt_tokens: int | None, overlong: str, image_processor=None, chat=None
 ):
     def transform(index: int, row: dict) -> PromptExample | None:
         images: list = []  # ImageInput, one per <image> marker
-        if row.get("images"):
+        if chat is not None:  # native tool calls: the template with the tools' schemas
+            if row.get("images"):
+                raise ValueError(
+                    f"row {index} has images, which rollout.tool_format={chat.fmt!r} does "
+                    "not take yet; use rollout.tool_format='tags'"
+                )
+            ids = chat.render(tokenizer, row["prompt"])[1]
+        elif row.get("images"):
             ids, images = multimodal_prompt(
                 tokenizer, row["prompt"], list(row["images"]), image_processor, f"row {index}"
             )
@@ -194,7 +201,8 @@ def _prompt_transform(
 class PromptPipeline(RowPipeline):
     """Chat-templated prompts. ``overlong``: "drop" (skip) or "error" for long prompts.
     Rows with ``images`` (``data/images.py``) need ``image_processor`` (a vision-language
-    policy's ``ImageProcessor``)."""
+    policy's ``ImageProcessor``). ``chat`` (``chat.render.ToolChat``, native tool calls:
+    ``rollout.tool_chat()``) renders each prompt with the tools' schemas."""
 
     def __init__(
         self,
@@ -207,10 +215,13 @@ class PromptPipeline(RowPipeline):
         max_prompt_tokens: int | None = None,
         overlong: str = "drop",
         image_processor=None,
+        chat=None,
     ):
         if overlong not in ("drop", "error"):
             raise ValueError(f"overlong must be 'drop' or 'error', got {overlong!r}")
-        self._transform = _prompt_transform(tokenizer, max_prompt_tokens, overlong, image_processor)
+        self._transform = _prompt_transform(
+            tokenizer, max_prompt_tokens, overlong, image_processor, chat
+        )
         super().__init__(rows, self._transform, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
 
     def example_at(self, index: int) -> PromptExample | None:

@@ -3,7 +3,9 @@
 Each trajectory asks the sampler for its next turn, and the moment that turn ends on an
 action it sends exactly that turn's text to the tool server, appends the observation
 (tokenized on its own, truncated in tokens, loss mask 0) and goes on, never waiting for
-the rest of the batch. An error in one trajectory (tool server down, sampler error)
+the rest of the batch. With a native tool-call format (``rollout.tool_format``) each call
+of the reply is sent in turn and the observation is the chat template's tool turn
+(``rollout/native.py``). An error in one trajectory (tool server down, sampler error)
 ends that trajectory with ``termination="error"``; the others go on.
 """
 
@@ -103,8 +105,10 @@ async def rollout_trajectory(
                 g0 = time.perf_counter()
                 comp = await builder.generate(sampler, ids, params)
                 action = builder.apply_completion(comp, time.perf_counter() - g0)
-                if action is None:
-                    break
+                if action is None:  # ended, or (native calls) answered without the server
+                    if builder.finished:
+                        break
+                    continue
             extra = builder.extra_field | (builder.resumed or {})
             res = await tool_client.get_observation(
                 tid, action, extra, is_last_step=builder.is_last_tool_turn

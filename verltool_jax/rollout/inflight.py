@@ -20,8 +20,10 @@ carries the trajectory's earlier actions (``tool_server.protocol.RESUMED_FIELD``
 server that no longer holds the state they built says so in the observation ("tool
 state was reset", ``tool_server.dispatcher.RESET_NOTE``). Not saved, so rolled out again
 from the prompt as before (``PromptLedger``): a group with observation images (the
-images are not kept), a group taken by a step that was cut short, a group dropped as
-stale, and the groups of a gateway producer (an agent program's state is its own).
+images are not kept), a group rolling out in a native tool-call format with a trajectory
+not yet ended (its conversation is not kept), a group taken by a step that was cut
+short, a group dropped as stale, and the groups of a gateway producer (an agent
+program's state is its own).
 """
 
 from __future__ import annotations
@@ -95,7 +97,9 @@ def snapshot(
         if g and resumable(g):
             groups[g[0].group_id] = [(t, True, None) for t in g]
     for gid, slots in live.items():
-        if resumable(s.builder.traj for s in slots):
+        # a native-format trajectory's conversation is not saved: rolled out again
+        midway = any(s.builder.native is not None and not s.builder.finished for s in slots)
+        if resumable(s.builder.traj for s in slots) and not midway:
             groups[gid] = [(s.builder.traj, s.done, s.builder.pending_action) for s in slots]
     out = []
     for gid, trajs in sorted(groups.items()):

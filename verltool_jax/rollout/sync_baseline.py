@@ -24,6 +24,8 @@ from verltool_jax.samplers.base import Sampler
 
 
 async def _generate(b: TrajectoryBuilder, sampler: Sampler) -> str | None:
+    if b.pending_action is not None:  # the next call of a native reply with several
+        return b.pending_action
     req = b.request()
     if req is None:
         return None

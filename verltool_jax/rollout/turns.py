@@ -16,7 +16,8 @@ from typing import Any
 from tool_server.client import ToolResult
 from verltool_jax.models.image_inputs import ImageInputError, check_placeholders
 from verltool_jax.rollout.config import RolloutConfig
-from verltool_jax.rollout.observation import ObservationFormatter, encode
+from verltool_jax.rollout.native import NativeTurns
+from verltool_jax.rollout.observation import ObservationFormatter, encode, truncate_tokens
 from verltool_jax.rollout.trajectory import Trajectory, TrajectoryImage
 from verltool_jax.samplers.base import Completion, SamplingParams
 
@@ -51,6 +52,11 @@ class TrajectoryBuilder:
     ``Trajectory.images`` with the offset of its run, and sent to the sampler with the ids.
     An image the policy cannot take (undecodable, over the pixel budget, or the policy is
     text-only) is replaced by a note in the observation saying why.
+
+    With a native tool-call format (``cfg.tool_format``; ``rollout/native.py``) a turn's
+    calls are parsed from the reply and run one by one (``pending_action`` holds the next),
+    and the observation tokens are the chat template's tool turn and next generation
+    prompt, as the gateway renders them.
     """
 
     def __init__(
@@ -100,6 +106,17 @@ class TrajectoryBuilder:
         self._close_ids = (
             encode(tokenizer, cfg.close_action_on_length) if cfg.close_action_on_length else []
         )
+        self.native: NativeTurns | None = None
+        chat = cfg.tool_chat()
+        if chat is not None:
+            if image_processor is not None:
+                raise ValueError(
+                    f"rollout.tool_format={cfg.tool_format!r} is not supported for "
+                    "vision-language policies yet; use rollout.tool_format='tags'"
+                )
+            self.native = NativeTurns.start(
+                chat, tokenizer, self.traj.data, self.traj.prompt_ids, f"trajectory {trajectory_id}"
+            )
         self.pending_action: str | None = None
         # extra fields of the next tool call only (a trajectory resumed from a checkpoint)
         self.resumed: dict | None = None
@@ -220,6 +237,8 @@ class TrajectoryBuilder:
             )
             return None
         self._append(list(comp.token_ids), 1, [float(x) for x in comp.logprobs], versions)
+        if self.native is not None:
+            return self._native_reply(comp)
         is_action = (
             comp.finish_reason == "stop"
             and comp.stop_string is not None
@@ -263,6 +282,10 @@ class TrajectoryBuilder:
         text = "\n".join([res.observation] + notes) if notes else res.observation
         if notes:
             t.observations[-1] = text
+        if self.native is not None:
+            self.native.done |= bool(res.done)
+            self._native_result(text)
+            return
         proc = self.image_processor  # None only for a text-only policy, which gets no images
         blocks = [proc.placeholder_ids(im) for im in images] if proc is not None else []
         ids, truncated = self.formatter(text)
@@ -279,6 +302,67 @@ class TrajectoryBuilder:
         self._append(ids, 0, [0.0] * len(ids), -1)
         if res.done:
             self._end("done")
+
+    # --- native tool calls (rollout/native.py) ------------------------------------------
+    def _native_reply(self, comp: Completion) -> str | None:
+        """After a sampled reply: its first action for the tool server, or None (it was
+        the final answer, or every call was answered here; then the tool turn is in)."""
+        assert self.native is not None
+        t = self.traj
+        calls = self.native.reply(comp, self.cfg.max_turns - t.tool_calls)
+        if not calls:
+            self._end("eos" if comp.finish_reason == "stop" else "budget")
+            return None
+        if t.tool_calls >= self.cfg.max_turns:
+            self._end("max_turns")
+            return None
+        return self._native_next()
+
+    def _native_next(self) -> str | None:
+        """Answer this turn's calls that need no tool server, up to the next one that
+        does (its action, now ``pending_action``); when all are answered, append the tool
+        turn and return None."""
+        nat = self.native
+        assert nat is not None
+        while (c := nat.next_call) is not None:
+            if c.action is not None:
+                self.traj.actions.append(c.action)
+                self.pending_action = c.action
+                return c.action
+            text = f"Error: {c.error}"
+            if c.counted:
+                self.traj.tool_calls += 1
+                self.traj.invalid_tool_calls += 1
+                self.traj.actions.append(text)
+                self.traj.observations.append(text)
+            nat.answer(text)
+        t = self.traj
+        new = nat.tool_turn(t.prompt_ids + t.response_ids)
+        if new is None:
+            self.fail(
+                f"the chat template rewrote earlier turns (rollout.tool_format="
+                f"{self.cfg.tool_format!r}); the built-in loop keeps one sequence per "
+                "trajectory: use rollout.producer='gateway' with this template"
+            )
+        elif len(new) > self.remaining:
+            self._end("budget")  # the tool turn does not fit: stop before it
+        else:
+            self._append(new, 0, [0.0] * len(new), -1)
+            if nat.done:
+                self._end("done")
+        return None
+
+    def _native_result(self, text: str) -> None:
+        """The tool server's answer to the pending call, cut to ``max_obs_tokens``."""
+        assert self.native is not None
+        f = self.formatter
+        body = encode(self.tokenizer, text)
+        if len(body) > f.max_obs_tokens:
+            cut = truncate_tokens(body, f.max_obs_tokens, f.side, f.marker_ids)
+            text = self.tokenizer.decode(cut, skip_special_tokens=False)
+            self.traj.obs_truncated += 1
+        self.native.answer(text)
+        self._native_next()
 
     async def generate(self, sampler: Any, ids: list[int], params: SamplingParams) -> Any:
         """``sampler.generate`` for this trajectory's request, with its images if it has any."""

@@ -10,8 +10,9 @@ demonstrations come from the training split::
     <python>print(A * B)</python>  |  obs_template.format(obs=PRODUCT)  |  <answer>PRODUCT</answer><eos>
         trained (loss 1)           |         observation (loss 0)        |      trained (loss 1)
 
-With ``task.native_tools`` (the gateway variant: an agent program with native tool calls,
-``examples/gateway_agent.py``) the prompts ask for a ``python_code`` call, and the
+With ``task.native_tools`` (native tool calls: an agent program through the gateway,
+``examples/gateway_agent.py``, or our agent loop with ``rollout.tool_format="hermes"``,
+which renders the same conversation) the prompts ask for a ``python_code`` call, and the
 demonstrations are the conversation the gateway renders for that program with the tiny
 model's ChatML template: the prompt with the Hermes tool block in the system message,
 then ``<tool_call>{"name": "python_code", "arguments": {"code": "print(A * B)"}}</tool_call><eos>``
@@ -210,8 +211,24 @@ def write_task(
 
 def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
     """``write_task`` with the sizes of ``config.task``, ``config.rollout.obs_template``
-    and the gateway's tool block (``config.gateway.tool_prompt``)."""
+    and the tool block of the native tool calls in use: the gateway's
+    (``gateway.tool_prompt``) or our agent loop's (``rollout.tool_prompt``)."""
     t = config.task
+    r = config.rollout
+    gateway = r.producer == "gateway"  # the program decides how it calls the tool
+    if not gateway and t.native_tools != r.native:
+        raise ValueError(
+            f"task.native_tools={t.native_tools} writes prompts and demonstrations "
+            f"{'for' if t.native_tools else 'without'} native tool calls, but "
+            f"rollout.tool_format={r.tool_format!r}: set "
+            f"rollout.tool_format={'hermes' if t.native_tools else 'tags'!r} or "
+            f"task.native_tools={not t.native_tools}"
+        )
+    if t.native_tools and not gateway and r.tool_format != "hermes":
+        raise ValueError(
+            f"task.native_tools demonstrates Hermes calls; set rollout.tool_format='hermes' "
+            f"(got {r.tool_format!r})"
+        )
     return write_task(
         out_dir,
         t.num_train,
@@ -221,7 +238,7 @@ def write_task_from_config(config, out_dir: str | os.PathLike) -> TaskFiles:
         t.seed,
         config.rollout.obs_template,
         t.native_tools,
-        config.gateway.tool_prompt,
+        config.gateway.tool_prompt if gateway else r.tool_prompt,
     )
 
 

@@ -393,7 +393,11 @@ class Run:
             from verltool_jax.data.readers import read_files
 
             transform = _prompt_transform(
-                self.tokenizer, c.rollout.max_prompt_tokens, "drop", self.image_processor
+                self.tokenizer,
+                c.rollout.max_prompt_tokens,
+                "drop",
+                self.image_processor,
+                c.rollout.tool_chat(),
             )
             rows = read_files(self.files["train"], c.data.format)
             return CurriculumPrompts(rows, transform, c.curriculum, seed=c.data.seed)
@@ -405,6 +409,7 @@ class Run:
             shuffle=c.data.shuffle,
             max_prompt_tokens=c.rollout.max_prompt_tokens,
             image_processor=self.image_processor,
+            chat=c.rollout.tool_chat(),
         )
 
 
@@ -513,10 +518,6 @@ def _build_run(
         from verltool_jax.models.image_inputs import ImageProcessor
 
         image_processor = ImageProcessor(model.config)
-    eval_items: list[PromptItem] = []
-    with part("data"):
-        if files["eval"] and rc.data.max_eval_examples and not eval_only:  # 0: none
-            eval_items = _eval_items(rc, files["eval"], tokenizer, image_processor)
     lg = rc.logging
     writer: MetricsWriter | NullWriter
     with part("metrics writer"):
@@ -536,6 +537,11 @@ def _build_run(
     stack.callback(reward_pool.close)
     with part("tool server"):
         url, tool_process = stack.enter_context(serve_tools(rc.tool_server, out))
+        rc = with_tool_schemas(rc, url, tokenizer)
+    eval_items: list[PromptItem] = []
+    with part("data"):  # after the tool server: native tool calls render its tools
+        if files["eval"] and rc.data.max_eval_examples and not eval_only:  # 0: none
+            eval_items = _eval_items(rc, files["eval"], tokenizer, image_processor)
     run = Run(
         config=rc,
         out=out,
@@ -560,6 +566,31 @@ def _build_run(
 
     stack.callback(close_sampler)
     return run
+
+
+def with_tool_schemas(rc: RunConfig, tool_url: str, tokenizer: Any) -> RunConfig:
+    """``rc`` with ``rollout.tools``, the tools' schemas read from the tool server at
+    ``tool_url`` (``GET /tools``), for a native tool-call format (``rollout.tool_format``;
+    ``rc`` itself with tags). Checks that every served tool's calls can become actions
+    here and that the chat template keeps one sequence over tool turns."""
+    if not rc.rollout.native:
+        return rc
+    from tool_server.client import fetch_tool_schemas
+    from verltool_jax.chat.render import check_template
+    from verltool_jax.rollout.native import check_tools
+
+    rollout = dataclasses.replace(rc.rollout, tools=tuple(fetch_tool_schemas(tool_url)))
+    chat = rollout.tool_chat()
+    assert chat is not None
+    check_tools(chat)
+    check = check_template(tokenizer, chat.fmt)
+    if check["case"] == "break":
+        raise ValueError(
+            f"rollout.tool_format={chat.fmt!r}: {check['note']}, and the built-in loop keeps "
+            "one sequence per trajectory; train this model through rollout.producer='gateway'"
+        )
+    log.info("[trainer] native tool calls (%s): %s", chat.fmt, ", ".join(chat.names))
+    return dataclasses.replace(rc, rollout=rollout)
 
 
 def _import_before_the_sampler(rc: RunConfig) -> None:
@@ -594,6 +625,7 @@ def _eval_items(rc: RunConfig, eval_files, tokenizer, image_processor) -> list:
             num_epochs=1,
             max_prompt_tokens=rc.rollout.max_prompt_tokens,
             image_processor=image_processor,
+            chat=rc.rollout.tool_chat(),
         )
         for f in eval_files
     ]
