@@ -20,8 +20,10 @@ The model and tokenizer are built locally (``verltool_jax.models.tiny``); the ta
 
 Expected on 2 CPU cores: about 4 minutes (``bash scripts/run.sh`` runs the default);
 held-out accuracy about 0.69 after the SFT warm start and 0.84 after the 40 RL steps;
-``:gateway`` 0.465 -> 0.650 in 15 minutes on the loaded machine; ``:smoke`` takes seconds. Figures: docs/performance.md; ablations on this config:
-docs/results.md. ``:gateway``: experiments/results/gateway_tiny/results.md.
+``:gateway`` 0.465 -> 0.650 in 15 minutes on the loaded machine, ``:native`` 0.450 ->
+0.640 in 19; ``:smoke`` takes seconds. Figures: docs/performance.md; ablations on this
+config: docs/results.md. ``:gateway``: experiments/results/gateway_tiny/results.md;
+``:native``: experiments/results/native_tiny/results.md.
 ``:lookup`` (measured 2026-12-03 on 2 CPU cores shared with another run: 525 s, of
 which 172 s SFT): held-out accuracy 0.400 after the 200 SFT steps, 0.575 / 0.700 /
 0.765 / 0.765 after 10 / 20 / 30 / 40 RL steps; sampled reward 0.20 over the first ten
