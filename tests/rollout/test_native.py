@@ -228,8 +228,8 @@ def test_the_run_reads_the_tools_from_its_tool_server(tok, tool_url):
     rewrites earlier turns is refused; so is the native format through the gateway."""
     import copy
 
-    from configs import tiny_math
     from tool_server.client import ToolServerError, fetch_tool_schemas
+    from verltool_jax.cli import load_config
     from verltool_jax.data.pipeline import PromptPipeline
     from verltool_jax.run_config import ConfigError, RunConfig, run_config_from_dict
     from verltool_jax.train.build import with_tool_schemas
@@ -255,9 +255,9 @@ def test_the_run_reads_the_tools_from_its_tool_server(tok, tool_url):
     )
     with pytest.raises(ValueError, match="rollout.producer='gateway'"):
         with_tool_schemas(rc, tool_url, forgetful)
-    c = tiny_math.get_config("gateway")
+    c = load_config("configs/tiny_math.py:gateway")
     c.rollout.tool_format = "hermes"
     with pytest.raises(ConfigError, match="rollout.tool_format='hermes' is our agent loop's"):
         run_config_from_dict(c)
     with pytest.raises(ValueError, match="choose one"):
-        tiny_math.get_config("gateway,native")
+        load_config("configs/tiny_math.py:gateway,native")
