@@ -6,6 +6,7 @@
     python -m verltool_jax.train --config configs/tiny_math.py:gateway  # an agent program
     python -m verltool_jax.train --config configs/tiny_math.py:native   # our loop, native calls
     python -m verltool_jax.train --config configs/tiny_math.py:lookup   # two tool calls
+    python -m verltool_jax.train --config configs/tiny_math.py:verifiers  # a verifiers env
 
 ``arg`` is a comma-separated list of variants: ``sync`` (batch-synchronous rollout, the
 ablation baseline), ``smoke`` (tiny sizes, a few steps) and ``gateway`` (trained through
@@ -14,7 +15,10 @@ warm-started on demonstrations in that format; docs/gateway.md), ``native`` (the
 task, prompts and demonstrations rolled out by our own agent loop in the native format,
 ``rollout.tool_format="hermes"``; docs/rollout.md) and ``lookup`` (search a
 code, then multiply it: ``verltool_jax.tasks.tiny_lookup``, for the per-turn credit
-ablation; docs/tasks/math.md); e.g. ``:smoke,sync``, ``:lookup,smoke``.
+ablation; docs/tasks/math.md) and ``verifiers`` (a verifiers environment,
+``examples/verifiers_env/vtj_multiply.py``, played by verifiers in its own virtual
+environment through the gateway, its rubric the reward: docs/environments.md); e.g.
+``:smoke,sync``, ``:lookup,smoke``, ``:verifiers,smoke``.
 The model and tokenizer are built locally (``verltool_jax.models.tiny``); the task data
 (``verltool_jax.tasks.tiny_math``) is generated into ``<out_dir>/data``.
 
@@ -38,7 +42,7 @@ from configs import base
 from verltool_jax.models.tiny import NATIVE_CALL_MARKUP
 from verltool_jax.tasks import task_section
 
-VARIANTS = ("sync", "smoke", "gateway", "native", "lookup")
+VARIANTS = ("sync", "smoke", "gateway", "native", "lookup", "verifiers")
 # :native token budgets (measured with the markup tokenizer): prompts with the compact
 # tool block are ~121 tokens; a demonstrated episode's response 58 (the call 20, the
 # template's tool turn and next generation prompt 27, the answer 11)
@@ -178,18 +182,37 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # and 200 (loss 1.19 -> 0.11): 200 leaves held-out accuracy 0.40, room for RL.
         c.sft.steps = 200
         c.trainer.out_dir += "_lookup"
+    if "verifiers" in variants:
+        # One-digit products with the verifiers taskset's own prompt and rubric; verifiers'
+        # chat program makes one model call (no tools) and the rubric scores the reply.
+        # No SFT data: the taskset's rows carry no demonstrations.
+        c.task = task_section("verifiers")
+        c.task.taskset = "vtj_multiply"
+        c.task.path = "examples/verifiers_env"
+        c.task.num_train = 2000
+        c.task.num_eval = 200
+        c.task.taskset_args = '{"num_tasks": 2200, "digits": 1, "seed": 1234}'
+        c.rollout.producer = "gateway"
+        c.gateway.agent = "verltool_jax.tasks.verifiers_task:rollout"
+        c.gateway.agent_args = {"max_turns": 1}
+        c.gateway.reward = "program"  # the rubric's score, as the program returns it
+        c.sft.steps = 0
+        c.trainer.out_dir += "_verifiers"
     if "smoke" in variants:
         c.model.tiny.num_layers = 1
         c.model.tiny.intermediate_size = 128
         c.task.num_train = 32
         c.task.num_eval = 8
-        c.task.num_demos = 16
+        if "verifiers" in variants:
+            c.task.taskset_args = '{"num_tasks": 40, "digits": 1, "seed": 1234}'
+        if "num_demos" in c.task:  # (the verifiers task has no demonstrations)
+            c.task.num_demos = 16
         c.rollout.n_samples = 2
         if "native" not in variants:  # a native episode needs its NATIVE_RESPONSE_TOKENS
             c.rollout.max_response_tokens = 40
         c.algo.mini_batch_size = 4
         c.algo.micro_batch_size = 4
-        c.sft.steps = 2
+        c.sft.steps = 0 if "verifiers" in variants else 2
         c.sft.batch_size = 4
         c.sft.warmup_steps = 0
         c.trainer.steps = 2

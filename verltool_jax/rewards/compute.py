@@ -39,6 +39,7 @@ from verltool_jax.rewards.base import (
     resolve_reward_name,
     reward_plugins,
 )
+from verltool_jax.rewards.env_reward import PROGRAM_REWARD
 from verltool_jax.rewards.shaping import ShapingSettings, shaped_score
 from verltool_jax.rollout.response_text import model_text
 
@@ -168,11 +169,13 @@ def items_from(entries: Iterable[Any], tokenizer=None, reward_name: str = "") ->
                 for x in getattr(e, "extras", ())
                 if isinstance(x.get("reward"), (int, float)) and not isinstance(x["reward"], bool)
             ]
-            out.append(
-                make_item(
-                    e.data, text, reward_name, e.tool_calls, e.invalid_tool_calls, rewards or None
-                )
+            item = make_item(
+                e.data, text, reward_name, e.tool_calls, e.invalid_tool_calls, rewards or None
             )
+            program = (getattr(e, "reward_info", None) or {}).get("program_reward")
+            if program is not None:  # an agent program's reward (gateway), for program_reward
+                item.extra_info[PROGRAM_REWARD] = float(program)
+            out.append(item)
         else:
             raise TypeError(
                 f"cannot score a {type(e).__name__}; pass Trajectory objects, "

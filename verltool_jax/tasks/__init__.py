@@ -64,6 +64,7 @@ BUILTIN = {
     "easy_vqa": "easy_vqa",
     "reasoning_gym": "reasoning_gym",
     "openenv": "openenv_task",
+    "verifiers": "verifiers_task",
 }
 
 
