@@ -272,6 +272,7 @@ def test_items_per_file_limit_and_overlong_prompts_said(tmp_path, caplog):
     from support.tiny_data import tiny_tokenizer
 
     from verltool_jax.data.readers import write_rows
+    from verltool_jax.run_config import RolloutSection
     from verltool_jax.tasks.math_data import make_row
 
     probs = read_problems(_write_jsonl(tmp_path / "asdiv20.jsonl", LAYOUT_ROWS))
@@ -286,7 +287,7 @@ def test_items_per_file_limit_and_overlong_prompts_said(tmp_path, caplog):
         files={"eval": (str(short), str(mixed))},
         tokenizer=tiny_tokenizer(),
         image_processor=None,
-        config=NS(data=NS(format="auto"), rollout=NS(max_prompt_tokens=300)),
+        config=NS(data=NS(format="auto"), rollout=RolloutSection(max_prompt_tokens=300)),
     )
     caplog.set_level(logging.INFO, logger="verltool_jax")
     items = eval_cli.eval_items_per_file(run, None)
