@@ -76,8 +76,10 @@ the engine as the next version (the checkpoint's tensors through the same shared
 sync as a run). Per mode, ``--steps`` steps: median step time (batch to batch), tokens/s
 (sampled tokens of the trained batches / wall), groups dropped as too stale, the groups'
 mean staleness (oldest token) and the turns a sync cut. Modes alternate within one run:
-``bounded`` (``rollout.partial_rollouts`` off: a request in flight at a sync goes on and
-keeps the version it started on) and ``partial`` (on). Profiles: ``search`` (as above) and
+``drained`` (the conventional baseline: a sync waits for the requests in flight to finish
+on the old weights, ``VLLMSampler.drain_at_sync``), ``bounded`` (``rollout.partial_rollouts``
+off, this project's default: a request in flight at a sync goes on with the new weights
+and keeps the version it started on) and ``partial`` (on). Profiles: ``search`` (as above) and
 ``heavytail``, one turn of exactly L tokens per trajectory, L Pareto-distributed
 (``--heavy-alpha``, from ``--heavy-min`` tokens, capped at ``--heavy-max``) and seeded by
 the trajectory id (vLLM ``min_tokens = max_tokens``: EOS and stop strings wait until then).
@@ -427,6 +429,9 @@ async def run_once(profile, rep, prompts, args, sampler, url, tok, cfg, n_traj, 
 
 
 # ------------------------------------------------------------------ partial rollouts
+MODES = ("drained", "bounded", "partial")  # alternated in this order within a repeat
+
+
 def pareto_tokens(seed: int, trajectory_id: str, alpha: float, lo: int, hi: int) -> int:
     """A heavy-tail generation length: ``min(hi, floor(lo * u ** (-1 / alpha)))``, ``u``
     uniform in (0, 1] seeded by ``(seed, trajectory_id)`` (Pareto with index ``alpha``)."""
@@ -470,13 +475,14 @@ def exact_lengths(sampler):
     return lambda: setattr(sampler, "_vllm_params", orig)
 
 
-async def stepped_run(sampler, gen, url, tok, cfg, prompts, args, partial: bool, named) -> dict:
-    """One mode of the partial-rollout comparison (see the module docstring)."""
+async def stepped_run(sampler, gen, url, tok, cfg, prompts, args, mode: str, named) -> dict:
+    """One mode (``MODES``) of the partial-rollout comparison (see the module docstring)."""
     from tool_server.client import ToolClient
     from verltool_jax.rollout.producer import RolloutProducer
     from verltool_jax.rollout.queue import TrajectoryQueue
 
-    sampler.partial_rollouts = partial
+    sampler.partial_rollouts = mode == "partial"
+    sampler.drain_at_sync = mode == "drained"
     base = sampler.version
     q = TrajectoryQueue(
         max_groups=64,
@@ -555,7 +561,7 @@ def partial_rows(sampler, model_dir, tok, args, say) -> list[tuple]:
         try:
             with start_tool_server(args, ["sleep_search"]) as url:
                 for rep in range(args.partial_repeats):
-                    for mode in ("bounded", "partial"):
+                    for mode in MODES:
                         prompts = [
                             {
                                 "prompt_ids": tok.encode(
@@ -568,9 +574,7 @@ def partial_rows(sampler, model_dir, tok, args, say) -> list[tuple]:
                         ]
                         items = [as_prompt_item(p, i) for i, p in enumerate(prompts)]
                         r = asyncio.run(
-                            stepped_run(
-                                sampler, gen, url, tok, cfg, items, args, mode == "partial", named
-                            )
+                            stepped_run(sampler, gen, url, tok, cfg, items, args, mode, named)
                         )
                         say(
                             f"  {profile} {mode} #{rep}: step {r['step_s']:.2f} s, "
@@ -581,7 +585,7 @@ def partial_rows(sampler, model_dir, tok, args, say) -> list[tuple]:
                         rows.append((profile, mode, rep, r))
         finally:
             undo()
-            sampler.partial_rollouts = False
+            sampler.partial_rollouts = sampler.drain_at_sync = False
     return rows
 
 
@@ -594,21 +598,21 @@ def print_partial_table(rows, args, say) -> None:
     )
     say(
         "| profile | mode | runs | step time (s) | tokens/s | dropped groups | "
-        "staleness (oldest token) | tokens/s vs bounded |"
+        "staleness (oldest token) | tokens/s vs drained | tokens/s vs bounded |"
     )
-    say("|---|---|---|---|---|---|---|---|")
+    say("|---|---|---|---|---|---|---|---|---|")
     med = statistics.median
     for profile in dict.fromkeys(r[0] for r in rows):
-        by = {
-            m: [r[3] for r in rows if r[0] == profile and r[1] == m] for m in ("bounded", "partial")
-        }
+        by = {m: [r[3] for r in rows if r[0] == profile and r[1] == m] for m in MODES}
+        drained = med(x["tokens_per_s"] for x in by["drained"])
         base = med(x["tokens_per_s"] for x in by["bounded"])
         for mode, rs in by.items():
             tps = med(x["tokens_per_s"] for x in rs)
             say(
                 f"| {profile} | {mode} | {len(rs)} | {med(x['step_s'] for x in rs):.2f} | "
                 f"{tps:.0f} | {med(x['dropped'] for x in rs):.0f} | "
-                f"{med(x['staleness'] for x in rs):.2f} | {tps / base:.2f}x |"
+                f"{med(x['staleness'] for x in rs):.2f} | {tps / drained:.2f}x | "
+                f"{tps / base:.2f}x |"
             )
 
 

@@ -161,6 +161,46 @@ def test_vllm_sampler_aborts_and_resumes_from_token_ids(vllm_sampler, sampler_fl
         restore_checkpoint_weights(vllm_sampler)
 
 
+def test_vllm_drained_sync_waits_for_the_requests_in_flight(vllm_sampler, sampler_flax_model):
+    """``drain_at_sync`` (the partial-rollout experiment's baseline): the sync returns only
+    once every request in flight has finished, each wholly on the old weights."""
+    graphdef, orig, new = perturbed(sampler_flax_model)
+    v0 = vllm_sampler.version
+    vllm_sampler.drain_at_sync = True
+
+    async def run():
+        p = SamplingParams(max_tokens=400, temperature=1.0)
+        finished: list[float] = []
+
+        async def one(x):
+            c = await vllm_sampler.generate(x, p)
+            finished.append(time.perf_counter())
+            return c
+
+        task = asyncio.ensure_future(asyncio.gather(*(one(x) for x in PROMPTS)))
+        await asyncio.sleep(0.5)
+        began = time.perf_counter()
+        t = threading.Thread(target=vllm_sampler.update_weights, args=(new, 23))
+        t.start()
+        while t.is_alive():
+            await asyncio.sleep(0.05)
+        return await asyncio.wait_for(task, 300), finished, began
+
+    try:
+        comps, finished, began = asyncio.run(run())
+        assert vllm_sampler.version == 23
+        assert any(f > began for f in finished), "no request was in flight at the sync"
+        # every token was sampled by the old weights (with the default "keep", the tokens
+        # after the sync come from the new ones and this parity fails)
+        for c in comps:
+            assert c.versions() == [v0] * len(c.token_ids) and c.token_versions is None
+        par = parity_by_version(graphdef, {v0: orig}, list(zip(PROMPTS, comps)))
+        assert par[v0] and par[v0]["max_abs_diff"] < 2e-3, par
+    finally:
+        vllm_sampler.drain_at_sync = False
+        restore_checkpoint_weights(vllm_sampler)
+
+
 # ------------------------------------------------------------------ stop strings at a cut
 def test_a_stop_string_straddling_a_cut_ends_the_completion_there():
     chars = "ab</py>cd"  # one character per token id

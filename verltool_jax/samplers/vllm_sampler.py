@@ -17,7 +17,8 @@ parameters in place, or, where that does not apply, vLLM's ``reload_weights``; s
 ``vllm_worker_ext``) -> prefix cache reset (running requests are preempted and recomputed
 with the new weights) -> ``version`` recorded. ``last_sync["sync_path"]`` says which
 load ran; a fallback is logged with its reason. A request in flight goes on with the new
-weights and is labelled with the version it started on.
+weights and is labelled with the version it started on (``drain_at_sync``: the sync
+waits for it to finish on the old weights instead, the conventional way).
 
 Partial rollouts (``partial_rollouts=True``, ``rollout.partial_rollouts``): a sync aborts
 the requests in flight instead (``pause_generation(mode="abort")``: each one returns the
@@ -313,6 +314,10 @@ class VLLMSampler:
         self.name = name
         self.version = 0
         self.partial_rollouts = bool(partial_rollouts)
+        # with partial rollouts off, a sync waits for the requests in flight to finish on
+        # the old weights (vLLM pause mode "wait"), as a trainer without in-place sync
+        # must; the baseline of the partial-rollout experiment. Off: they go on ("keep").
+        self.drain_at_sync = False
         self._syncs = 0  # weight syncs begun (partial rollouts tell theirs apart by it)
         self._sync_idle: asyncio.Event | None = None  # set while no sync runs
         self._tokenizer: Any = None  # loaded for the first stop-string check of a join
@@ -812,9 +817,8 @@ class VLLMSampler:
             gate.clear()
             self._syncs += 1
         try:
-            await engine.pause_generation(
-                mode="keep" if gate is None else "abort", clear_cache=False
-            )
+            keep = "wait" if self.drain_at_sync else "keep"
+            await engine.pause_generation(mode=keep if gate is None else "abort", clear_cache=False)
         except BaseException:
             if gate is not None:
                 gate.set()
