@@ -12,6 +12,7 @@ import pytest
 from support.asgi_server import serve_app
 from support.openenv_envs import target_of, word_env_app
 from support.scripted_sampler import ScriptedSampler
+from support.smoke_run import REPO
 
 from tool_server.client import ToolClient
 from tool_server.kit.openenv import OpenEnvError, OpenEnvSession, observation_text
@@ -131,3 +132,33 @@ def test_episode_return_and_a_tool_without_its_server(tmp_path):
     with pytest.raises(RuntimeError, match="openenv_url=http://host:port"):
         with run_server(["openenv"], timeout=5.0):
             pass
+
+
+async def test_the_example_guess_number_environment_answers_higher_lower_right():
+    """``examples/openenv_env/guess_number.py`` (the SmolLM2 experiment's environment) under
+    OpenEnv's own server: the seed fixes the number, guesses are answered, the episode
+    ends on the right number (reward 1) or after its last guess (reward 0)."""
+    import importlib.util
+
+    path = REPO / "examples/openenv_env/guess_number.py"
+    spec = importlib.util.spec_from_file_location("guess_number", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    n = mod.number_of(5)
+    with serve_app(mod.app()) as url:
+        async with OpenEnvSession(url, timeout_s=10) as env:
+            first = await env.reset(seed=5)
+            assert "from 1 to 10" in first.observation["prompt"] and not first.done
+            low = await env.step({"message": str(n - 1)})
+            assert low.observation["prompt"] == "higher"
+            assert (low.reward, low.done) == (0.0, False)
+            bad = await env.step({"message": "five"})
+            assert bad.observation["prompt"].startswith("not a whole number") and not bad.done
+            end = await env.step({"message": f" {n} "})
+            assert (end.observation["prompt"], end.reward, end.done) == ("right", 1.0, True)
+        async with OpenEnvSession(url, timeout_s=10) as env:  # four wrong guesses end it
+            await env.reset(seed=5)
+            wrong = str(n % 10 + 1)
+            steps = [await env.step({"message": wrong}) for _ in range(4)]
+            assert [s.done for s in steps] == [False, False, False, True]
+            assert all(s.reward == 0.0 for s in steps)

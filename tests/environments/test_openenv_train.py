@@ -12,7 +12,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 from support.asgi_server import serve_app
 from support.openenv_envs import target_of, word_env_app
 from support.smoke_run import REPO
@@ -39,7 +38,7 @@ def demonstrations(path: Path, seeds: list[int]) -> str:
     return str(write_rows(rows, path))
 
 
-@pytest.mark.slow  # a whole run (SFT, JIT of the train step and the sampler): 5 min here
+# a whole run (SFT, JIT of the train step and the sampler): about 70 s on 2 cores
 def test_rl_steps_on_an_openenv_environment_finish_with_exact_accounting(tmp_path):
     from verltool_jax.train.trainer import train
 
