@@ -21,9 +21,10 @@ optimizer update per step in micro-batches of 4, on the cores this process may u
 
 The sides run one after the other, each in its own process, ``--rounds`` times in turn.
 Printed per side: start-up (the command to the start of the first step), the first step,
-the median of steps 2..N (steady state) split into generation (ours: waiting for
+the mean of steps 2..N (steady state) split into generation (ours: waiting for
 rollouts, which overlap the previous train step; TRL: ``generate`` with its tool calls),
-train (the train step; TRL: forward, backward and update) and other, the peak resident
+train (the train step; TRL: forward, backward and update) and other (ours: its last
+step without the one-off token pass that records the HTML report's batch), the peak resident
 memory of the process tree (sampled every 0.5 s), the mean response tokens and tool
 calls per trajectory, and TRL's steady step over ours.
 """
@@ -155,6 +156,10 @@ def ours(data_dir: str, steps: int, work: Path, rnd: int) -> dict:
     for r in rows:
         gen, train = r.get("time/rollout_wait_s", 0.0), r.get("time/train_s", 0.0)
         steps_out.append({"step": r["time/step_s"], "generation": gen, "train": train})
+    # the last step's token pass records the HTML report's batch (train.token_stats):
+    # once per run, not per step, so it is taken out of that step and printed apart
+    report_pass = rows[-1].get("time/parity_s", 0.0) if len(rows) > 1 else 0.0
+    steps_out[-1]["step"] -= report_pass
     return {
         # the command to the first step (its compilations inside the step are the step's)
         "startup": first["startup/to_first_step_s"]
@@ -166,6 +171,7 @@ def ours(data_dir: str, steps: int, work: Path, rnd: int) -> dict:
         "tokens": statistics.mean(r.get("rollout/response_len", 0.0) for r in rows),
         "tool_calls": statistics.mean(r.get("rollout/tool_calls", 0.0) for r in rows),
         "parity": first.get("sync/logprob_diff_mean"),
+        "report_pass": report_pass,
     }
 
 
@@ -181,22 +187,36 @@ def trl(py: str, model: str, problems: list[dict], steps: int, work: Path, rnd: 
 
 
 def summary(r: dict) -> dict:
+    """Start-up, the first step, and the mean of steps 2..N (an asynchronous run alternates
+    steps that wait for rollouts with steps that find them ready: the mean, not the
+    median, is its throughput)."""
     steady = r["steps"][1:] or r["steps"]
-    med = {k: statistics.median(s[k] for s in steady) for k in ("step", "generation", "train")}
-    med["other"] = med["step"] - med["generation"] - med["train"]
-    return {"startup": r["startup"], "first": r["steps"][0]["step"], **med}
+    mean = {k: statistics.mean(s[k] for s in steady) for k in ("step", "generation", "train")}
+    mean["other"] = mean["step"] - mean["generation"] - mean["train"]
+    return {"startup": r["startup"], "first": r["steps"][0]["step"], **mean}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", required=True, help="holds gsm8k/train.jsonl")
+    ap.add_argument("--data-dir", default="", help="holds gsm8k/train.jsonl (required to run)")
     ap.add_argument("--steps", type=int, default=4, help="RL steps per run (>= 2)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each side, in turn")
     ap.add_argument("--trl-venv", default=str(ROOT / ".cache" / "trl_venv"))
     ap.add_argument("--work", default="", help="logs and outputs (default: a temp dir)")
+    ap.add_argument(
+        "--results",
+        default="",
+        help="print the table of a finished run's results.json, run nothing",
+    )
     a = ap.parse_args()
+    if a.results:
+        path = Path(a.results)
+        print_table(json.loads(path.read_text()), path.parent, "load not recorded")
+        return
     work = Path(a.work or tempfile.mkdtemp(prefix="trl_side_by_side_"))
     work.mkdir(parents=True, exist_ok=True)
+    if not a.data_dir:
+        ap.error("--data-dir is required (the folder holding gsm8k/train.jsonl)")
     data = os.path.abspath(a.data_dir)
     py = trl_python(Path(a.trl_venv))
     model, problems = shared_inputs(data, work)
@@ -213,12 +233,17 @@ def main() -> None:
             results[side].append(r)
             print(f"  {json.dumps(summary(r))}", flush=True)
     (work / "results.json").write_text(json.dumps(results, indent=1))
+    print_table(results, work, f"load average {min(load):.1f}-{max(load):.1f}")
+
+
+def print_table(results: dict[str, list[dict]], work: Path, load: str) -> None:
+    """The side-by-side table of ``results`` (``{"ours": [run, ...], "TRL": [...]}``)."""
     cores = len(os.sched_getaffinity(0))
+    steps, rounds = len(results["ours"][0]["steps"]), len(results["ours"])
     print(
         f"\n== GRPO step side by side: SmolLM2-135M fp32, {PROMPTS_PER_STEP}x{GROUP} per step, "
-        f"{MAX_TOKENS} tokens, LoRA r{LORA_RANK} top {LORA_LAST_LAYERS} layers; {a.steps} "
-        f"steps x {a.rounds} rounds; {cores} cores; load average {min(load):.1f}-"
-        f"{max(load):.1f}; outputs in {work} =="
+        f"{MAX_TOKENS} tokens, LoRA r{LORA_RANK} top {LORA_LAST_LAYERS} layers; {steps} "
+        f"steps x {rounds} rounds; {cores} cores; {load}; outputs in {work} =="
     )
     head = ("start-up", "step 1", "steady step", "generation", "train", "other")
     print(
@@ -239,6 +264,12 @@ def main() -> None:
             f"{side:<6}"
             + "".join(f"{m[k]:>12.1f}s" for k in keys)
             + f"{peak:>10.2f}{tok:>8.0f}{calls:>7.2f}"
+        )
+    passes = [r.get("report_pass", 0.0) for r in results["ours"]]
+    if any(passes):
+        print(
+            f"(ours: the last step's one-off token pass for the HTML report, "
+            f"{statistics.median(passes):.1f} s, is left out of its steady step)"
         )
     print(f"TRL steady step / ours: {steady['TRL'] / steady['ours']:.2f}x")
 
