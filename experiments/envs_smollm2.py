@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -49,28 +48,11 @@ GUESS_PROMPT = (
 )
 
 
-def smollm2(c, max_len: int) -> None:
-    """The ``smol`` recipe's model, LoRA and optimizer (``configs.common.use_smollm2_lora``),
-    without its warm start: these environments have no demonstrations."""
-    import ml_collections
-
-    from configs.common import use_smollm2_lora
-
-    task = c.task
-    c.task = ml_collections.ConfigDict({"num_demos": 0})  # the recipe's one task field
-    use_smollm2_lora(c, max_len=max_len, num_demos=0, sft_steps=0)
-    c.task = task
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve_guess_number(log: Path) -> tuple[subprocess.Popen, str]:
     """Start ``examples/openenv_env/guess_number.py`` on a free port; (process, url)."""
     import urllib.request
+
+    from verltool_jax.samplers.remote_vllm import free_port
 
     port = free_port()
     proc = subprocess.Popen(
@@ -130,12 +112,15 @@ def guess_demonstrations(path: Path, first_obs: str, n: int) -> str:
 
 
 def config(env: str, args, out: Path, env_url: str = ""):
+    """The run config: ``configs/tiny_math.py`` with SmolLM2 and the ``smol`` recipe's
+    LoRA (``configs.common.use_smollm2_lora``) and the environment's task."""
+    from configs.common import use_smollm2_lora
     from verltool_jax.cli import load_config
     from verltool_jax.tasks import task_section
 
     if env == "verifiers":
         c = load_config(str(ROOT / "configs/tiny_math.py") + ":verifiers", lock=False)
-        smollm2(c, max_len=512)
+        use_smollm2_lora(c, max_len=512, num_demos=0, sft_steps=0)
         c.task.num_train, c.task.num_eval = 64, args.eval
         c.task.taskset_args = '{"num_tasks": 200, "digits": 1, "seed": 1234}'
         c.rollout.max_response_tokens = 96
@@ -147,7 +132,7 @@ def config(env: str, args, out: Path, env_url: str = ""):
         c.task.system_prompt = GUESS_PROMPT
         c.tool_server.tools = ("openenv",)
         c.tool_server.tool_opt = {"openenv_url": env_url, "openenv_obs_field": "prompt"}
-        smollm2(c, max_len=1024)
+        use_smollm2_lora(c, max_len=1024, num_demos=0, sft_steps=0)
         c.rollout.action_stop_strings = ("</env>",)
         c.rollout.max_turns = 4
         c.rollout.max_response_tokens = 256
