@@ -12,8 +12,8 @@ generated (``verltool_jax.tasks.reasoning_gym``). ``configs/vt_reasoning.py:smol
 (``--smoke``: ``:tiny``, seconds): the SFT warm start on demonstrations whose python
 programs the run's tool server ran and the dataset's scorer accepted; the pass-rate
 filter (``--filter``, default here ``8``: 8 samples per training prompt under the SFT
-model, keep 0 < rate < 1; ``--filter-limit``, default here 48 prompts); GRPO with the curriculum on the kept prompts, evaluating 16
-held-out items per level every 10 steps. Stages, resumption, outputs and the other
+model, keep 0 < rate < 1; ``--filter-limit``, default here 48 prompts); GRPO with the
+curriculum on the kept prompts, evaluating 16 held-out items per level every 10 steps. Stages, resumption, outputs and the other
 options: ``experiments/sft_grpo_stages.py``. On CPU set ``VLLM_ENABLE_V1_MULTIPROCESSING=0
 VLLM_CPU_KVCACHE_SPACE=2 TOKENIZERS_PARALLELISM=false``.
 """
@@ -62,14 +62,14 @@ RECIPE = Recipe(
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not any(x == "--filter" or x.startswith("--filter=") for x in argv):
-        argv += ["--filter", "8"]
-    if not any(x == "--filter-limit" or x.startswith("--filter-limit=") for x in argv):
-        argv += ["--filter-limit", "48"]  # 48 training prompts x 8 samples: ~8 min here
-    if not any(x == "--samples" or x.startswith("--samples=") for x in argv):
-        argv += ["--samples", "8"]
-    if not any(x == "--temperature" or x.startswith("--temperature=") for x in argv):
-        argv += ["--temperature", "0.6"]  # the temperature GRPO samples at (smol)
+    for flag, value in (
+        ("--filter", "8"),
+        ("--filter-limit", "48"),  # 48 training prompts x 8 samples: ~8 min here
+        ("--samples", "8"),
+        ("--temperature", "0.6"),  # the temperature GRPO samples at (smol)
+    ):
+        if not any(x == flag or x.startswith(flag + "=") for x in argv):
+            argv += [flag, value]
     return run_stages(RECIPE, argv, __doc__)
 
 
