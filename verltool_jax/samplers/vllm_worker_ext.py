@@ -15,6 +15,8 @@ buckets (torch tensors on them, zero-copy) and loads them in one of two ways:
   hold them (checked here against the model's ``packed_modules_mapping`` and the layer's
   ``output_sizes``), and sent Flax kernels in their ``[in, out]`` layout, which is the
   ``weight.t()`` the CPU GEMM packs from: nothing is assembled or transposed on the way.
+  An engine that serves LoRA has wrapped its layers (``base_layer`` holds the original):
+  merged weights go into the wrapped layers the same way.
 * **reload** (the fallback): vLLM's layer-by-layer ``reload_weights`` with HF-named
   tensors (the model's own loader), used whenever the in-place plan does not cover an
   entry: a name the model does not have, another fusion, tensor parallelism, a quantized
@@ -69,6 +71,8 @@ def inplace_plan(model, entries) -> tuple[list, list]:
             raise NoInplacePath(f"{e.name}: the engine's model drops this checkpoint name")
         if name.rsplit(".", 2)[-2:] != e.name.rsplit(".", 2)[-2:]:
             raise NoInplacePath(f"{e.name}: the engine's model stacks it into {name}")
+        layer = name.rpartition(".")[0].rpartition(".")[2]  # e.g. qkv_proj
+        name = _unwrapped(name, params)
         if name not in params and name.rpartition(".")[0].endswith("lm_head") and tied:
             continue  # a tied checkpoint's copy of the embedding
         p = params.get(name)
@@ -79,12 +83,11 @@ def inplace_plan(model, entries) -> tuple[list, list]:
         if _tp_size(module) != 1:
             raise NoInplacePath(f"{e.name}: tensor parallel ({_tp_size(module)} shards)")
         if e.parts:
-            fused = mod_name.rpartition(".")[2]
             got = [n.rpartition(".")[0].rpartition(".")[2] for n, _ in e.parts]
-            if list(packed.get(fused, ())) != got:
+            if list(packed.get(layer, ())) != got:
                 raise NoInplacePath(
-                    f"{e.name}: the model fuses {fused} as "
-                    f"{packed.get(fused)}, the payload as {got}"
+                    f"{e.name}: the model fuses {layer} as "
+                    f"{packed.get(layer)}, the payload as {got}"
                 )
             sizes = getattr(module, "output_sizes", None)
             if sizes is not None and [int(s) for s in sizes] != [int(r) for _, r in e.parts]:
@@ -117,6 +120,17 @@ def inplace_plan(model, entries) -> tuple[list, list]:
                 f"{e.name}: shape {tuple(e.shape)} != the engine's {tuple(p.shape)}"
             )
     return copies, repacks
+
+
+def _unwrapped(name: str, params: dict) -> str:
+    """``name``, or ``<module>.base_layer.<param>`` where an engine serving LoRA wrapped the
+    module (vLLM's ``*WithLoRA`` layers keep the original layer, and its weights, as
+    ``base_layer``): merged weights go into that layer as into an unwrapped one."""
+    if name in params:
+        return name
+    mod_name, _, pname = name.rpartition(".")
+    inner = f"{mod_name}.base_layer.{pname}" if mod_name else f"base_layer.{pname}"
+    return inner if inner in params else name
 
 
 def _padded_rows(module, param, entry) -> bool:
