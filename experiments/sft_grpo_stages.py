@@ -140,9 +140,43 @@ def spread(values: Sequence[float]) -> tuple[float, float]:
     return float(np.mean(values)), (max(values) - min(values)) / 2
 
 
+def sampled_tables(rows: list[dict], stages: Sequence[str]) -> str:
+    """Markdown for each sampled evaluation mode (``T=<t>,n=<k>``) in ``rows``: per stage
+    and set, ``pass@1 / pass@k`` (pass@1: the mean over the k samples) as mean ± half the
+    spread over seeds; empty when every row is greedy."""
+    out = []
+    for mode in sorted({r["mode"] for r in rows} - {"greedy"}):
+        mrows = [r for r in rows if r["mode"] == mode]
+        k = mode.rpartition("n=")[2]
+        sets = sorted({r["set"] for r in mrows})
+        cells_of: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for r in mrows:
+            cells_of.setdefault((r["stage"], r["set"]), []).append(
+                (float(r["acc"]), float(r.get(f"pass@{k}", float("nan"))))
+            )
+        md = ["| stage | " + " | ".join(sets) + " |", "|---" * (len(sets) + 1) + "|"]
+        for s in stages:
+            cells = []
+            for name in sets:
+                v = cells_of.get((s, name))
+                if not v:
+                    cells.append("-")
+                    continue
+                p1, pk = spread([a for a, _ in v]), spread([b for _, b in v])
+                cells.append(f"{p1[0]:.3f} ± {p1[1]:.3f} / {pk[0]:.3f} ± {pk[1]:.3f}")
+            if any(c != "-" for c in cells):
+                md.append(f"| {s} | " + " | ".join(cells) + " |")
+        out.append(
+            f"\nSampled ({mode}): pass@1 / pass@{k} per test set (mean ± half the spread "
+            "over seeds).\n\n" + "\n".join(md) + "\n"
+        )
+    return "".join(out)
+
+
 def write_tables(rows: list[dict], out: Path, title: str, metric: str) -> None:
     """``results.csv`` (every row), ``results.md`` (``acc`` mean ± half-range over seeds
-    per stage and set, greedy) and ``accuracy.png``."""
+    per stage and set, greedy; then each sampled mode's pass@1 / pass@k,
+    :func:`sampled_tables`) and ``accuracy.png``."""
     import numpy as np
 
     keys = sorted(
@@ -177,7 +211,7 @@ def write_tables(rows: list[dict], out: Path, title: str, metric: str) -> None:
         )
     (out / "results.md").write_text(
         f"Greedy {metric} per test set (mean ± half the spread over seeds); wall s per "
-        "seed (training + evaluation).\n\n" + "\n".join(md) + "\n"
+        "seed (training + evaluation).\n\n" + "\n".join(md) + "\n" + sampled_tables(rows, stages)
     )
     import matplotlib
 

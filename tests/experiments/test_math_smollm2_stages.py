@@ -89,3 +89,30 @@ def test_filter_option_is_parsed_and_checked(tmp_path):
         assert parse_filter(bad) is None
     with pytest.raises(SystemExit):
         _script().main(["--data-dir", str(tmp_path), "--filter", "8,0.9,0.1"])
+
+
+def test_results_md_has_a_sampled_table_per_sampled_mode(tmp_path):
+    """Greedy rows make the first table; rows of a ``T=..,n=k`` evaluation add a table of
+    pass@1 / pass@k, mean ± half the spread over seeds, per stage and set."""
+    _script()  # puts experiments/ on the path
+    from sft_grpo_stages import write_tables
+
+    def row(stage, seed, mode, name, acc, **more):
+        return {"stage": stage, "seed": seed, "mode": mode, "set": name, "acc": acc,
+                "stage_wall_s": 10.0, **more}  # fmt: skip
+
+    rows = [
+        row("sft", 1, "greedy", "a", 0.2),
+        row("sft", 2, "greedy", "a", 0.4),
+        row("sft", 1, "T=0.6,n=8", "a", 0.1, **{"pass@8": 0.5}),
+        row("sft", 2, "T=0.6,n=8", "a", 0.3, **{"pass@8": 0.7}),
+        row("grpo", 1, "greedy", "a", 0.6),
+    ]
+    write_tables(rows, tmp_path, "t", "accuracy")
+    md = (tmp_path / "results.md").read_text()
+    greedy, _, sampled = md.partition("Sampled (T=0.6,n=8): pass@1 / pass@8")
+    assert "| sft | 0.300 ± 0.100 |" in greedy and "| grpo | 0.600 ± 0.000 |" in greedy
+    assert "| sft | 0.200 ± 0.100 / 0.600 ± 0.100 |" in sampled
+    assert "| grpo |" not in sampled  # no sampled evaluation of that stage
+    write_tables([r for r in rows if r["mode"] == "greedy"], tmp_path, "t", "accuracy")
+    assert "Sampled" not in (tmp_path / "results.md").read_text()
