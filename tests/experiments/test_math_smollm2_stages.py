@@ -116,3 +116,15 @@ def test_results_md_has_a_sampled_table_per_sampled_mode(tmp_path):
     assert "| grpo |" not in sampled  # no sampled evaluation of that stage
     write_tables([r for r in rows if r["mode"] == "greedy"], tmp_path, "t", "accuracy")
     assert "Sampled" not in (tmp_path / "results.md").read_text()
+
+
+def test_a_stage_evaluated_in_a_later_run_counts_its_training_time():
+    """A stage trained before and evaluated now records only the evaluation's wall time;
+    its rows report training plus evaluation (``train_s + eval_s``)."""
+    _script()
+    from sft_grpo_stages import rows_of
+
+    res = {"eval": {"modes": {"greedy": {"a": {"acc": 0.5}}}}, "wall_s": 30.0}
+    assert rows_of("sft", 1, res)[0]["stage_wall_s"] == 30.0
+    res |= {"train_s": 500.0, "eval_s": 29.5}
+    assert rows_of("sft", 1, res)[0]["stage_wall_s"] == 529.5
