@@ -354,7 +354,8 @@ def run_eval(
             run.reward_pool.reward_name = reward_name
         log.info(f"[eval] {len(items)} problems from {len(run.files['eval'])} file(s)")
         model, what = load_policy(run, checkpoint)
-        sampler = run.open_sampler(trainer_overlaps=False)  # nothing trains beside it
+        # nothing trains beside it; merged weights only (no LoRA layers in the engine)
+        sampler = run.open_sampler(trainer_overlaps=False, adapters=False)
         sampler.update_weights(sampler_params(model), 0)  # LoRA folded in
         rcfg = rc.rollout.rollout_config()
 

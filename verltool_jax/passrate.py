@@ -258,7 +258,8 @@ def measure(
                 rc.rollout.tool_chat(),
             )
             model, what = load_policy(run, checkpoint)
-            sampler = run.open_sampler(trainer_overlaps=False)
+            # merged weights only: the engine needs no LoRA layers
+            sampler = run.open_sampler(trainer_overlaps=False, adapters=False)
             sampler.update_weights(sampler_params(model), 0)
             rcfg = rc.rollout.rollout_config()
             temp = rc.rollout.temperature if temperature is None else temperature

@@ -20,7 +20,7 @@ from verltool_jax.train.__main__ import main  # noqa: E402
 SLEEP_S = int(os.environ.get("SLOW_TOOL_S", "60"))
 
 
-def make_sampler(rc, model_dir, *, trainer_overlaps=None):
+def make_sampler(rc, model_dir, *, trainer_overlaps=None, adapters=True):
     tok = build.load_tokenizer(rc, model_dir)
 
     def script(rid: str, turn: int) -> str:

@@ -39,7 +39,7 @@ def _config(out: Path, steps: int):
     return config
 
 
-def make_sampler(rc, model_dir, *, trainer_overlaps=None):
+def make_sampler(rc, model_dir, *, trainer_overlaps=None, adapters=True):
     tok = build.load_tokenizer(rc, model_dir)
 
     def script(rid: str, turn: int) -> str:

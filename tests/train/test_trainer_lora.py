@@ -58,3 +58,23 @@ def test_lora_run_trains_adapters_and_syncs_them_alone(tmp_path):
     np.testing.assert_allclose(
         np.asarray(merged(ids)), np.asarray(res.state.model()(ids)), atol=1e-4, rtol=0
     )
+
+
+def test_only_a_sampler_sent_adapters_starts_vllm_with_lora_layers(monkeypatch, tmp_path):
+    """A training run's vLLM engine serves LoRA (adapter syncs); an evaluation's or a
+    pass-rate measurement's (``adapters=False``: merged weights only) and a run with
+    ``sampler.lora_sync=merged`` start without LoRA layers. The engine constructor is
+    replaced by one that records its arguments."""
+    from verltool_jax.samplers import factory
+    from verltool_jax.train import build
+
+    seen = []
+    monkeypatch.setattr(factory, "make_sampler", lambda path, backend, **kw: seen.append(kw))
+    argv = ["--config", str(REPO / "configs/tiny_math.py") + ":smoke"]
+    argv += ["--config.sampler.backend=vllm", "--config.model.lora_rank=4"]
+    rc = parse_command_line(argv).config
+    build.make_sampler(rc, tmp_path)
+    build.make_sampler(rc, tmp_path, adapters=False)
+    merged = parse_command_line(argv + ["--config.sampler.lora_sync=merged"]).config
+    build.make_sampler(merged, tmp_path)
+    assert [kw["lora_rank"] for kw in seen] == [4, 0, 0]

@@ -258,7 +258,9 @@ def sampler_backend(rc: RunConfig) -> tuple[str, str]:
     )
 
 
-def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | None = None):
+def make_sampler(
+    rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | None = None, adapters: bool = True
+):
     """The sampler of ``rc.sampler`` placed per ``rc.placement``: ``num_engines`` in-process
     vLLM engines or JAX samplers on the checkpoint ``model_dir`` (none with
     ``placement.mode='remote'``), plus one remote sampler per ``placement.sampler_urls``
@@ -266,7 +268,10 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
     sticky least-loaded routing. ``backend="auto"`` is resolved by
     ``samplers.factory.choose_backend``; the choice and its reason are logged.
     ``trainer_overlaps``: whether the trainer computes beside the engines (CPU core
-    placement); None: it does in the asynchronous rollout mode (evaluation passes False)."""
+    placement); None: it does in the asynchronous rollout mode (evaluation passes False).
+    ``adapters``: whether the sampler may be sent LoRA adapters (``sampler.lora_sync=
+    "adapter"``); an evaluation or a pass-rate measurement sends merged weights only, so
+    its vLLM engines start without LoRA layers (False)."""
     from verltool_jax.samplers.factory import make_sampler as make_backend
 
     s = rc.sampler
@@ -304,7 +309,7 @@ def make_sampler(rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | Non
                 ),
                 partial_rollouts=rc.rollout.partial_rollouts,
                 # vLLM's LoRA serving, for adapter-only syncs (sampler.lora_sync)
-                lora_rank=rc.model.lora_rank if s.lora_sync == "adapter" else 0,
+                lora_rank=rc.model.lora_rank if adapters and s.lora_sync == "adapter" else 0,
             )
         else:
             kw = dict(
@@ -367,14 +372,14 @@ class Run:
     sampler: Any | None = None
     sampler_start: Background | None = None  # the sampler starting in the background
 
-    def open_sampler(self, *, trainer_overlaps: bool | None = None):
-        """Start the sampler (once) and return it (``trainer_overlaps``: ``make_sampler``);
-        one started in the background is waited for."""
+    def open_sampler(self, *, trainer_overlaps: bool | None = None, adapters: bool = True):
+        """Start the sampler (once) and return it (``trainer_overlaps``, ``adapters``:
+        ``make_sampler``); one started in the background is waited for."""
         if self.sampler is None and self.sampler_start is not None:
             self.sampler = self.sampler_start.result()
         if self.sampler is None:
             self.sampler = make_sampler(
-                self.config, self.model_dir, trainer_overlaps=trainer_overlaps
+                self.config, self.model_dir, trainer_overlaps=trainer_overlaps, adapters=adapters
             )
         return self.sampler
 
