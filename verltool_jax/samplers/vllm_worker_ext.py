@@ -126,11 +126,9 @@ def _unwrapped(name: str, params: dict) -> str:
     """``name``, or ``<module>.base_layer.<param>`` where an engine serving LoRA wrapped the
     module (vLLM's ``*WithLoRA`` layers keep the original layer, and its weights, as
     ``base_layer``): merged weights go into that layer as into an unwrapped one."""
-    if name in params:
-        return name
     mod_name, _, pname = name.rpartition(".")
-    inner = f"{mod_name}.base_layer.{pname}" if mod_name else f"base_layer.{pname}"
-    return inner if inner in params else name
+    inner = f"{mod_name}.base_layer.{pname}"
+    return inner if name not in params and inner in params else name
 
 
 def _padded_rows(module, param, entry) -> bool:
