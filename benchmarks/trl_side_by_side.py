@@ -54,8 +54,9 @@ TRL_SYSTEM = (
 )
 
 
-def our_argv(data_dir: str, steps: int, out: str) -> list[str]:
-    """Our side's command line: the smol math recipe at the benchmark's sizes."""
+def our_argv(data_dir: str, steps: int, out: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """Our side's command line: the smol math recipe at the benchmark's sizes, then the
+    ``KEY=VALUE`` settings of ``extra`` (``--ours-set``)."""
     sets = {
         "task.data_dir": data_dir,
         "task.num_train": NUM_PROMPTS,
@@ -74,7 +75,8 @@ def our_argv(data_dir: str, steps: int, out: str) -> list[str]:
         "trainer.out_dir": out,
         "logging.progress_bar": "false",
     }
-    return ["--config", "configs/vt_math.py:smol"] + [f"--config.{k}={v}" for k, v in sets.items()]
+    argv = ["--config", "configs/vt_math.py:smol"]
+    return argv + [f"--config.{k}={v}" for k, v in sets.items()] + [f"--config.{x}" for x in extra]
 
 
 def shared_inputs(data_dir: str, work: Path) -> tuple[str, list[dict]]:
@@ -144,9 +146,10 @@ def run_side(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float,
     return t0, peak[0], time.time() - t0
 
 
-def ours(data_dir: str, steps: int, work: Path, rnd: int) -> dict:
+def ours(data_dir: str, steps: int, work: Path, rnd: int, extra: tuple[str, ...] = ()) -> dict:
     out = work / f"ours_{rnd}"
-    cmd = [sys.executable, "-m", "verltool_jax.train", *our_argv(data_dir, steps, str(out))]
+    argv = our_argv(data_dir, steps, str(out), extra)
+    cmd = [sys.executable, "-m", "verltool_jax.train", *argv]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     t0, peak, wall = run_side(cmd, work / f"ours_{rnd}.log", env)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -201,6 +204,19 @@ def main() -> None:
     ap.add_argument("--data-dir", default="", help="holds gsm8k/train.jsonl (required to run)")
     ap.add_argument("--steps", type=int, default=4, help="RL steps per run (>= 2)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each side, in turn")
+    ap.add_argument(
+        "--sides",
+        default="TRL,ours",
+        help="which sides run: TRL,ours (default), or one of them (an A/B of our settings)",
+    )
+    ap.add_argument(
+        "--ours-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of our side over the benchmark's (repeatable), e.g. "
+        "sampler.lora_sync=adapter",
+    )
     ap.add_argument("--trl-venv", default=str(ROOT / ".cache" / "trl_venv"))
     ap.add_argument("--work", default="", help="logs and outputs (default: a temp dir)")
     ap.add_argument(
@@ -217,29 +233,37 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     if not a.data_dir:
         ap.error("--data-dir is required (the folder holding gsm8k/train.jsonl)")
+    sides = tuple(x.strip() for x in a.sides.split(",") if x.strip())
+    if not sides or set(sides) - {"TRL", "ours"}:
+        ap.error(f"--sides {a.sides!r}: give TRL, ours or TRL,ours")
+    bad = [x for x in a.ours_set if "=" not in x]
+    if bad:
+        ap.error(f"--ours-set {bad[0]!r}: write KEY=VALUE, e.g. sampler.lora_sync=merged")
     data = os.path.abspath(a.data_dir)
-    py = trl_python(Path(a.trl_venv))
+    py = trl_python(Path(a.trl_venv)) if "TRL" in sides else ""
     model, problems = shared_inputs(data, work)
     load = [os.getloadavg()[0]]
-    results: dict[str, list[dict]] = {"ours": [], "TRL": []}
+    results: dict[str, list[dict]] = {side: [] for side in sides}
     for rnd in range(a.rounds):
-        for side in ("TRL", "ours") if rnd % 2 == 0 else ("ours", "TRL"):
+        for side in sides if rnd % 2 == 0 else sides[::-1]:
             print(f"[round {rnd + 1}] {side} ...", flush=True)
             if side == "ours":
-                r = ours(data, a.steps, work, rnd)
+                r = ours(data, a.steps, work, rnd, tuple(a.ours_set))
             else:
                 r = trl(py, model, problems, a.steps, work, rnd)
             load.append(os.getloadavg()[0])
             results[side].append(r)
             print(f"  {json.dumps(summary(r))}", flush=True)
     (work / "results.json").write_text(json.dumps(results, indent=1))
-    print_table(results, work, f"load average {min(load):.1f}-{max(load):.1f}")
+    note = f"load average {min(load):.1f}-{max(load):.1f}"
+    print_table(results, work, note + "".join(f"; ours {x}" for x in a.ours_set))
 
 
 def print_table(results: dict[str, list[dict]], work: Path, load: str) -> None:
     """The side-by-side table of ``results`` (``{"ours": [run, ...], "TRL": [...]}``)."""
     cores = len(os.sched_getaffinity(0))
-    steps, rounds = len(results["ours"][0]["steps"]), len(results["ours"])
+    first = next(iter(results.values()))
+    steps, rounds = len(first[0]["steps"]), len(first)
     print(
         f"\n== GRPO step side by side: SmolLM2-135M fp32, {PROMPTS_PER_STEP}x{GROUP} per step, "
         f"{MAX_TOKENS} tokens, LoRA r{LORA_RANK} top {LORA_LAST_LAYERS} layers; {steps} "
@@ -265,13 +289,14 @@ def print_table(results: dict[str, list[dict]], work: Path, load: str) -> None:
             + "".join(f"{m[k]:>12.1f}s" for k in keys)
             + f"{peak:>10.2f}{tok:>8.0f}{calls:>7.2f}"
         )
-    passes = [r.get("report_pass", 0.0) for r in results["ours"]]
+    passes = [r.get("report_pass", 0.0) for r in results.get("ours", [])]
     if any(passes):
         print(
             f"(ours: the last step's one-off token pass for the HTML report, "
             f"{statistics.median(passes):.1f} s, is left out of its steady step)"
         )
-    print(f"TRL steady step / ours: {steady['TRL'] / steady['ours']:.2f}x")
+    if len(steady) == 2:
+        print(f"TRL steady step / ours: {steady['TRL'] / steady['ours']:.2f}x")
 
 
 # --------------------------------------------------------------------- TRL's process
