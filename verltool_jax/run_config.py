@@ -48,6 +48,7 @@ from verltool_jax.rewards.judge import JudgeSection
 from verltool_jax.rewards.visual_reward import CuriositySettings
 from verltool_jax.rollout.config import RolloutConfig
 from verltool_jax.samplers.base import PARTIAL_ROLLOUTS_DEFAULT
+from verltool_jax.samplers.factory import BACKENDS, LORA_SYNCS
 from verltool_jax.samplers.restart import (
     DEFAULT_DOWN_GRACE_S,
     DEFAULT_MAX_RESTARTS,
@@ -190,7 +191,7 @@ class GatewaySection(Checked):
 @dataclass(frozen=True)
 class SamplerSection(Checked):
     # "auto": samplers.factory.choose_backend (vLLM on a GPU, the faster one on CPU)
-    backend: str = spec("auto", choices=("auto", "vllm", "jax"))
+    backend: str = spec("auto", choices=BACKENDS)
     num_engines: int = spec(1, check=at_least(1))
     gpu_memory_utilization: float = spec(0.3, check=in_unit_interval())
     dtype: str = spec("float32", choices=DTYPES)
@@ -208,8 +209,9 @@ class SamplerSection(Checked):
     down_grace_s: float = spec(DEFAULT_DOWN_GRACE_S, check=at_least(0))
     # With LoRA (model.lora_rank > 0): "adapter" syncs only the adapters after each step
     # (vLLM serves them with its LoRA layers, the JAX sampler applies them itself; a remote
-    # server gets merged weights); "merged" folds them into the kernels and syncs the model.
-    lora_sync: str = spec("adapter", choices=("adapter", "merged"))
+    # server gets merged weights); "merged" folds them into the kernels and syncs the model;
+    # "auto": merged for vLLM on CPU, adapter elsewhere (samplers.factory.choose_lora_sync).
+    lora_sync: str = spec("auto", choices=LORA_SYNCS)
 
 
 def _tool_urls_ok(v: Any) -> bool:

@@ -1,7 +1,8 @@
 """A LoRA run through the real trainer (tiny_math smoke config, JAX sampler): only the
 adapters change, every sync after the first carries the adapters only (the default
-``sampler.lora_sync="adapter"``) and the sampler's logprobs match the trainer's, the SFT
-warm start trains adapters too, and the HF export is merged."""
+``sampler.lora_sync="auto"`` is "adapter" for the JAX sampler) and the sampler's logprobs
+match the trainer's, the SFT warm start trains adapters too, and the HF export is merged;
+which vLLM engines start with LoRA layers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from verltool_jax.cli import parse_command_line
 
@@ -61,10 +63,10 @@ def test_lora_run_trains_adapters_and_syncs_them_alone(tmp_path):
 
 
 def test_only_a_sampler_sent_adapters_starts_vllm_with_lora_layers(monkeypatch, tmp_path):
-    """A training run's vLLM engine serves LoRA (adapter syncs); an evaluation's or a
-    pass-rate measurement's (``adapters=False``: merged weights only) and a run with
-    ``sampler.lora_sync=merged`` start without LoRA layers. The engine constructor is
-    replaced by one that records its arguments."""
+    """A training run's vLLM engine serves LoRA with ``sampler.lora_sync=adapter``; an
+    evaluation's or a pass-rate measurement's (``adapters=False``: merged weights only), a
+    run with ``lora_sync=merged`` and one with "auto" on CPU (merged there) start without
+    LoRA layers. The engine constructor is replaced by one that records its arguments."""
     from verltool_jax.samplers import factory
     from verltool_jax.train import build
 
@@ -72,9 +74,29 @@ def test_only_a_sampler_sent_adapters_starts_vllm_with_lora_layers(monkeypatch, 
     monkeypatch.setattr(factory, "make_sampler", lambda path, backend, **kw: seen.append(kw))
     argv = ["--config", str(REPO / "configs/tiny_math.py") + ":smoke"]
     argv += ["--config.sampler.backend=vllm", "--config.model.lora_rank=4"]
-    rc = parse_command_line(argv).config
-    build.make_sampler(rc, tmp_path)
-    build.make_sampler(rc, tmp_path, adapters=False)
-    merged = parse_command_line(argv + ["--config.sampler.lora_sync=merged"]).config
-    build.make_sampler(merged, tmp_path)
-    assert [kw["lora_rank"] for kw in seen] == [4, 0, 0]
+
+    def rc(mode):
+        return parse_command_line(argv + [f"--config.sampler.lora_sync={mode}"]).config
+
+    build.make_sampler(rc("adapter"), tmp_path)
+    build.make_sampler(rc("adapter"), tmp_path, adapters=False)
+    build.make_sampler(rc("merged"), tmp_path)
+    assert jax.default_backend() == "cpu"
+    build.make_sampler(rc("auto"), tmp_path)
+    assert [kw["lora_rank"] for kw in seen] == [4, 0, 0, 0]
+    assert build.lora_sync_mode(rc("auto"))[0] == "merged"
+
+
+def test_lora_sync_auto_is_merged_only_for_vllm_on_cpu():
+    from verltool_jax.samplers.factory import choose_lora_sync
+
+    def mode(req, backend, platform):
+        return choose_lora_sync(req, backend=backend, platform=platform)[0]
+
+    assert mode("auto", "vllm", "cpu") == "merged"
+    assert mode("auto", "vllm", "gpu") == "adapter"
+    assert mode("auto", "jax", "cpu") == "adapter"
+    assert mode("adapter", "vllm", "cpu") == "adapter"
+    assert mode("merged", "jax", "gpu") == "merged"
+    with pytest.raises(ValueError, match="sampler.lora_sync must be one of"):
+        mode("fused", "vllm", "cpu")

@@ -48,6 +48,31 @@ def choose_backend(requested: str, *, vllm_installed: bool, platform: str) -> tu
     )
 
 
+LORA_SYNCS = ("auto", "adapter", "merged")
+
+
+def choose_lora_sync(requested: str, *, backend: str, platform: str) -> tuple[str, str]:
+    """``(mode, why)``: what the samplers of a LoRA run get after each step, "adapter"
+    (the adapters only; each sampler applies them) or "merged" (the adapters folded into
+    the kernels, the whole model synced).
+
+    "auto": "merged" for vLLM on CPU, where an engine serving LoRA decoded SmolLM2 2.5x
+    slower than a plain engine (38.2 against 95.1 tok/s, ``benchmarks/lora_sync.py``) and
+    the merged sync costs 0.2 s a step; "adapter" elsewhere (vLLM on an accelerator, whose
+    LoRA kernels are fused, and the JAX sampler). An explicit choice is kept.
+    """
+    if requested not in LORA_SYNCS:
+        raise ValueError(f"sampler.lora_sync must be one of {LORA_SYNCS}, got {requested!r}")
+    if requested != "auto":
+        return requested, f"sampler.lora_sync={requested!r} was asked for"
+    if backend == "vllm" and platform == "cpu":
+        return "merged", (
+            "auto: vLLM on CPU decodes slower serving LoRA than merged weights "
+            "(benchmarks/lora_sync.py, docs/performance.md)"
+        )
+    return "adapter", f"auto: the {backend} sampler on {platform} applies the adapters itself"
+
+
 def make_sampler(model_path: str | os.PathLike, backend: str = "auto", **kwargs: Any):
     """A sampler on the HF checkpoint ``model_path``.
 

@@ -258,6 +258,15 @@ def sampler_backend(rc: RunConfig) -> tuple[str, str]:
     )
 
 
+def lora_sync_mode(rc: RunConfig) -> tuple[str, str]:
+    """``(mode, why)``: ``rc.sampler.lora_sync`` with "auto" resolved for this run's
+    sampler backend and platform (``samplers.factory.choose_lora_sync``)."""
+    from verltool_jax.samplers.factory import accelerator, choose_lora_sync
+
+    backend, _ = sampler_backend(rc)
+    return choose_lora_sync(rc.sampler.lora_sync, backend=backend, platform=accelerator())
+
+
 def make_sampler(
     rc: RunConfig, model_dir: Path, *, trainer_overlaps: bool | None = None, adapters: bool = True
 ):
@@ -269,14 +278,15 @@ def make_sampler(
     ``samplers.factory.choose_backend``; the choice and its reason are logged.
     ``trainer_overlaps``: whether the trainer computes beside the engines (CPU core
     placement); None: it does in the asynchronous rollout mode (evaluation passes False).
-    ``adapters``: whether the sampler may be sent LoRA adapters (``sampler.lora_sync=
-    "adapter"``); an evaluation or a pass-rate measurement sends merged weights only, so
+    ``adapters``: whether the sampler may be sent LoRA adapters (``sampler.lora_sync``
+    resolved to "adapter", :func:`lora_sync_mode`); an evaluation or a pass-rate measurement sends merged weights only, so
     its vLLM engines start without LoRA layers (False)."""
     from verltool_jax.samplers.factory import make_sampler as make_backend
 
     s = rc.sampler
     backend, why = sampler_backend(rc)
     log.info("[trainer] sampler backend: %s (%s)", backend, why)
+    serve_lora = adapters and rc.model.lora_rank > 0 and lora_sync_mode(rc)[0] == "adapter"
     engines = []
     if rc.placement.sampler_urls:
         from verltool_jax.samplers.remote_vllm import RemoteVLLMSampler
@@ -309,7 +319,7 @@ def make_sampler(
                 ),
                 partial_rollouts=rc.rollout.partial_rollouts,
                 # vLLM's LoRA serving, for adapter-only syncs (sampler.lora_sync)
-                lora_rank=rc.model.lora_rank if adapters and s.lora_sync == "adapter" else 0,
+                lora_rank=rc.model.lora_rank if serve_lora else 0,
             )
         else:
             kw = dict(

@@ -13,7 +13,8 @@ and whether it carried the LoRA adapters only.
 With LoRA the trainer publishes ``models.lora.AdapterWeights`` (base + adapters):
 ``lora_sync="adapter"`` hands them to the samplers as they are (each applies the adapters
 itself, or merges them if it cannot); ``"merged"`` folds them into the kernels first, so
-every sampler gets the whole merged model (``sampler.lora_sync``).
+every sampler gets the whole merged model (``sampler.lora_sync``, its "auto" resolved by
+``train.build.lora_sync_mode``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ class PolicyPublisher:
         self, sampler: Any, queue: TrajectoryQueue | None = None, lora_sync: str = "adapter"
     ):
         if lora_sync not in ("adapter", "merged"):
-            raise ValueError(f"sampler.lora_sync must be adapter | merged, got {lora_sync!r}")
+            raise ValueError(
+                f"lora_sync must be adapter | merged, got {lora_sync!r} "
+                "(train.build.lora_sync_mode resolves sampler.lora_sync='auto')"
+            )
         self.sampler = sampler
         self.queue = queue
         self.lora_sync = lora_sync

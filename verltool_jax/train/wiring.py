@@ -6,6 +6,7 @@ program talks to the gateway (served by ``RLLoop.train`` on the run's sampler)."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from verltool_jax.train.start import RunStart
 from verltool_jax.train.startup import part
 from verltool_jax.train.state import TrainState
 from verltool_jax.train.step import make_train_step
+
+log = logging.getLogger("verltool_jax.train")
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,10 @@ def wire(run: Any, start: RunStart, state: TrainState, version: int, stop: StopF
             start_version=version,
         )
     # waits for the engine start
-    publisher = PolicyPublisher(run.open_sampler(), queue, rc.sampler.lora_sync)
+    lora_sync, why = build.lora_sync_mode(rc)
+    if rc.model.lora_rank > 0:
+        log.info("[trainer] LoRA sync: %s (%s)", lora_sync, why)
+    publisher = PolicyPublisher(run.open_sampler(), queue, lora_sync)
     with part("first weight push"):
         publisher.publish_now(multihost.local_copy(state.sampler_params()), version)
     ts = rc.tool_server
