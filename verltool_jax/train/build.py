@@ -279,8 +279,9 @@ def make_sampler(
     ``trainer_overlaps``: whether the trainer computes beside the engines (CPU core
     placement); None: it does in the asynchronous rollout mode (evaluation passes False).
     ``adapters``: whether the sampler may be sent LoRA adapters (``sampler.lora_sync``
-    resolved to "adapter", :func:`lora_sync_mode`); an evaluation or a pass-rate measurement sends merged weights only, so
-    its vLLM engines start without LoRA layers (False)."""
+    resolved to "adapter", :func:`lora_sync_mode`); an evaluation or a pass-rate
+    measurement sends merged weights only, so its vLLM engines start without LoRA layers
+    (False)."""
     from verltool_jax.samplers.factory import make_sampler as make_backend
 
     s = rc.sampler
