@@ -4,20 +4,17 @@ values are refused by name."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.experiment_scripts import REPO as ROOT
+from support.experiment_scripts import load_script
+
 SCRIPT = ROOT / "benchmarks" / "trl_side_by_side.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("trl_side_by_side", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks", "trl_side_by_side")
 
 
 def test_ours_set_reaches_the_config_last(tmp_path):
