@@ -41,7 +41,7 @@ def test_data_check_and_index_built_once(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_search_smollm2_smoke_runs_and_resumes(tmp_path, capsys):
+def test_search_smollm2_smoke_runs_and_resumes(tmp_path, capfd):
     _need_data()
     script = load_experiment("search_smollm2")
     out = tmp_path / "exp"
@@ -61,7 +61,7 @@ def test_search_smollm2_smoke_runs_and_resumes(tmp_path, capsys):
         "trainer.steps=1",
     ]
     assert script.main(argv) == 0
-    text = capsys.readouterr().out
+    text = capfd.readouterr().out
     for stage in ("base", "sft seed 1", "grpo seed 1"):
         assert f"[search_smollm2] {stage}: wall time" in text
     assert "[sft] step 1/1" in text
@@ -76,4 +76,4 @@ def test_search_smollm2_smoke_runs_and_resumes(tmp_path, capsys):
     assert exp["experiment"] == "search_smollm2"
     assert exp["config"]["task"]["name"] == "search_qa"
     assert script.main(argv) == 0  # resumed: every stage is skipped
-    assert capsys.readouterr().out.count("done before") == 3
+    assert capfd.readouterr().out.count("done before") == 3
