@@ -21,9 +21,11 @@ two different weight sets, so every one really changes the engine's weights.
 
 Two recipes on the in-process engine: **full model** (every tensor changes each sync:
 full fine-tuning) and **LoRA** (the experiments' recipe: rank 16 on the top 8 layers;
-the adapters change each sync, folded into their kernels as the trainer does, so only
-those kernels change and the sync skips the rest after comparing them bitwise with what
-the engine holds). Each row splits the seconds into transfer (the trainer side: compare
+the adapters change each sync; the engine, which has no LoRA layers, gets them as the
+trainer publishes them (``AdapterWeights``) and folds them into their kernels, so only
+those kernels change: the sync skips the frozen rest after a spot check of its first
+rows; in the row "folded first" the adapters come folded, so the sync compares the
+rest bitwise in full with what the engine holds). Each row splits the seconds into transfer (the trainer side: compare
 and write into shared memory), repack (the engine rebuilding its packed GEMM weights),
 copy (the engine's plain copies) and other (RPC, pausing the engine, cache reset), with
 the ratio to the memcpy of the whole model's bytes. Like the trainer's command line, the
@@ -76,6 +78,7 @@ FIELDS = (
     "sync_bytes",
     "written_bytes",
     "skipped_tensors",
+    "trusted_tensors",
 )
 
 
@@ -128,7 +131,8 @@ def main() -> None:
     jax.block_until_ready(params2)
     named = list(named_tensors_from_params(params, ModelConfig.from_pretrained(ckpt)))
     nbytes = sum(a.nbytes for _, a in named)
-    mc = memcpy_seconds([np.asarray(a) for _, a in named], args.repeats)
+    # the memcpy varies more between runs than a sync does (0.04-0.06 s): many repeats
+    mc = memcpy_seconds([np.asarray(a) for _, a in named], max(args.repeats, 20))
     nan = float("nan")
     rows = [("memcpy (np.copyto, same bytes)", mc, nan, nan, nan, "")]
     details = []
@@ -156,8 +160,11 @@ def main() -> None:
                 lora = lora_params(model)
                 r = time_syncs(s, lora, args.repeats, 100)
                 parts.append(("LoRA r16, top 8 layers", r))
-                s.skip_unchanged = False  # as before: every tensor sent and repacked
-                r = time_syncs(s, lora, args.repeats, 200)
+                folded = [a.merged() for a in lora]  # no frozen names: compared in full
+                r = time_syncs(s, folded, args.repeats, 200)
+                parts.append(("  same, folded first (full compare)", r))
+                s.skip_unchanged = False  # every tensor sent and repacked
+                r = time_syncs(s, lora, args.repeats, 300)
                 parts.append(("  same, skip_unchanged=False", r))
                 s.skip_unchanged = True
             if args.reload:
@@ -216,6 +223,7 @@ def main() -> None:
             " MB)\n"
             f"{'recipe':<36}{'sync':>7}{'ratio':>7}{'transfer':>9}{'(compare)':>10}"
             f"{'repack':>8}{'(cpu)':>7}{'copy':>7}{'other':>7}{'sent MB':>9}{'skipped':>8}"
+            f"{'(frozen)':>9}"
         )
         for name, r in parts:
             sync, pack = r["sync_seconds"], r["pack_seconds"]
@@ -224,7 +232,7 @@ def main() -> None:
                 f"{name:<36}{sync:>7.3f}{sync / mc:>6.1f}x{pack:>9.3f}{r['compare_seconds']:>10.3f}"
                 f"{rep:>8.3f}{r['engine_repack_cpu_seconds']:>7.3f}{copy:>7.3f}"
                 f"{sync - pack - rep - copy:>7.3f}{r['written_bytes'] / 1e6:>9.1f}"
-                f"{r['skipped_tensors']:>8.0f}"
+                f"{r['skipped_tensors']:>8.0f}{r['trusted_tensors']:>9.0f}"
             )
         print(
             f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}; every sync (s): "
@@ -242,15 +250,15 @@ def main() -> None:
 
 
 def lora_params(model) -> list:
-    """Two param states of ``model`` with LoRA rank 16 on its top 8 layers (the
-    experiments' recipe, ``configs/common.py:use_smollm2_lora``), adapters that differ,
-    folded into their kernels as the trainer does before it syncs
-    (``TrainState.sampler_params``): what it syncs after two steps."""
+    """Two ``AdapterWeights`` of ``model`` with LoRA rank 16 on its top 8 layers (the
+    experiments' recipe, ``configs/common.py:use_smollm2_lora``), adapters that differ, as
+    the trainer publishes them (``TrainState.sampler_params``): what it syncs after two
+    steps."""
     import jax
     import numpy as np
     from flax import nnx
 
-    from verltool_jax.models.lora import fold_lora, with_lora
+    from verltool_jax.models.lora import AdapterWeights, with_lora
 
     lora = with_lora(model, rank=16, alpha=32.0, last_layers=8)
     _, state = nnx.split(lora, nnx.Param)
@@ -264,7 +272,7 @@ def lora_params(model) -> list:
             return x
 
         stepped = jax.tree_util.tree_map_with_path(step, state)
-        out.append(jax.block_until_ready(fold_lora(stepped, lora.config.lora_scale)))
+        out.append(AdapterWeights(jax.block_until_ready(stepped), lora.config))
     return out
 
 

@@ -162,3 +162,41 @@ def test_vllm_serves_the_adapters_in_place_with_trainer_parity(lora_vllm):
     assert s.last_sync["sync_path"] == "inplace", s.last_sync
     par = logprob_parity(m, sample(s), 1.0)
     assert par["mean_abs_diff"] < 1e-3, par
+
+
+def test_an_engine_without_lora_layers_merges_and_skips_the_frozen_base(vllm_sampler):
+    """The merged default on CPU: the publisher hands ``AdapterWeights`` to an engine that
+    merges them itself; after the first sync only the adapted kernels of the last layer
+    are sent, the rest spot-checked as frozen (not compared in full), and the engine
+    samples the trainer's LoRA model."""
+    from support.samplers import restore_checkpoint_weights
+
+    s = vllm_sampler
+    assert s.merges_adapters
+    pub = PolicyPublisher(s, lora_sync="merged")
+    try:
+        m = lora_model(seed=1)
+        pub.publish_now(adapters(m), 1)
+        assert s.last_sync["sync_path"] == "inplace"
+        m = lora_model(seed=2)  # new adapters, the same base
+        pub.publish_now(adapters(m), 2)
+        last = s.last_sync
+        frozen = adapters(m).frozen_hf_names()
+        layer = f"model.layers.{m.config.num_layers - 1}."
+        assert not any(n.startswith(layer) and n.endswith("proj.weight") for n in frozen)
+        sent = set(json_names(s._shm.full_manifest)) - set(s._shm.skipped)
+        assert sent == {
+            layer + p
+            for p in ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight")
+            + ("mlp.gate_up_proj.weight", "mlp.down_proj.weight")
+        }, sent
+        assert last["trusted_tensors"] == last["skipped_tensors"] > 0
+        assert 0 < last["written_bytes"] < last["sync_bytes"]
+        par = logprob_parity(m, sample(s), 1.0)
+        assert par["mean_abs_diff"] < 1e-3, par
+    finally:
+        restore_checkpoint_weights(s)
+
+
+def json_names(manifest: str) -> list[str]:
+    return [row[0] for bucket in json.loads(manifest) for row in bucket["tensors"]]

@@ -131,6 +131,49 @@ def test_an_unchanged_tensor_is_skipped_only_when_its_bytes_are_equal():
         buf.close()
 
 
+def test_frozen_tensors_are_spot_checked_and_a_broken_promise_still_sent():
+    """``frozen`` names (the base under LoRA) are compared on their first rows only: one
+    changed past them is trusted unchanged (the caller's promise; nothing else reads it),
+    one changed in its first row is sent anyway, and a changed tensor not named frozen is
+    compared in full as before. A fused entry is trusted only when all its parts are."""
+    import numpy as np
+
+    from verltool_jax.samplers.weight_sync import SharedWeightBuffer
+
+    rng = np.random.default_rng(1)
+    first = dict(_named(rng))
+    big = rng.normal(size=(4096, 8)).astype(np.float32)  # many more rows than a spot check
+    first["lm_head.weight"] = big
+    buf = SharedWeightBuffer(bucket_bytes=1 << 20)
+    try:
+        buf.write(list(first.items()))
+        second = dict(first)
+        late = big.copy()
+        late[-1, -1] += 1.0  # past the spot check
+        second["lm_head.weight"] = late
+        emb = first["model.embed_tokens.weight"].copy()
+        emb[0, 0] += 1.0  # in the first row: the guard sees it
+        second["model.embed_tokens.weight"] = emb
+        norm = first["model.layers.0.input_layernorm.weight"].copy()
+        norm[-1] = 2.0  # not frozen: compared in full
+        second["model.layers.0.input_layernorm.weight"] = norm
+        frozen = set(first) - {"model.layers.0.input_layernorm.weight"}
+        frozen.discard("model.layers.0.self_attn.k_proj.weight")  # one part of q/k/v
+        sent = _entries(buf.write(list(second.items()), skip_unchanged=True, frozen=frozen))
+        assert sorted(sent) == [
+            "model.embed_tokens.weight",
+            "model.layers.0.input_layernorm.weight",
+        ]
+        assert "lm_head.weight" in buf.trusted
+        assert "model.layers.0.self_attn.qkv_proj.weight" in buf.skipped
+        assert "model.layers.0.self_attn.qkv_proj.weight" not in buf.trusted
+        assert set(buf.trusted) <= set(buf.skipped)
+        # without the promise the late change is found and sent
+        assert "lm_head.weight" in _entries(buf.write(list(second.items()), skip_unchanged=True))
+    finally:
+        buf.close()
+
+
 def test_same_bits_compares_after_the_cast_and_stops_at_the_first_difference():
     import ml_dtypes
     import numpy as np
@@ -147,6 +190,11 @@ def test_same_bits_compares_after_the_cast_and_stops_at_the_first_difference():
     nan = np.full(3, np.nan, np.float32)
     assert same_bits(nan.copy(), nan) and not same_bits(np.zeros(3, np.float32), -np.zeros(3))
     assert not same_bits(np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32))
+    # a spot check: only the leading rows holding about max_elements elements
+    assert same_bits(slot, y, max_elements=64) and not same_bits(slot, y, max_elements=4096)
+    z = x.copy()
+    z[0, 1] = 2.0
+    assert not same_bits(slot, z, max_elements=1)  # at least the first row
     old = weight_sync._COMPARE_CHUNK
     try:  # small chunks: the same answers row block by row block
         weight_sync._COMPARE_CHUNK = 64

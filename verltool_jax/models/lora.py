@@ -107,13 +107,20 @@ def fold_lora(params: nnx.State, scale: float) -> nnx.State:
         if k and k[-1] in LORA_LEAVES:
             continue
         if k and k[-1] == "kernel" and k[:-1] + ("lora_a",) in flat:
-            a = _value(flat[k[:-1] + ("lora_a",)]).astype(jnp.float32)
-            b = _value(flat[k[:-1] + ("lora_b",)]).astype(jnp.float32)
-            w = _value(v)
-            merged = (w.astype(jnp.float32) + scale * (a @ b)).astype(w.dtype)
+            a, b = _value(flat[k[:-1] + ("lora_a",)]), _value(flat[k[:-1] + ("lora_b",)])
+            merged = _fold_kernel(_value(v), a, b, jnp.float32(scale))
             v = v.replace(merged) if isinstance(v, nnx.Variable) else merged
         out[k] = v
     return nnx.from_flat_state(out)
+
+
+@jax.jit
+def _fold_kernel(w: jax.Array, a: jax.Array, b: jax.Array, scale: jax.Array) -> jax.Array:
+    """``w + scale * a @ b`` in float32, cast to ``w``'s dtype: one compiled program per
+    kernel shape, which writes the merged kernel once (eagerly, the product, its scaled
+    copy and the sum are three full-size arrays; a weight sync folds 56 kernels)."""
+    f32 = jnp.float32
+    return (w.astype(f32) + scale * (a.astype(f32) @ b.astype(f32))).astype(w.dtype)
 
 
 def _value(v):
@@ -197,6 +204,19 @@ class AdapterWeights:
     def base(self) -> nnx.State:
         """The frozen base model (:func:`strip_lora`)."""
         return strip_lora(self.params)
+
+    def frozen_hf_names(self) -> frozenset[str]:
+        """HF names of the served tensors that training cannot change: every one but the
+        adapted kernels (only the adapters train, so the merged weights differ from the
+        base there alone). A weight sync may skip comparing these in full."""
+        from .name_maps import param_table
+
+        flat = _flat(self.params)
+        return frozenset(
+            m.hf_name
+            for m in param_table(self.config)
+            if m.path[-1] != "kernel" or m.path[:-1] + ("lora_a",) not in flat
+        )
 
     def peft_tensors(self) -> list[tuple[str, np.ndarray]]:
         """The adapters as a PEFT checkpoint holds them, in HF layout:

@@ -90,6 +90,11 @@ class SamplerPool:
             self.last_sync["sync_path"] = paths.pop()
 
     @property
+    def merges_adapters(self) -> bool:
+        """Every engine serves ``AdapterWeights`` merged itself (``VLLMSampler``)."""
+        return all(getattr(s, "merges_adapters", False) for s in self.samplers)
+
+    @property
     def load(self) -> int:
         return sum(self.inflight)
 

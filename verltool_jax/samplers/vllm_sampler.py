@@ -51,7 +51,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -880,16 +880,25 @@ class VLLMSampler:
             self._model_config = ModelConfig.from_pretrained(self.model_path)
         return self._model_config
 
+    @property
+    def merges_adapters(self) -> bool:
+        """Given ``AdapterWeights``, this engine serves their merged weights (it has no LoRA
+        layers) and spot-checks the frozen base instead of comparing it in full."""
+        return self.lora_rank == 0
+
     def update_weights(self, params: Any, version: int) -> None:
         """Install the trainer's Flax params (``nnx.State`` / ``Transformer``) as ``version``;
         :class:`~verltool_jax.models.lora.AdapterWeights` load only their adapters when the
-        engine serves LoRA (``lora_rank``), else their merged weights."""
+        engine serves LoRA (``lora_rank``), else their merged weights, the tensors the
+        adapters cannot change passed as ``frozen`` (see :meth:`load_named_tensors`)."""
         from verltool_jax.models.lora import AdapterWeights
 
         if isinstance(params, AdapterWeights) and self.lora_rank:
             self.load_adapter(params, version)
             return
-        self.load_named_tensors(named_tensors_from_params(params, self.model_config()), version)
+        frozen = params.frozen_hf_names() if isinstance(params, AdapterWeights) else ()
+        named = named_tensors_from_params(params, self.model_config())
+        self.load_named_tensors(named, version, frozen=frozen)
 
     def load_adapter(self, weights: Any, version: int) -> dict:
         """Serve ``weights`` (``AdapterWeights``) as ``version`` through vLLM's LoRA layers.
@@ -929,18 +938,22 @@ class VLLMSampler:
         )
         return self.last_sync
 
-    def load_named_tensors(self, named: Iterable[tuple[str, Any]], version: int) -> dict:
+    def load_named_tensors(
+        self, named: Iterable[tuple[str, Any]], version: int, frozen: Collection[str] = ()
+    ) -> dict:
         """Install HF-named tensors ``(name, array)`` as ``version`` through shared memory;
         returns ``{sync_seconds, sync_bytes, pack_seconds, load_seconds, version}``
         (``sync_seconds`` = pack + load) and the buffer's ``written_bytes``,
-        ``skipped_tensors``, ``compare_seconds``. After an in-place load of this buffer, the
-        next sync sends only the tensors whose bytes changed (``skip_unchanged``). Whole
-        weights: no adapter is applied on top."""
+        ``skipped_tensors``, ``trusted_tensors``, ``compare_seconds``. After an in-place
+        load of this buffer, the next sync sends only the tensors whose bytes changed
+        (``skip_unchanged``); ``frozen`` names tensors known unchanged, spot-checked
+        instead of compared in full (``SharedWeightBuffer.write``). Whole weights: no
+        adapter is applied on top."""
         t0 = time.perf_counter()
         self._lora_request = self._base_load = None
         self._shm = self._shm or SharedWeightBuffer()
         skip = self.skip_unchanged and self._engine_holds_shm and self.sync_mode != "reload"
-        manifest = self._shm.write(named, dtype=self.dtype, skip_unchanged=skip)
+        manifest = self._shm.write(named, dtype=self.dtype, skip_unchanged=skip, frozen=frozen)
         pack_s = time.perf_counter() - t0
         self._load_rpc(
             "verltool_load_shared",

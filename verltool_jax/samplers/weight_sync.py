@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,6 +258,7 @@ class SharedWeightBuffer:
         self.written_bytes = 0  # bytes the last write copied (changed entries only)
         self.skipped: list[str] = []  # entries the last write found unchanged
         self.compare_seconds = 0.0  # of the last write, spent finding them
+        self.trusted: list[str] = []  # of those, frozen ones checked on a first chunk only
 
     def _segment(self, k: int, size: int):
         path = os.path.join(SHM_DIR, f"{self.prefix}-{k}")
@@ -273,6 +274,7 @@ class SharedWeightBuffer:
         named: Iterable[tuple[str, Any]],
         dtype: str | None = None,
         skip_unchanged: bool = False,
+        frozen: Collection[str] = (),
     ) -> str:
         """Write ``(name, array)`` pairs (cast to ``dtype`` as in ``pack_named_tensors``);
         returns the manifest (JSON text).
@@ -284,7 +286,14 @@ class SharedWeightBuffer:
         This is exact: the slot holds what the last write put there, which is what an
         engine that loaded that write holds. Pass it only when the engine loaded the last
         write completely (the caller knows; a failed or partial load must not be followed
-        by a skipping write)."""
+        by a skipping write).
+
+        ``frozen``: names of source tensors the caller knows to be unchanged since the
+        last write (the frozen base under LoRA: only the adapted kernels change). When
+        skipping, an entry made only of them is compared on its first chunk alone
+        (:func:`same_bits` with ``max_elements``, a guard against a broken promise)
+        instead of in full; an entry whose first chunk differs is written as any changed
+        entry. :attr:`trusted` names the entries skipped that way."""
         import json
         import time
 
@@ -329,9 +338,10 @@ class SharedWeightBuffer:
             tuple(tuple(b) for b in buckets),
         )
         may_skip = skip_unchanged and key == self._layout_key
+        frozen = frozenset(frozen)
         self._layout_key = None  # until this write is complete
         manifest, changed = [], []
-        written, skipped, compare_s = 0, [], 0.0
+        written, skipped, trusted, compare_s = 0, [], [], 0.0
         for k, bucket in enumerate(buckets):
             total = sum(_aligned(sizes[e]) for e in bucket)
             path, mem = self._segment(k, total)
@@ -348,10 +358,14 @@ class SharedWeightBuffer:
                 rows_out.append(row)
                 if may_skip:
                     t0 = time.perf_counter()
-                    same = all(same_bits(dst, src) for dst, src, _ in slots)
+                    trust = all(names[j] in frozen for j in idx)
+                    limit = _COMPARE_FIRST if trust else None
+                    same = all(same_bits(dst, src, limit) for dst, src, _ in slots)
                     compare_s += time.perf_counter() - t0
                     if same:
                         skipped.append(name)
+                        if trust:
+                            trusted.append(name)
                         continue
                 for dst, src, _ in slots:
                     np.copyto(dst, src, casting="unsafe")
@@ -363,6 +377,7 @@ class SharedWeightBuffer:
         self._drop(len(manifest))
         self.nbytes = sum(sizes)
         self.written_bytes, self.skipped, self.compare_seconds = written, skipped, compare_s
+        self.trusted = trusted
         self.full_manifest = json.dumps(manifest)
         self._layout_key = key
         return json.dumps(changed) if may_skip else self.full_manifest
@@ -408,11 +423,13 @@ def _part_slots(view: np.ndarray, parts: Sequence[Any], layout: str) -> list[tup
 _COMPARE_FIRST, _COMPARE_CHUNK = 1 << 12, 1 << 20
 
 
-def same_bits(dst: np.ndarray, src: Any) -> bool:
+def same_bits(dst: np.ndarray, src: Any, max_elements: int | None = None) -> bool:
     """Whether ``src`` cast to ``dst``'s dtype (as ``np.copyto(..., casting="unsafe")``
     writes it) is bitwise equal to ``dst``: the bit patterns are compared, so -0.0 differs
     from 0.0 and a NaN equals the same NaN. Compared in chunks of leading rows, so a
-    tensor that changed is usually told apart by its first, small chunk."""
+    tensor that changed is usually told apart by its first, small chunk.
+    ``max_elements``: compare only the leading rows holding about that many elements
+    (at least one row): a spot check for a tensor known to be unchanged."""
     src = np.asarray(src)
     if dst.shape != src.shape:
         return False
@@ -424,7 +441,7 @@ def same_bits(dst: np.ndarray, src: Any) -> bool:
     if (dst.shape[-1] * dst.dtype.itemsize) % 8 == 0:
         bits = np.dtype("u8")  # rows of whole 8-byte words: compared as such (faster)
     row = max(1, dst.size // max(1, dst.shape[0]))
-    r, n = 0, min(_COMPARE_FIRST, _COMPARE_CHUNK)
+    r, n = 0, min(_COMPARE_FIRST, _COMPARE_CHUNK, max_elements or _COMPARE_CHUNK)
     while r < dst.shape[0]:
         step = max(1, n // row)
         a, b = dst[r : r + step], src[r : r + step]
@@ -434,6 +451,8 @@ def same_bits(dst: np.ndarray, src: Any) -> bool:
             b = b if b.strides[-1] == b.itemsize else np.ascontiguousarray(b)
         if not np.array_equal(a.view(bits), b.view(bits)):
             return False
+        if max_elements is not None and (r + step) * row >= max_elements:
+            return True
         r, n = r + step, min(2 * n, _COMPARE_CHUNK)
     return True
 
@@ -556,9 +575,11 @@ def engine_sync_info(info: dict) -> dict:
 def shared_memory_sync_info(buf: SharedWeightBuffer) -> dict:
     """The ``last_sync`` fields of a :class:`SharedWeightBuffer` write: ``written_bytes``
     (the changed entries' bytes; ``sync_bytes`` stays the whole payload),
-    ``skipped_tensors`` (entries found unchanged and not sent) and ``compare_seconds``."""
+    ``skipped_tensors`` (entries found unchanged and not sent; ``trusted_tensors`` of
+    them frozen, spot-checked only) and ``compare_seconds``."""
     return {
         "written_bytes": buf.written_bytes,
         "skipped_tensors": len(buf.skipped),
+        "trusted_tensors": len(buf.trusted),
         "compare_seconds": buf.compare_seconds,
     }

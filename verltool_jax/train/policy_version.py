@@ -14,7 +14,8 @@ With LoRA the trainer publishes ``models.lora.AdapterWeights`` (base + adapters)
 ``lora_sync="adapter"`` hands them to the samplers as they are (each applies the adapters
 itself, or merges them if it cannot); ``"merged"`` folds them into the kernels first, so
 every sampler gets the whole merged model (``sampler.lora_sync``, its "auto" resolved by
-``train.build.lora_sync_mode``).
+``train.build.lora_sync_mode``), unless the sampler says it ``merges_adapters`` itself
+(a vLLM engine without LoRA layers: it folds them and knows the frozen base unchanged).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class PolicyPublisher:
         from verltool_jax.models.lora import AdapterWeights
 
         t0 = time.perf_counter()
-        if isinstance(params, AdapterWeights) and self.lora_sync == "merged":
+        merges = getattr(self.sampler, "merges_adapters", False)
+        if isinstance(params, AdapterWeights) and self.lora_sync == "merged" and not merges:
             params = params.merged()
         self.sampler.update_weights(params, version)
         self.last_sync_s = time.perf_counter() - t0
