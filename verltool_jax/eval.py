@@ -56,7 +56,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from verltool_jax.cli import ConfigError, parse_command_line
+# Light at import: vLLM's engine core, spawned, re-imports the main module (2 s with JAX).
+from verltool_jax.schema import ConfigError
 
 # by name: run as ``python -m verltool_jax.eval`` this module's __name__ is __main__
 log = logging.getLogger("verltool_jax.eval")
@@ -488,6 +489,8 @@ def error_summary(trajs, limit: int = 5) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        from verltool_jax.cli import parse_command_line
+
         cl = parse_command_line(argv, flags=FLAGS)
         samples, temperature, k = parse_sampling(
             cl.flags["samples"], cl.flags["temperature"], cl.flags["k"]

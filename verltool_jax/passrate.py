@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verltool_jax.cli import ConfigError, parse_command_line
+# Light at import: vLLM's engine core, spawned, re-imports the main module (2 s with JAX).
 from verltool_jax.runtime.append_file import open_for_append
+from verltool_jax.schema import ConfigError
 
 FLAGS = {
     "checkpoint": "base",
@@ -348,6 +349,8 @@ def main(argv=None) -> int:
     from verltool_jax.runtime.console import library_output_to
 
     try:
+        from verltool_jax.cli import parse_command_line
+
         cl = parse_command_line(sys.argv[1:] if argv is None else argv, FLAGS)
         config, flags = cl.config, cl.flags
         if not flags["out"]:

@@ -154,3 +154,18 @@ def test_a_tiny_model_is_built_once_and_copied_into_the_next_run(tmp_path, monke
     # Other sizes, another model; the cache off, none kept.
     assert build.tiny_model_cache(rc("c", "--config.model.tiny.hidden_size=32")) != kept
     assert build.tiny_model_cache(rc("d", "--config.trainer.compilation_cache=false")) is None
+
+
+def test_the_entry_points_import_light():
+    """vLLM's engine core is a spawned process that re-imports the main module of the
+    command (``python -m verltool_jax.train`` etc.): that import must not pull in JAX
+    (2 s on the engine's start, which is start-up's longest path)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, verltool_jax.train.__main__, verltool_jax.eval, verltool_jax.passrate; "
+        "print(sorted(m for m in ('jax', 'flax', 'torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from verltool_jax.cli import ConfigError, parse_command_line
+# Light at import: vLLM's engine core, spawned, re-imports the main module (2 s with JAX).
+from verltool_jax.schema import ConfigError
 
 EXIT_DEPENDENCY_DOWN = 3
 EXIT_DISK_FULL = 4
@@ -22,6 +23,8 @@ EXIT_INTERRUPTED = 130
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        from verltool_jax.cli import parse_command_line
+
         cl = parse_command_line(argv)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
