@@ -244,6 +244,13 @@ class StepWorker:
             self.proc.wait(timeout=60)
 
 
+def keep_mib(a) -> int:
+    """``--keep-logits-mib``, or the library's default in MiB."""
+    from verltool_jax.models.logprobs import KEEP_LOGITS_BYTES
+
+    return KEEP_LOGITS_BYTES >> 20 if a.keep_logits_mib is None else a.keep_logits_mib
+
+
 def worker(a) -> None:
     """``--worker``: build the step from ``--ckpt`` (JAX: compile it; PyTorch: one warm-up
     step), print ``@@ready <seconds>``, then time one step per ``step`` line on stdin."""
@@ -256,6 +263,10 @@ def worker(a) -> None:
     t0 = time.perf_counter()
     temp = 0
     if a.worker == "jax":
+        if a.keep_logits_mib is not None:
+            from verltool_jax.models import logprobs
+
+            logprobs.KEEP_LOGITS_BYTES = a.keep_logits_mib << 20
         step, setup_s, temp = make_jax(a.ckpt, ids, a.chunk, jax_model_options(a))
     else:
         step = make_torch(a.ckpt, ids)
@@ -358,6 +369,13 @@ def main():
         default="jax,torch",
         help="which side(s) to run: jax, torch or both (comma-separated)",
     )
+    ap.add_argument(
+        "--keep-logits-mib",
+        type=int,
+        default=None,
+        help="the JAX log-prob pass keeps the logits for its backward when they fit in this "
+        "many MiB (0: recompute them; default: models.logprobs.KEEP_LOGITS_BYTES)",
+    )
     ap.add_argument("--skip-memory-table", action="store_true")
     ap.add_argument("--memory-of", choices=("jax", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
@@ -414,6 +432,7 @@ def main():
             f"attention_causal_block "
             f"{jax_model_options(a).get('attention_causal_block', ModelConfig.attention_causal_block)}"
             f"; pause before each step {a.pause:g} s"
+            f"; logits kept for the backward up to {keep_mib(a)} MiB"
         )
         if a.memory_of:
             print(first_step_memory(d, ids, a.chunk, a.memory_of, jax_model_options(a)))

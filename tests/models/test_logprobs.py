@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,12 @@ from flax import nnx
 from support.models import padded_batch, tiny_ckpt
 
 from verltool_jax.models.hf_io import load_hf
-from verltool_jax.models.logprobs import chunked_logprobs, naive_logprobs, token_logprobs
+from verltool_jax.models.logprobs import (
+    KEEP_LOGITS_BYTES,
+    chunked_logprobs,
+    naive_logprobs,
+    token_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +69,12 @@ def test_gradient_equals_naive(model):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
 
 
-def test_gradient_through_logprobs_and_entropy_equals_autodiff_of_full_logits():
-    """The chunks' hand-written backward pass (``_chunk_stats_bwd``): both cotangents at
-    once (a loss mixing log-probabilities and entropy, as an entropy bonus does), a
-    temperature, a chunk that does not divide T, and a bfloat16 hidden state."""
+@pytest.mark.parametrize("keep_logits_bytes", [0, KEEP_LOGITS_BYTES])
+def test_gradient_through_logprobs_and_entropy_equals_autodiff_of_full_logits(keep_logits_bytes):
+    """The chunks' hand-written backward pass (``_chunk_stats_bwd``), with the logits
+    recomputed (a budget of 0) and kept from the forward pass: both cotangents at once (a
+    loss mixing log-probabilities and entropy, as an entropy bonus does), a temperature,
+    a chunk that does not divide T, and a bfloat16 hidden state."""
     rng = np.random.default_rng(0)
     B, T, H, V = 2, 7, 8, 32
     h = jnp.asarray(rng.standard_normal((B, T, H)), jnp.float32)
@@ -74,7 +83,9 @@ def test_gradient_through_logprobs_and_entropy_equals_autodiff_of_full_logits():
     a = jnp.asarray(rng.standard_normal((B, T)), jnp.float32)
 
     def chunked(h, w):
-        lp, ent = chunked_logprobs(h, w, t, 0.8, chunk_size=3, return_entropy=True)
+        lp, ent = chunked_logprobs(
+            h, w, t, 0.8, chunk_size=3, return_entropy=True, keep_logits_bytes=keep_logits_bytes
+        )
         return (a * lp).sum() + (0.3 * ent).sum()
 
     def full(h, w):
@@ -99,8 +110,8 @@ def test_chunked_peak_memory_is_below_naive():
     w = jax.ShapeDtypeStruct((H, V), jnp.float32)
     t = jax.ShapeDtypeStruct((B, T), jnp.int32)
 
-    def loss_chunked(h, w, t):
-        return chunked_logprobs(h, w, t, 1.0, chunk_size=64).sum()
+    def loss_chunked(h, w, t, keep=0):
+        return chunked_logprobs(h, w, t, 1.0, chunk_size=64, keep_logits_bytes=keep).sum()
 
     def loss_naive(h, w, t):
         return naive_logprobs(jnp.einsum("bth,hv->btv", h, w), t).sum()
@@ -115,6 +126,10 @@ def test_chunked_peak_memory_is_below_naive():
     # the chunked one holds a few [B, 64, V] chunks and the [H, V] gradient, never [B,T,V]
     assert chunked < full / 2
     assert chunked < naive / 10
+    # within the budget the logits are kept for the backward (one matmul fewer), above it
+    # recomputed: the budget is what decides
+    kept = temp_bytes(partial(loss_chunked, keep=full))
+    assert kept >= full and temp_bytes(partial(loss_chunked, keep=full - 1)) == chunked
 
 
 def test_bad_arguments_are_named():

@@ -3,7 +3,9 @@
 With vocabularies of ~150k the logits dominate memory (B*T*V floats, and as many again
 for their gradient). ``chunked_logprobs`` computes them ``chunk_size`` positions at a
 time inside ``lax.map`` and rematerialises each chunk in the backward pass, so the peak
-is ``B * chunk_size * V`` instead of ``B * T * V``.
+is ``B * chunk_size * V`` instead of ``B * T * V``; when all of ``B * T * V`` fits in
+``KEEP_LOGITS_BYTES`` (small vocabularies and batches, as on CPU) the logits are kept
+for the backward instead, which saves a logits matmul.
 
 With the sampler's top-k / top-p truncation (``top_k > 0`` or ``top_p < 1``) the
 logprobs are those of the truncated, renormalised distribution the sampler drew from
@@ -86,10 +88,10 @@ def _chunk_logits(h, w, temperature):
     return z / temperature
 
 
-def _chunk_forward(h, w, tgt, temperature, with_entropy):
-    """One chunk's statistics and what its backward pass keeps: ``logp = z[tgt] - lse``,
-    ``entropy = lse - E_p[z]`` with ``lse = logsumexp(z)``, ``p = softmax(z)``."""
-    z = _chunk_logits(h, w, temperature)
+def _chunk_forward(z, tgt, with_entropy):
+    """One chunk's statistics from its logits ``z`` and what its backward pass keeps:
+    ``logp = z[tgt] - lse``, ``entropy = lse - E_p[z]`` with ``lse = logsumexp(z)``,
+    ``p = softmax(z)``."""
     lse = jax.nn.logsumexp(z, axis=-1)
     logp = jnp.take_along_axis(z, tgt[..., None], axis=-1)[..., 0] - lse
     if not with_entropy:
@@ -98,22 +100,32 @@ def _chunk_forward(h, w, tgt, temperature, with_entropy):
     return (logp, lse - mean_z), (lse, mean_z)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _chunk_stats(h, w, tgt, temperature, with_entropy):
+# The chunks' logits are kept from the forward pass for the backward when all of them
+# (float32, B x T x V) fit in this many bytes: the backward then skips one logits matmul
+# (a quarter of the LM head's work, a third with a frozen head); above it they are
+# recomputed per chunk, so the peak stays B x chunk x V (module docstring).
+KEEP_LOGITS_BYTES = 1 << 30
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _chunk_stats(h, w, tgt, temperature, with_entropy, keep_logits):
     """One chunk: ``(logp, entropy)`` of ``z = (h @ w) / T`` at ``tgt`` (entropy zeros unless
-    ``with_entropy``). Differentiated by :func:`_chunk_stats_bwd`."""
-    return _chunk_forward(h, w, tgt, temperature, with_entropy)[0]
+    ``with_entropy``). Differentiated by :func:`_chunk_stats_bwd`, which gets ``z`` from
+    the forward pass when ``keep_logits``, else recomputes it."""
+    return _chunk_forward(_chunk_logits(h, w, temperature), tgt, with_entropy)[0]
 
 
-def _chunk_stats_fwd(h, w, tgt, temperature, with_entropy):
-    out, (lse, mean_z) = _chunk_forward(h, w, tgt, temperature, with_entropy)
-    return out, (h, w, tgt, temperature, lse, mean_z)
+def _chunk_stats_fwd(h, w, tgt, temperature, with_entropy, keep_logits):
+    z = _chunk_logits(h, w, temperature)
+    out, (lse, mean_z) = _chunk_forward(z, tgt, with_entropy)
+    return out, (h, w, tgt, temperature, lse, mean_z, z if keep_logits else None)
 
 
-def _chunk_stats_bwd(with_entropy, res, cotangents):
-    """Backward pass of one chunk, recomputing its logits from ``h`` and ``w`` (the chunk's
-    logits are never kept between the passes) and reusing the forward's ``lse`` (and
-    ``E_p[z]``), so the logits are read once more and no reduction over V is repeated.
+def _chunk_stats_bwd(with_entropy, keep_logits, res, cotangents):
+    """Backward pass of one chunk, with its logits kept from the forward pass
+    (``keep_logits``) or recomputed from ``h`` and ``w`` (never kept: the peak stays one
+    chunk's), reusing the forward's ``lse`` (and ``E_p[z]``), so no reduction over V is
+    repeated.
 
     With ``p = exp(z - lse)``, ``g`` and ``e`` the cotangents of logp and entropy:
     ``d logp / dz_v = [v = tgt] - p_v``; ``d entropy / dz_v = p_v (E_p[z] - z_v)``; so
@@ -122,9 +134,9 @@ def _chunk_stats_bwd(with_entropy, res, cotangents):
     ``[B, c]``, so that XLA's CPU backend emits plain 2-D matmuls, see ``layers.on_rows``).
     The temperature and the targets get zero cotangents (they are not trained).
     """
-    h, w, tgt, temperature, lse, mean_z = res
+    h, w, tgt, temperature, lse, mean_z, kept = res
     g, e = cotangents
-    z = _chunk_logits(h, w, temperature)
+    z = kept if keep_logits else _chunk_logits(h, w, temperature)
     p = jnp.exp(z - lse[..., None])
     hit = jax.lax.broadcasted_iota(jnp.int32, z.shape, 1) == tgt[..., None]
     dz = g[..., None] * (hit.astype(z.dtype) - p)
@@ -149,12 +161,15 @@ def chunked_logprobs(
     return_entropy: bool = False,
     top_k: int = TOP_K_OFF,
     top_p: float = TOP_P_OFF,
+    keep_logits_bytes: int | None = None,
 ):
     """``log softmax(hidden @ weight / T)[targets]`` per position, ``chunk_size`` positions at a time.
 
     ``hidden [B,T,H]``, ``weight [H,V]``, ``targets [B,T]`` int -> ``[B,T]`` float32 (and the
-    entropy ``-sum p log p`` of the same distribution when ``return_entropy``). Each chunk's logits
-    are recomputed in the backward pass (a custom VJP that keeps only ``lse`` per row).
+    entropy ``-sum p log p`` of the same distribution when ``return_entropy``). A custom VJP
+    keeps ``lse`` per row and, when all the chunks' float32 logits fit in
+    ``keep_logits_bytes`` (None: :data:`KEEP_LOGITS_BYTES`), the logits themselves for the
+    backward pass; otherwise each chunk's logits are recomputed there.
     With ``top_k > 0`` or ``top_p < 1``: :func:`truncated_logprobs` of each chunk instead
     (the chunk rematerialised by ``jax.checkpoint``).
     """
@@ -182,9 +197,11 @@ def chunked_logprobs(
             return out if return_entropy else (out[0], jnp.zeros_like(out[0]))
 
     else:
+        budget = KEEP_LOGITS_BYTES if keep_logits_bytes is None else keep_logits_bytes
+        keep = n * B * c * weight.shape[-1] * 4 <= budget
 
         def chunk(xs):
-            return _chunk_stats(xs[0], weight, xs[1], temp, return_entropy)
+            return _chunk_stats(xs[0], weight, xs[1], temp, return_entropy, keep)
 
     logp, ent = jax.lax.map(chunk, (h, t))
 
