@@ -25,10 +25,10 @@ the adapters change each sync; the engine, which has no LoRA layers, gets them a
 trainer publishes them (``AdapterWeights``) and folds them into their kernels, so only
 those kernels change: the sync skips the frozen rest after a spot check of its first
 rows; in the row "folded first" the adapters come folded, so the sync compares the
-rest bitwise in full with what the engine holds). Each row splits the seconds into transfer (the trainer side: compare
-and write into shared memory), repack (the engine rebuilding its packed GEMM weights),
-copy (the engine's plain copies) and other (RPC, pausing the engine, cache reset), with
-the ratio to the memcpy of the whole model's bytes. Like the trainer's command line, the
+rest bitwise in full with what the engine holds). Each row splits the seconds into
+transfer (the trainer side: compare and write into shared memory), repack (the engine
+rebuilding its packed GEMM weights), copy (the engine's plain copies) and other (RPC,
+pausing the engine, cache reset), with the ratio to the memcpy of the whole model's bytes. Like the trainer's command line, the
 process re-executes itself with its glibc malloc tunables
 (``verltool_jax.runtime.malloc_tuning``; ``VERLTOOL_MALLOC_KEEP_FREED=0`` /
 ``VERLTOOL_MALLOC_HUGEPAGES=0`` to measure without).

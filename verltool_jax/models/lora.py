@@ -106,7 +106,7 @@ def fold_lora(params: nnx.State, scale: float) -> nnx.State:
     for k, v in flat.items():
         if k and k[-1] in LORA_LEAVES:
             continue
-        if k and k[-1] == "kernel" and k[:-1] + ("lora_a",) in flat:
+        if _adapted(flat, k):
             a, b = _value(flat[k[:-1] + ("lora_a",)]), _value(flat[k[:-1] + ("lora_b",)])
             merged = _fold_kernel(_value(v), a, b, jnp.float32(scale))
             v = v.replace(merged) if isinstance(v, nnx.Variable) else merged
@@ -121,6 +121,11 @@ def _fold_kernel(w: jax.Array, a: jax.Array, b: jax.Array, scale: jax.Array) -> 
     copy and the sum are three full-size arrays; a weight sync folds 56 kernels)."""
     f32 = jnp.float32
     return (w.astype(f32) + scale * (a.astype(f32) @ b.astype(f32))).astype(w.dtype)
+
+
+def _adapted(flat: dict, path: tuple) -> bool:
+    """Whether ``path`` of the flat param state is a kernel with LoRA factors beside it."""
+    return bool(path) and path[-1] == "kernel" and path[:-1] + ("lora_a",) in flat
 
 
 def _value(v):
@@ -212,11 +217,7 @@ class AdapterWeights:
         from .name_maps import param_table
 
         flat = _flat(self.params)
-        return frozenset(
-            m.hf_name
-            for m in param_table(self.config)
-            if m.path[-1] != "kernel" or m.path[:-1] + ("lora_a",) not in flat
-        )
+        return frozenset(m.hf_name for m in param_table(self.config) if not _adapted(flat, m.path))
 
     def peft_tensors(self) -> list[tuple[str, np.ndarray]]:
         """The adapters as a PEFT checkpoint holds them, in HF layout:
@@ -229,7 +230,7 @@ class AdapterWeights:
         out = []
         for m in param_table(self.config):
             stem = m.path[:-1]
-            if m.path[-1] != "kernel" or stem + ("lora_a",) not in flat:
+            if not _adapted(flat, m.path):
                 continue
             hf = "base_model.model." + m.hf_name.removesuffix(".weight")
             a = np.asarray(_value(flat[stem + ("lora_a",)]))
